@@ -1,0 +1,37 @@
+"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker, stop_pidfile
+from airflow_exactly_once.devenv.maven import devenv_home, kafka_broker_jars, spark_kafka_jars
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_exactly_once.devenv")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch-jars", help="fetch the Kafka broker and spark-sql-kafka jars with Maven")
+    start = sub.add_parser("kafka-start", help="start a local broker in the background")
+    start.add_argument("--port", type=int, default=9092)
+    start.add_argument("--controller-port", type=int, default=9093)
+    start.add_argument("--data-dir", default=str(devenv_home() / "kafka"))
+    stop = sub.add_parser("kafka-stop", help="stop the broker started by kafka-start")
+    stop.add_argument("--data-dir", default=str(devenv_home() / "kafka"))
+    args = parser.parse_args(argv)
+
+    if args.command == "fetch-jars":
+        print(f"Kafka broker jars: {kafka_broker_jars()}")
+        print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files")
+    elif args.command == "kafka-start":
+        broker = LocalKafkaBroker(args.data_dir, port=args.port, controller_port=args.controller_port).start()
+        broker.process = None  # leave it running after this command exits
+        print(f"Kafka broker ready at {broker.bootstrap_servers} (data in {args.data_dir})")
+    elif args.command == "kafka-stop":
+        print("stopped" if stop_pidfile(args.data_dir) else "no broker was running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

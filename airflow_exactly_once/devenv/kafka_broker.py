@@ -1,0 +1,191 @@
+"""A real single-node Apache Kafka broker (KRaft) on 127.0.0.1, for tests and the demo.
+
+It runs the broker from its Maven Central jars with the machine's Java, with
+transactions enabled for a single node. Nothing here is a mock: it is the same
+`kafka.Kafka` main class that `kafka-server-start.sh` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from airflow_exactly_once.devenv.maven import kafka_broker_jars
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalKafkaBroker:
+    """Start, stop and restart one broker whose data lives in `data_dir`."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int = 0,
+        controller_port: int = 0,
+        transaction_max_timeout_ms: int = 900_000,
+        extra_config: dict[str, str] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self.transaction_max_timeout_ms = transaction_max_timeout_ms
+        self.extra_config = extra_config or {}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _config(self) -> dict[str, str]:
+        config = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "logs"),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "3",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "3",
+            "transaction.max.timeout.ms": str(self.transaction_max_timeout_ms),
+            # Expired transactions are aborted within seconds, so timeout tests stay short.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "delete.topic.enable": "true",
+            "log.retention.check.interval.ms": "1000",
+        }
+        config.update(self.extra_config)
+        return config
+
+    def _java(self, main_class: str, *args: str, **popen) -> subprocess.Popen:
+        jars = kafka_broker_jars()
+        java = shutil.which("java")
+        if java is None:
+            raise RuntimeError("Java is not installed; run `make setup` (it installs OpenJDK 17).")
+        log4j = self.data_dir / "log4j.properties"
+        log4j.write_text(
+            "log4j.rootLogger=WARN, stdout\n"
+            "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=INFO\n"
+            "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+        )
+        cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", f"-Dlog4j.configuration=file:{log4j}",
+               "-cp", f"{jars}/*", main_class, *args]
+        return subprocess.Popen(cmd, **popen)
+
+    def start(self, timeout: float = 90.0) -> "LocalKafkaBroker":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        properties = self.data_dir / "server.properties"
+        properties.write_text("".join(f"{k}={v}\n" for k, v in self._config().items()))
+        if not (self.data_dir / "logs" / "meta.properties").exists():
+            fmt = self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(),
+                             "-c", str(properties), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            out, _ = fmt.communicate(timeout=120)
+            if fmt.returncode != 0:
+                raise RuntimeError(f"Formatting the Kafka storage failed:\n{out}")
+        log = open(self.log_file, "ab")
+        self.process = self._java("kafka.Kafka", str(properties), stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        (self.data_dir / "broker.pid").write_text(str(self.process.pid))
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        from kafka import KafkaAdminClient
+
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"The Kafka broker exited with code {self.process.returncode}; see {self.log_file}:\n"
+                    + self.log_file.read_text(errors="replace")[-3000:]
+                )
+            try:
+                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=3000)
+                try:
+                    admin.describe_cluster()
+                finally:
+                    admin.close()
+                return
+            except Exception as exc:  # broker still starting
+                last_error = exc
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"The Kafka broker did not become ready in {timeout:.0f}s ({last_error}); see {self.log_file}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crashed machine would."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> "LocalKafkaBroker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url without padding (22 characters)."""
+    import base64
+
+    return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+def stop_pidfile(data_dir: str | Path) -> bool:
+    """Stop a broker started by `python -m airflow_exactly_once.devenv kafka start`."""
+    pidfile = Path(data_dir) / "broker.pid"
+    if not pidfile.exists():
+        return False
+    pid = int(pidfile.read_text())
+    try:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(60):
+            os.kill(pid, 0)
+            time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    pidfile.unlink(missing_ok=True)
+    return True

@@ -1,0 +1,105 @@
+"""Fetch JVM artifacts from Maven Central with the machine's own `mvn`.
+
+Kafka's broker and Spark's Kafka connector are published there; fetching them with
+Maven keeps the project free of download URLs and lets Maven's cache do its work.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+KAFKA_VERSION = "3.9.1"
+SPARK_VERSION = "4.0.0"
+SCALA_BINARY = "2.13"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    group: str
+    name: str
+    version: str
+    transitive: bool = True
+
+
+# The broker: Kafka 3.9 speaks the classic transaction protocol (no KIP-890 epoch bump
+# on every commit), which is what kafka-python's transaction manager implements.
+KAFKA_BROKER = (
+    Artifact("org.apache.kafka", f"kafka_{SCALA_BINARY}", KAFKA_VERSION),
+    Artifact("org.slf4j", "slf4j-reload4j", "1.7.36"),
+)
+
+# Spark's Kafka source. Spark's parent POM lists extra repositories, so transitive
+# resolution is switched off and the four runtime jars that pyspark lacks are named.
+SPARK_KAFKA = (
+    Artifact("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA_BINARY}", SPARK_VERSION, False),
+    Artifact("org.apache.spark", f"spark-token-provider-kafka-0-10_{SCALA_BINARY}", SPARK_VERSION, False),
+    Artifact("org.apache.kafka", "kafka-clients", "3.9.0", False),
+    Artifact("org.apache.commons", "commons-pool2", "2.12.0", False),
+)
+
+
+def devenv_home() -> Path:
+    """Where downloaded jars and local service data live (outside the package)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "airflow-exactly-once"
+    return Path(os.environ.get("AIRFLOW_EXACTLY_ONCE_HOME", default))
+
+
+def _pom(artifacts: tuple[Artifact, ...]) -> str:
+    deps = []
+    for a in artifacts:
+        exclusions = (
+            ""
+            if a.transitive
+            else "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>"
+        )
+        deps.append(
+            f"<dependency><groupId>{a.group}</groupId><artifactId>{a.name}</artifactId>"
+            f"<version>{a.version}</version>{exclusions}</dependency>"
+        )
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
+        "<groupId>airflow-exactly-once</groupId><artifactId>devenv</artifactId><version>1</version>"
+        f"<packaging>pom</packaging><dependencies>{''.join(deps)}</dependencies></project>"
+    )
+
+
+def fetch_jars(kind: str, artifacts: tuple[Artifact, ...]) -> Path:
+    """Copy `artifacts` (and their runtime dependencies) into a cached folder; return it."""
+    target = devenv_home() / "jars" / f"{kind}-{artifacts[0].version}"
+    done = target / ".complete"
+    if done.exists():
+        return target
+    if shutil.which("mvn") is None:
+        raise RuntimeError("Maven (`mvn`) is not installed; run `make setup` or `apt-get install maven`.")
+    with tempfile.TemporaryDirectory() as work:
+        pom = Path(work) / "pom.xml"
+        pom.write_text(_pom(artifacts))
+        staging = Path(work) / "jars"
+        result = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"Maven could not fetch the {kind} jars:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
+        if target.exists():
+            shutil.rmtree(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(staging, target)
+    done.touch()
+    return target
+
+
+def kafka_broker_jars() -> Path:
+    return fetch_jars("kafka-broker", KAFKA_BROKER)
+
+
+def spark_kafka_jars() -> list[str]:
+    """Local paths of the spark-sql-kafka connector jars, for `spark.jars`."""
+    folder = fetch_jars("spark-kafka", SPARK_KAFKA)
+    return sorted(str(p) for p in folder.glob("*.jar"))
