@@ -1,0 +1,53 @@
+"""Errors of the protocol. Each says whether retrying the same step can help.
+
+Airflow retries a failed task; a `retriable=False` error should instead fail the task
+for good (the operators turn it into AirflowFailException) so that nobody waits on a
+retry that cannot succeed.
+"""
+
+from __future__ import annotations
+
+
+class ExactlyOnceError(Exception):
+    """Base class. `retriable` tells the operator whether an Airflow retry makes sense."""
+
+    retriable: bool = False
+
+    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
+        super().__init__(message)
+        if retriable is not None:
+            self.retriable = retriable
+
+
+class ConfigurationError(ExactlyOnceError):
+    """The pipeline is configured in a way that cannot work; the message says what to change."""
+
+
+class FencedError(ExactlyOnceError):
+    """Another run (or a newer attempt) took the pipeline or the batch over; this one must stop."""
+
+
+class IllegalTransitionError(ExactlyOnceError):
+    """A batch state change that the transition table does not allow."""
+
+
+class SourceUnavailableError(ExactlyOnceError):
+    """Kafka could not be reached or answered with an error; usually worth a retry."""
+
+    retriable = True
+
+
+class DataLossError(ExactlyOnceError):
+    """Planned offsets are no longer in the topic (retention, deletion, recreation)."""
+
+
+class TransformError(ExactlyOnceError):
+    """The user's transform raised or returned something other than a DataFrame."""
+
+
+class SinkError(ExactlyOnceError):
+    """The sink rejected the output or could not commit it."""
+
+
+class TransactionLostError(SinkError):
+    """The sink no longer has a pre-committed transaction and it was not committed."""

@@ -1,0 +1,25 @@
+"""What the planner needs to know about the source, and nothing more.
+
+The real implementation asks Kafka with kafka-python; unit tests of the planner use a
+fake with the same four answers.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+TopicPartition = tuple[str, int]
+
+
+class OffsetSource(Protocol):
+    def partitions(self, topics: list[str]) -> list[TopicPartition]:
+        """All partitions of the topics, discovered now (raises if a topic does not exist)."""
+
+    def log_start_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset still in the log (moves with retention and deletion)."""
+
+    def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The last stable offset: nothing at or past it is committed yet."""
+
+    def close(self) -> None:
+        ...

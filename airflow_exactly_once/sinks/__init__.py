@@ -1,0 +1,21 @@
+"""Sink adapters, built from a JSON spec such as {"type": "parquet", "path": "/data/out"}."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.sink import Sink
+
+SINK_TYPES = {
+    "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
+}
+
+
+def create_sink(spec: dict[str, Any]) -> Sink:
+    kind = (spec or {}).get("type")
+    if kind not in SINK_TYPES:
+        raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SINK_TYPES))}")
+    module, _, name = SINK_TYPES[kind].partition(":")
+    return getattr(importlib.import_module(module), name)(spec)

@@ -1,0 +1,126 @@
+"""Parquet files: staged in a folder Spark readers ignore, published by one atomic rename.
+
+Layout under `path`:
+  batch_seq=<n>/            committed output of batch n (a partition column for readers)
+  _staging/batch-<n>-<attempt>/   output of one write attempt, invisible to readers
+  _manifest/batch-<n>.json  one entry per committed batch: ranges, files, records
+  _pipeline                 the pipeline that owns the folder (two pipelines must not share it)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from airflow_exactly_once.core.errors import ConfigurationError, TransactionLostError
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.sink import Handles, Sink
+
+
+def _local_path(path: str) -> Path:
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" in path:
+        raise ConfigurationError(
+            f"parquet sink path {path!r}: only local or shared (mounted) file systems are supported, because "
+            "publishing relies on an atomic rename; mount the storage or use another sink")
+    if not os.path.isabs(path):
+        raise ConfigurationError(f"parquet sink path {path!r} must be absolute (tasks run in other directories)")
+    return Path(path)
+
+
+class ParquetSink(Sink):
+    type_name = "parquet"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        if not spec.get("path"):
+            raise ConfigurationError("the parquet sink needs a 'path', e.g. {'type': 'parquet', 'path': '/data/out'}")
+        self.root = _local_path(spec["path"])
+
+    # -- names ---------------------------------------------------------------------
+
+    def final_dir(self, batch: Batch) -> Path:
+        return self.root / f"batch_seq={batch.seq}"
+
+    def staging_dir(self, batch: Batch, attempt: str) -> Path:
+        return self.root / "_staging" / f"batch-{batch.seq:09d}-{attempt}"
+
+    def manifest_entry(self, batch: Batch) -> Path:
+        return self.root / "_manifest" / f"batch-{batch.seq:09d}.json"
+
+    # -- protocol ------------------------------------------------------------------
+
+    def check(self, pipeline_id: str) -> None:
+        owner = self.root / "_pipeline"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if owner.exists() and owner.read_text().strip() != pipeline_id:
+                raise ConfigurationError(
+                    f"{self.root} belongs to pipeline {owner.read_text().strip()!r}; give pipeline "
+                    f"{pipeline_id!r} its own output path")
+            if not owner.exists():
+                owner.write_text(pipeline_id)
+        except PermissionError as exc:
+            raise ConfigurationError(f"cannot write to the parquet sink path {self.root}: {exc}") from exc
+
+    def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
+        staging = self.staging_dir(batch, attempt)
+        try:
+            data.write.mode("overwrite").parquet(str(staging))
+        except Exception:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        files = sorted(p.name for p in staging.glob("*.parquet"))
+        return {"staging": str(staging), "final": str(self.final_dir(batch)), "files": files}
+
+    def commit(self, batch: Batch, handles: Handles) -> str:
+        staging, final = Path(handles["staging"]), Path(handles["final"])
+        if final.exists():
+            outcome = "output was already published"
+        elif staging.exists():
+            os.rename(staging, final)  # atomic: readers see all of the batch or none of it
+            outcome = f"published {final.name}"
+        else:
+            raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
+                                       "published")
+        self._write_manifest(batch, handles)
+        self._remove_staging(batch)  # leftovers of attempts that were fenced or killed
+        return outcome
+
+    def abort(self, batch: Batch, handles: Handles | None) -> str:
+        if handles is not None:
+            shutil.rmtree(handles["staging"], ignore_errors=True)
+            return f"removed {handles['staging']}"
+        removed = self._remove_staging(batch)
+        return f"removed {removed} staged attempt(s) of batch {batch.seq}"
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _remove_staging(self, batch: Batch) -> int:
+        folder = self.root / "_staging"
+        leftovers = list(folder.glob(f"batch-{batch.seq:09d}-*")) if folder.exists() else []
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(leftovers)
+
+    def _write_manifest(self, batch: Batch, handles: Handles) -> None:
+        entry = self.manifest_entry(batch)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "pipeline_id": batch.pipeline_id,
+            "batch_seq": batch.seq,
+            "run_id": batch.run_id,
+            "ranges": [r.__dict__ for r in batch.ranges],
+            "files": handles.get("files", []),
+            "input_records": batch.input_records,
+            "output_records": batch.output_records,
+            "published_at": datetime.now(timezone.utc).isoformat(),
+        }
+        tmp = entry.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=1, default=str))
+        os.replace(tmp, entry)
