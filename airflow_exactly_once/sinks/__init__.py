@@ -1,0 +1,1 @@
+"""Sinks: where micro-batches are written, exactly once."""
