@@ -1,4 +1,4 @@
-"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker."""
+"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker or PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 
 from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker, stop_pidfile
 from airflow_exactly_once.devenv.maven import devenv_home, kafka_broker_jars, spark_kafka_jars
+from airflow_exactly_once.devenv.postgres import LocalPostgres, stop_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--data-dir", default=str(devenv_home() / "kafka"))
     stop = sub.add_parser("kafka-stop", help="stop the broker started by kafka-start")
     stop.add_argument("--data-dir", default=str(devenv_home() / "kafka"))
+    pg_start = sub.add_parser("postgres-start", help="start a local PostgreSQL server in the background")
+    pg_start.add_argument("--port", type=int, default=5432)
+    pg_start.add_argument("--data-dir", default=str(devenv_home() / "postgres"))
+    pg_start.add_argument("--max-prepared-transactions", type=int, default=20)
+    pg_start.add_argument("--database", action="append", default=[],
+                          help="create this database too (repeatable)")
+    pg_stop = sub.add_parser("postgres-stop", help="stop the server started by postgres-start")
+    pg_stop.add_argument("--data-dir", default=str(devenv_home() / "postgres"))
+    pg_stop.add_argument("--mode", choices=["fast", "immediate", "smart"], default="fast")
     args = parser.parse_args(argv)
 
     if args.command == "fetch-jars":
@@ -30,6 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Kafka broker ready at {broker.bootstrap_servers} (data in {args.data_dir})")
     elif args.command == "kafka-stop":
         print("stopped" if stop_pidfile(args.data_dir) else "no broker was running")
+    elif args.command == "postgres-start":
+        server = LocalPostgres(args.data_dir, port=args.port,
+                               max_prepared_transactions=args.max_prepared_transactions).start()
+        for name in args.database:
+            server.create_database(name)
+        # pg_ctl runs the server detached: it keeps running after this command exits.
+        print(f"PostgreSQL ready at {server.url(args.database[0] if args.database else 'postgres')} "
+              f"(data in {args.data_dir}, log {server.log_file})")
+    elif args.command == "postgres-stop":
+        print("stopped" if stop_data_dir(args.data_dir, mode=args.mode) else "no PostgreSQL server was running")
     return 0
 
 
