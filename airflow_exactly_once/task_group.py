@@ -1,0 +1,35 @@
+"""One call that adds a whole exactly-once micro-batch to a DAG."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import TaskGroup
+
+from airflow_exactly_once.operators.batch import (
+    AbortBatchOperator,
+    NotifyCompleteOperator,
+    PlanBatchOperator,
+    WriteBatchOperator,
+)
+
+
+def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskGroup:
+    """`plan >> write >> notify_complete`, and `abort` when write or notify_complete fail for good.
+
+    `pipeline` takes the arguments of ExactlyOnceBaseOperator (pipeline_id, topics, sink,
+    transform, ...) plus per-task Airflow arguments given as `plan_kwargs`, `write_kwargs`,
+    `notify_kwargs` and `abort_kwargs` (for example different retries).
+    """
+    per_task = {name: pipeline.pop(f"{name}_kwargs", {}) for name in ("plan", "write", "notify", "abort")}
+    with TaskGroup(group_id=group_id) as group:
+        plan = PlanBatchOperator(task_id="plan", **pipeline, **per_task["plan"])
+        batch_id = "{{ ti.xcom_pull(task_ids='%s') }}" % plan.task_id
+        write = WriteBatchOperator(task_id="write", batch_id=batch_id, **pipeline, **per_task["write"])
+        notify = NotifyCompleteOperator(task_id="notify_complete", batch_id=batch_id, **pipeline,
+                                        **per_task["notify"])
+        abort = AbortBatchOperator(task_id="abort", batch_id=batch_id, trigger_rule="one_failed",
+                                   **pipeline, **per_task["abort"])
+        plan >> write >> notify
+        [write, notify] >> abort
+    return group
