@@ -184,6 +184,7 @@ class BatchCoordinator:
         if batch.state is BatchState.PLANNED:
             raise SinkError(f"batch {batch_id} is still PLANNED: its write did not finish, so there is nothing "
                             "to commit (run the write task first)")
+        fault_point("notify.before_sink_commit")
         try:
             outcome = self.sink.commit(batch, batch.handles or {})
         except TransactionLostError as exc:

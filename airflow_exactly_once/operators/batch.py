@@ -25,7 +25,10 @@ from airflow_exactly_once.sinks import create_sink
 class ExactlyOnceBaseOperator(BaseOperator):
     """Holds the pipeline arguments and turns protocol errors into the right Airflow outcome."""
 
-    template_fields: Sequence[str] = ("pipeline_id", "topics", "sink", "bootstrap_servers", "ledger_url")
+    template_fields: Sequence[str] = (
+        "pipeline_id", "topics", "sink", "bootstrap_servers", "ledger_url", "startup_mode",
+        "max_records_per_partition", "data_loss_policy",
+    )  # not `transform`: Airflow calls callables found in template fields
     template_fields_renderers = {"sink": "json"}
     ui_color = "#e8f4ea"
 
@@ -82,7 +85,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         return PipelineConfig(
             pipeline_id=self.pipeline_id, topics=topics, sink=dict(self.sink), bootstrap_servers=servers,
             startup_mode=self.startup_mode, new_partition_start=self.new_partition_start,
-            max_records_per_partition=self.max_records_per_partition, data_loss_policy=self.data_loss_policy,
+            max_records_per_partition=_optional_int(self.max_records_per_partition),
+            data_loss_policy=self.data_loss_policy,
             transform=transform_name(self.transform), kafka_config=dict(self.kafka_config or {}),
         ).validate()
 
@@ -106,6 +110,10 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def run_step(self, context) -> Any:
         raise NotImplementedError
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value in (None, "", "None") else int(value)
 
 
 class _BatchStepOperator(ExactlyOnceBaseOperator):

@@ -1,0 +1,195 @@
+"""A real Airflow 3 (scheduler, dag-processor, api-server, LocalExecutor) on 127.0.0.1.
+
+Tests and the demo drive it through Airflow's REST API, the same calls the UI makes for
+"Trigger", "Clear" and "Backfill", so retries, clears and task-process deaths are
+handled by Airflow itself, not by a stand-in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from airflow_exactly_once.devenv.kafka_broker import free_port
+
+FINISHED = {"success", "failed"}
+
+
+class AirflowStack:
+    def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
+                 parallelism: int = 4) -> None:
+        self.root = Path(root)
+        self.home = self.root / "airflow-home"
+        self.dags_folder = self.root / "dags"
+        self.dag_files = dag_files
+        self.port = free_port()
+        self.extra_env = extra_env or {}
+        self.parallelism = parallelism
+        self.processes: dict[str, subprocess.Popen] = {}
+        self._token: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": self.base_url,
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "exactly-once-local-stack-jwt-secret-0123456789",
+            "AIRFLOW__API__SECRET_KEY": "exactly-once-local-stack",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.extra_env)
+        return env
+
+    def _airflow(self) -> str:
+        return str(Path(sys.executable).with_name("airflow"))
+
+    def start(self, timeout: float = 180.0) -> "AirflowStack":
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.dags_folder.mkdir(parents=True, exist_ok=True)
+        for path in self.dag_files:
+            target = self.dags_folder / path.name
+            if not target.exists():
+                target.symlink_to(path.resolve())
+        migrate = subprocess.run([self._airflow(), "db", "migrate"], env=self.env(), capture_output=True, text=True)
+        if migrate.returncode != 0:
+            raise RuntimeError(f"`airflow db migrate` failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
+        for name in ("api-server", "scheduler", "dag-processor"):
+            log = open(self.home / f"{name}.log", "ab")
+            self.processes[name] = subprocess.Popen([self._airflow(), name], env=self.env(), stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                self._token = json.loads(self._raw("GET", "/auth/token"))["access_token"]
+                return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"Airflow's api-server did not answer on {self.base_url} in {timeout:.0f}s; "
+                           f"see {self.home}/api-server.log")
+
+    def _check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                log = (self.home / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"airflow {name} exited with code {process.returncode}:\n{log}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+    # -- REST API (what the UI calls) ----------------------------------------------
+
+    def _raw(self, method: str, path: str, body: Any = None) -> str:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.read().decode()
+
+    def api(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            text = self._raw(method, "/api/v2" + path, body)
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from exc
+        return json.loads(text) if text else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                dag = self.api("GET", f"/dags/{dag_id}")
+                if dag.get("is_paused"):
+                    self.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+                return
+            except RuntimeError as exc:
+                last = str(exc)
+                time.sleep(1)
+        errors = self.api("GET", "/importErrors")
+        raise RuntimeError(f"DAG {dag_id} was not parsed in {timeout:.0f}s ({last}); import errors: {errors}")
+
+    def trigger(self, dag_id: str, run_id: str, conf: dict | None = None, logical_date: str | None = None) -> str:
+        body = {"dag_run_id": run_id, "logical_date": logical_date, "conf": conf or {}}
+        return self.api("POST", f"/dags/{dag_id}/dagRuns", body)["dag_run_id"]
+
+    def run_state(self, dag_id: str, run_id: str) -> str:
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"]
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 600.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            state = self.run_state(dag_id, run_id)
+            if state in FINISHED:
+                return state
+            time.sleep(1)
+        raise TimeoutError(f"run {run_id} of {dag_id} did not finish in {timeout:.0f}s; tasks: "
+                           f"{self.task_states(dag_id, run_id)}")
+
+    def run(self, dag_id: str, run_id: str, conf: dict | None = None, timeout: float = 600.0) -> str:
+        self.trigger(dag_id, run_id, conf)
+        return self.wait_run(dag_id, run_id, timeout)
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, tuple[str | None, int]]:
+        tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        return {ti["task_id"].rpartition(".")[2]: (ti["state"], ti["try_number"]) for ti in tis}
+
+    def clear(self, dag_id: str, run_id: str, only_failed: bool = False) -> None:
+        """What "Clear" on a DAG run does in the UI: its tasks run again, same run id."""
+        self.api("POST", f"/dags/{dag_id}/clearTaskInstances",
+                 {"dag_run_id": run_id, "dry_run": False, "only_failed": only_failed, "reset_dag_runs": True})
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """All attempts' logs of a task (matched by the last part of its id), as one text."""
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
+        texts = [p.read_text(errors="replace") for p in sorted(folder.glob(f"task_id=*{task_id}*/attempt=*.log"))]
+        return "\n".join(texts)
+
+    def __enter__(self) -> "AirflowStack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,74 @@
+"""Session fixtures: the real Kafka broker and the real Airflow, started by the project's own code.
+
+If either cannot start, the fixture raises and every test that needs it errors: nothing
+is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
+from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_TOPIC = "events"
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory) -> LocalKafkaBroker:
+    broker = LocalKafkaBroker(tmp_path_factory.mktemp("kafka"), transaction_max_timeout_ms=900_000)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def faults_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("faults")
+
+
+@pytest.fixture(scope="session")
+def example_output(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("example") / "kafka_to_parquet"
+
+
+@pytest.fixture(scope="session")
+def airflow(kafka, faults_dir, example_output, tmp_path_factory):
+    from airflow_exactly_once.devenv.airflow_stack import AirflowStack
+
+    root = tmp_path_factory.mktemp("airflow")
+    dag_files = sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "tests" / "dags").glob("*.py"))
+    env = {
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+            {"conn_type": "kafka", "extra": {"bootstrap.servers": kafka.bootstrap_servers}}),
+        FAULTS_ENV: str(faults_dir),
+        "EXACTLY_ONCE_DEMO_TOPIC": EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_OUTPUT": str(example_output),
+        "EXACTLY_ONCE_DEMO_MAX_RECORDS": "150",
+        "PYTHONPATH": os.pathsep.join([str(root / "dags"), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "EO_TEST_SLOW_SECONDS": "15",
+    }
+    stack = AirflowStack(root, dag_files, env)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def faults(faults_dir):
+    """Arms crash points for one test and disarms whatever is left afterwards."""
+    yield faults_dir
+    for path in faults_dir.iterdir():
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:8]

@@ -1,0 +1,83 @@
+"""Small helpers shared by the tests: topics, producing, reading output back, the ledger."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.states import BatchState
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+
+
+def produce(bootstrap: str, topic: str, count: int, partitions: int = 3, start: int = 0,
+            json_values: bool = False) -> list[str]:
+    """Send `count` records round-robin over partitions; returns the values sent."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    values = []
+    for i in range(start, start + count):
+        value = json.dumps({"id": i, "name": f"item-{i}", "amount": i * 0.5}) if json_values else f"value-{i}"
+        producer.send(topic, key=str(i).encode(), value=value.encode(), partition=i % partitions)
+        values.append(value)
+    producer.flush()
+    producer.close()
+    return values
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[str]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
+                             consumer_timeout_ms=3000)
+    tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    values = [m.value.decode() for m in consumer]
+    consumer.close()
+    return values
+
+
+def read_parquet(path: Path) -> list[dict]:
+    """What any Parquet reader sees (pyarrow, like Spark, ignores `_`-prefixed folders)."""
+    import pyarrow.dataset as ds
+
+    if not Path(path).exists():
+        return []
+    return ds.dataset(str(path), format="parquet", partitioning="hive").to_table().to_pylist()
+
+
+def assert_exactly_once(sent: list[str], got: list[str]) -> None:
+    counts = Counter(got)
+    duplicates = {v: c for v, c in counts.items() if c > 1}
+    missing = set(sent) - set(counts)
+    unexpected = set(counts) - set(sent)
+    assert not duplicates, f"{len(duplicates)} duplicated records, e.g. {list(duplicates.items())[:3]}"
+    assert not missing, f"{len(missing)} missing records, e.g. {sorted(missing)[:3]}"
+    assert not unexpected, f"{len(unexpected)} unexpected records, e.g. {sorted(unexpected)[:3]}"
+    assert len(got) == len(sent)
+
+
+def assert_ranges_tile(ledger: Ledger, pipeline_id: str) -> None:
+    """Committed ranges of each partition follow each other with no gap and no overlap."""
+    committed = ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False)
+    starts = ledger.initial_offsets(pipeline_id)
+    position = dict(starts)
+    for batch in committed:
+        for r in batch.ranges:
+            expected = position[(r.topic, r.partition)]
+            assert r.start == expected, f"batch {batch.seq} {r} does not start at {expected}"
+            position[(r.topic, r.partition)] = r.end
+
+
+def staging_leftovers(output: Path) -> list[Path]:
+    staging = Path(output) / "_staging"
+    return list(staging.iterdir()) if staging.exists() else []
