@@ -1,0 +1,44 @@
+# Two commands for users: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps python-deps jars demo test benchmark docker-config clean
+
+setup: system-deps python-deps jars
+
+# Java (Kafka broker, Spark), Maven (fetches their jars) and PostgreSQL (sink and ledger tests).
+system-deps:
+	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openjdk-17-jre-headless maven postgresql; \
+	fi
+
+python-deps: $(VENV)/.installed
+
+# constraints.txt pins the whole tree that CI runs with (pyspark and pyspark-client must match).
+$(VENV)/.installed: setup.cfg constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -c constraints.txt -e ".[test,postgres]"
+	@touch $@
+
+jars: python-deps
+	$(PY) -m airflow_exactly_once.devenv fetch-jars
+
+demo: setup
+	$(PY) -m airflow_exactly_once.devenv.demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+benchmark: setup
+	$(PY) benchmarks/bench_parquet_batch.py
+
+docker-config:
+	docker compose -f docker/docker-compose.yml config --quiet && echo "docker/docker-compose.yml is valid"
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
