@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -34,9 +35,22 @@ def kafka(tmp_path_factory) -> LocalKafkaBroker:
 
 
 @pytest.fixture(scope="session")
-def postgres(tmp_path_factory) -> LocalPostgres:
+def pg_data_root() -> Path:
+    """Where test PostgreSQL servers keep their data: NOT under pytest's basetemp.
+
+    As root the server runs as `postgres`, which must traverse every parent folder; any
+    pytest session that starts (another developer's, in parallel) resets
+    /tmp/pytest-of-root to mode 0700, after which a server there can no longer (re)start.
+    """
+    root = Path(tempfile.mkdtemp(prefix="aeo-test-pg-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres(pg_data_root) -> LocalPostgres:
     """A throwaway PostgreSQL (Debian's binaries, 2PC on) with the database PG_DATABASE."""
-    server = LocalPostgres(tmp_path_factory.mktemp("postgres"), max_prepared_transactions=32)
+    server = LocalPostgres(pg_data_root / "session", max_prepared_transactions=32)
     server.start()
     server.create_database(PG_DATABASE)
     yield server
