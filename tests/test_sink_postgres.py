@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg2
 import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig
@@ -22,6 +21,7 @@ from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.postgres import parse_gid, with_lock_timeout
 from airflow_exactly_once.sinks.postgres_transactions import make_gid, rollback_prepared
 from tests.conftest import PG_DATABASE
+from tests.helpers import pg_query
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +38,7 @@ def dsn(postgres) -> str:
     return postgres.dsn(PG_DATABASE)
 
 
-def sql(dsn: str, statement: str, params=()) -> list[tuple]:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(statement, params)
-            return cur.fetchall() if cur.description else []
-    finally:
-        conn.close()
+sql = pg_query
 
 
 def prepared(dsn: str) -> list[str]:
