@@ -49,7 +49,7 @@ def prepared(dsn: str) -> list[str]:
 def table(dsn) -> str:
     name = f"t_{uuid.uuid4().hex[:8]}"
     sql(dsn, f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text NOT NULL CHECK (v <> 'poison'), "
-             "amount numeric(10, 2), at timestamptz, tags text[], attrs jsonb)")
+             "amount numeric(10, 2), at timestamptz, tags text[], attrs jsonb, note text, flag boolean)")
     return name
 
 
@@ -116,6 +116,27 @@ def test_prepare_is_invisible_until_commit_and_commit_is_idempotent(spark, dsn, 
     assert sql(dsn, f"SELECT amount, at, tags, attrs FROM {table} WHERE id = 7") == [
         (Decimal("8.75"), at, ["a", "7"], {"k": 7})]
     assert pipe.ledger.committed_positions(pipe.id) == {("t", 0): 300}
+    assert prepared(dsn) == []
+
+
+def test_plain_columns_are_copied_with_nulls_and_quotes_intact(spark, dsn, table, tmp_path):
+    """Insert mode with plain column types goes through COPY ... CSV: NULL, '' and quoting survive."""
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    pipe = Pipeline(tmp_path, dsn, table)
+    at = datetime(2024, 2, 29, 23, 59, 58, 123456, tzinfo=timezone.utc)
+    notes = [None, "", 'say "hi", then\nleave', "ünïcødé", "NULL"]
+    data = [(i, f"v{i}", Decimal("-1.05") if i else None, at if i else None, notes[i % 5], [None, True, False][i % 3])
+            for i in range(25)]
+    df = spark.createDataFrame(data, "id BIGINT, v STRING, amount DECIMAL(10,2), at TIMESTAMP, note STRING, "
+                                     "flag BOOLEAN").repartition(2)
+    batch = pipe.write(df)
+    assert batch.handles["rows_written"] == 25
+    pipe.coordinator.commit(batch.id)
+    got = sql(dsn, f"SELECT id, v, amount, at, note, flag FROM {table} ORDER BY id")
+    assert got == [(i, f"v{i}", Decimal("-1.05") if i else None, at if i else None, notes[i % 5],
+                    [None, True, False][i % 3]) for i in range(25)]
     assert prepared(dsn) == []
 
 

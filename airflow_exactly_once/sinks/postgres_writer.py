@@ -36,6 +36,28 @@ def sink_error_from_spark(exc: BaseException) -> SinkError | None:
     return SinkError(payload["message"], retriable=bool(payload["retriable"]))
 
 
+def _copyable(arrow_type) -> bool:
+    """Types whose Arrow CSV text PostgreSQL reads back as the same value."""
+    import pyarrow as pa
+
+    return any(check(arrow_type) for check in (
+        pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_string,
+        pa.types.is_large_string, pa.types.is_decimal, pa.types.is_date, pa.types.is_timestamp))
+
+
+def _as_csv(batches: list) -> tuple[Any, int]:
+    """The batches as PostgreSQL CSV (strings quoted, NULL an unquoted empty field), and the row count."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    sink = pa.BufferOutputStream()
+    options = pacsv.WriteOptions(include_header=False, quoting_style="needed")
+    with pacsv.CSVWriter(sink, batches[0].schema, write_options=options) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return pa.BufferReader(sink.getvalue()), sum(b.num_rows for b in batches)
+
+
 def _column_values(column) -> list[Any]:
     """Python values psycopg2 can adapt; structs and maps go to json/jsonb columns."""
     import pyarrow as pa
@@ -74,18 +96,23 @@ class PartitionWriter:
             prepare_rows,
         )
 
-        rows: list[tuple] = []
-        for batch in batches:
-            rows.extend(zip(*(_column_values(c) for c in batch.columns)))
-        if not rows:
+        arrow = [b for b in batches if b.num_rows]
+        if not arrow:
             return  # an empty partition holds no prepared transaction
         partition = TaskContext.get().partitionId()
         gid = make_gid(self.pipeline_id, self.batch_seq, partition, self.attempt)
         marker = {"pipeline_id": self.pipeline_id, "batch_seq": self.batch_seq, "partition_id": partition}
+        rows: list[tuple] = []
+        csv = None
+        if self.mode == "insert" and all(_copyable(f.type) for f in arrow[0].schema):
+            csv, marker["row_count"] = _as_csv(arrow)  # COPY: several times faster than INSERTs
+        else:
+            for batch in arrow:
+                rows.extend(zip(*(_column_values(c) for c in batch.columns)))
         try:
             handle = prepare_rows(self.dsn, gid, self.table, self.columns, rows, marker, self.mode,
                                   self.key_columns or None, marker_schema=self.marker_schema,
-                                  page_size=self.page_size)
+                                  page_size=self.page_size, copy_csv=csv)
         except PostgresTransactionError as exc:
             raise PartitionWriteError(f"Spark partition {partition}: {exc}", exc.retriable) from None
         small = {"gid": gid, "partition": partition, "rows": handle["rows_written"], "state": handle["state"]}
