@@ -158,7 +158,7 @@ class PostgresSink(Sink):
             batch_seq=batch.seq, attempt=epoch, table=self.table, columns=tuple(columns), mode=self.mode,
             key_columns=keys, marker_schema=self.marker_schema, page_size=self.page_size)
         try:
-            rows = data.select(*columns).mapInArrow(writer, "handle string").collect()
+            rows = data.mapInArrow(writer, "handle string").collect()  # columns: data.columns, in order
         except Exception as exc:
             self._rollback_attempt(batch, epoch)
             error = sink_error_from_spark(exc)
