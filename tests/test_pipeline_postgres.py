@@ -108,11 +108,12 @@ def test_postgres_crashes_and_restarts_between_write_and_notify(kafka, postgres,
     sent = produce(kafka.bootstrap_servers, name, 240)
     airflow.wait_for_dag(TEST_DAG)
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails, all 3 tries
-    airflow.run(TEST_DAG, f"{name}-1", conf(name, table))
+    assert airflow.run(TEST_DAG, f"{name}-1", conf(name, table)) == "failed"
     states = airflow.task_states(TEST_DAG, f"{name}-1")
-    assert states["notify_complete"] == ("failed", 3) and states["abort"][0] == "success", states
+    # abort only follows write: a PREPARED batch is left for notify_complete or recovery
+    assert states["notify_complete"] == ("failed", 3) and states["abort"][0] == "skipped", states
     [batch] = ledger_of(postgres).list_batches(name)
-    assert batch.state is BatchState.PREPARED  # abort leaves pre-committed output for commit
+    assert batch.state is BatchState.PREPARED
     assert sorted(prepared_xacts(postgres)) == sorted(batch.handles["gids"])
 
     postgres.stop(mode="immediate")  # a crash: no checkpoint; WAL recovery on start
@@ -138,7 +139,7 @@ def test_a_row_violating_a_constraint_fails_the_batch_and_changes_nothing(kafka,
     before = ledger.committed_positions(name)
 
     produce(kafka.bootstrap_servers, name, 30, start=30)  # value-40 violates the table's check
-    airflow.run(TEST_DAG, f"{name}-2", conf(name, table))
+    assert airflow.run(TEST_DAG, f"{name}-2", conf(name, table)) == "failed"
     log = airflow.task_log(TEST_DAG, f"{name}-2", "write")
     assert f"check constraint '{table}_v_check' on {table} was violated" in log
     assert "Fix: correct the offending values, or change the check constraint" in log
