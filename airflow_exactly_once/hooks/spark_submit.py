@@ -79,14 +79,15 @@ class WriteJobSubmitHook(SparkSubmitHook):
         """Run the job until it ends; raises AirflowException when spark-submit fails.
 
         spark-submit gets SIGTERM if this process dies (even by SIGKILL), so no write job
-        outlives the task that started it.
+        outlives the task that started it. It runs in the submission's temporary folder, so
+        what a killed driver leaves in its working directory goes away with it.
         """
         with tempfile.TemporaryDirectory(prefix="exactly-once-submit-") as folder:
             bundle = build_bundle(folder, self.transform)
             self._py_files = _join(str(bundle.py_files), self.user_py_files)
             self.log.info("shipping %s to the driver and executors in %s", ", ".join(bundle.modules),
                           bundle.py_files.name)
-            self.submit(str(bundle.launcher), preexec_fn=die_with_parent)
+            self.submit(str(bundle.launcher), preexec_fn=die_with_parent, cwd=folder)
 
 
 def _local_kafka_jars() -> list[str]:
