@@ -15,6 +15,11 @@ system-deps:
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openjdk-17-jre-headless maven postgresql; \
 	fi
+	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
+	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
+	  echo ">> installing Debian packages: docker-compose"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \
+	fi
 
 python-deps: $(VENV)/.installed
 
@@ -38,7 +43,8 @@ benchmark: setup
 	$(PY) benchmarks/bench_parquet_batch.py
 
 docker-config:
-	docker compose -f docker/docker-compose.yml config --quiet && echo "docker/docker-compose.yml is valid"
+	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
+	 else docker-compose -f docker/docker-compose.yml config --quiet; fi && echo "docker/docker-compose.yml is valid"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
+from example_transforms import parse_events  # the DAG folder is on the Python path
 
 from airflow_exactly_once.task_group import exactly_once_batch
 
@@ -19,23 +20,6 @@ OUTPUT = os.environ.get(
     "EXACTLY_ONCE_DEMO_OUTPUT",
     str(Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "exactly_once_output" / "kafka_to_parquet"),
 )
-
-
-def parse_events(df):
-    """Kafka rows in, typed rows out: JSON value -> columns, plus where each record came from."""
-    from pyspark.sql import functions as F
-
-    schema = "id BIGINT, name STRING, amount DOUBLE"
-    parsed = F.from_json(F.col("value").cast("string"), schema)
-    return df.select(
-        parsed["id"].alias("id"),
-        parsed["name"].alias("name"),
-        parsed["amount"].alias("amount"),
-        F.col("topic"),
-        F.col("partition"),
-        F.col("offset"),
-        F.col("timestamp").alias("kafka_timestamp"),
-    )
 
 
 with DAG(

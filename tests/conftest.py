@@ -24,6 +24,7 @@ EXAMPLE_TOPIC = "events"
 PG_DATABASE = "exactly_once"  # sink tables and the PostgreSQL ledger of the tests
 PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
+SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +69,12 @@ def example_output(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def airflow(kafka, postgres, faults_dir, example_output, tmp_path_factory):
+def example_spark_output(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("example") / "kafka_to_parquet_on_spark"
+
+
+@pytest.fixture(scope="session")
+def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
     from airflow_exactly_once.devenv.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
@@ -80,6 +86,8 @@ def airflow(kafka, postgres, faults_dir, example_output, tmp_path_factory):
         "EXACTLY_ONCE_DEMO_TOPIC": EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_OUTPUT": str(example_output),
         "EXACTLY_ONCE_DEMO_MAX_RECORDS": "150",
+        "EXACTLY_ONCE_SPARK_DEMO_TOPIC": SPARK_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_SPARK_DEMO_OUTPUT": str(example_spark_output),
         "PYTHONPATH": os.pathsep.join([str(root / "dags"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "EO_TEST_SLOW_SECONDS": "15",
         # The official postgres connection type; no password (trust on 127.0.0.1).

@@ -157,6 +157,15 @@ class Ledger:
                 self._event(conn, pipeline_id, None, "config-changed", f"configuration fingerprint is now {fingerprint}")
             return row.epoch
 
+    def store_config(self, pipeline_id: str, config: dict[str, Any]) -> None:
+        """Keep the stored settings current (servers, client options), not only the fingerprinted ones.
+
+        A spark-submitted write reads its settings here, so a moved broker must show up.
+        """
+        with self.engine.begin() as conn:
+            conn.execute(pipelines.update().where(pipelines.c.pipeline_id == pipeline_id)
+                         .values(config=dumps(config), updated_at=_now()))
+
     def pipeline(self, pipeline_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(pipelines).where(pipelines.c.pipeline_id == pipeline_id)).first()

@@ -1,4 +1,5 @@
-"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker or PostgreSQL."""
+"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker, PostgreSQL or
+Spark cluster, write docker/docker-compose.yml."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     pg_stop = sub.add_parser("postgres-stop", help="stop the server started by postgres-start")
     pg_stop.add_argument("--data-dir", default=str(devenv_home() / "postgres"))
     pg_stop.add_argument("--mode", choices=["fast", "immediate", "smart"], default="fast")
+    spark_start = sub.add_parser("spark-start", help="start a local Spark standalone master and worker(s)")
+    spark_start.add_argument("--port", type=int, default=7077)
+    spark_start.add_argument("--webui-port", type=int, default=8080)
+    spark_start.add_argument("--workers", type=int, default=1)
+    spark_start.add_argument("--data-dir", default=str(devenv_home() / "spark"))
+    spark_stop = sub.add_parser("spark-stop", help="stop the cluster started by spark-start")
+    spark_stop.add_argument("--data-dir", default=str(devenv_home() / "spark"))
+    compose = sub.add_parser("docker-compose", help="print docker/docker-compose.yml as generated from the "
+                                                    "tests' settings")
+    compose.add_argument("--write", action="store_true", help="write it instead of printing it")
     args = parser.parse_args(argv)
 
     if args.command == "fetch-jars":
@@ -50,6 +61,24 @@ def main(argv: list[str] | None = None) -> int:
               f"(data in {args.data_dir}, log {server.log_file})")
     elif args.command == "postgres-stop":
         print("stopped" if stop_data_dir(args.data_dir, mode=args.mode) else "no PostgreSQL server was running")
+    elif args.command == "spark-start":
+        from airflow_exactly_once.devenv.spark_cluster import LocalSparkCluster
+
+        cluster = LocalSparkCluster(args.data_dir, workers=args.workers, master_port=args.port,
+                                    webui_port=args.webui_port).start()
+        cluster.processes.clear()  # leave it running after this command exits
+        print(f"Spark master ready at {cluster.master_url} (web UI {cluster.webui_url}, logs in {args.data_dir})")
+    elif args.command == "spark-stop":
+        from airflow_exactly_once.devenv.spark_cluster import stop_pidfile as stop_spark
+
+        print("stopped" if stop_spark(args.data_dir) else "no Spark cluster was running")
+    elif args.command == "docker-compose":
+        from airflow_exactly_once.devenv import docker_stack
+
+        if args.write:
+            print(f"wrote {docker_stack.write()}")
+        else:
+            print(docker_stack.render(), end="")
     return 0
 
 

@@ -182,6 +182,16 @@ class AirflowStack:
         self.api("POST", f"/dags/{dag_id}/clearTaskInstances",
                  {"dag_run_id": run_id, "dry_run": False, "only_failed": only_failed, "reset_dag_runs": True})
 
+    def put_connection(self, conn_id: str, conn: dict[str, Any]) -> None:
+        """Create or replace a connection, as Admin -> Connections does (`conn`: conn_type, host, ...)."""
+        body = {"connection_id": conn_id, **conn}
+        try:
+            self.api("POST", "/connections", body)
+        except RuntimeError as exc:
+            if "409" not in str(exc):
+                raise
+            self.api("PATCH", f"/connections/{conn_id}", body)
+
     def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
         """All attempts' logs of a task (matched by the last part of its id), as one text."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"

@@ -49,6 +49,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         transform: str | Callable | None = None,
         kafka_config: dict[str, Any] | None = None,
         spark_conf: dict[str, Any] | None = None,
+        spark_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -66,6 +67,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         self.transform = transform
         self.kafka_config = kafka_config
         self.spark_conf = spark_conf
+        self.spark_conn_id = spark_conn_id
 
     # -- building blocks (called from execute only) --------------------------------
 
@@ -144,9 +146,14 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
 
 
 class WriteBatchOperator(_BatchStepOperator):
-    """Run the Spark job: read exactly the planned range, transform, write pre-committed output."""
+    """Run the Spark job: read exactly the planned range, transform, write pre-committed output.
+
+    In-process (`local[*]`, or `spark_conf["spark.master"]`) by default; with `spark_conn_id`
+    (an Airflow `spark` connection) spark-submitted to that cluster instead.
+    """
 
     ui_color = "#ffe6c7"
+    submit_hook = None  # the running spark-submit, for on_kill
 
     def run_step(self, context) -> dict[str, Any]:
         from airflow_exactly_once.spark.job import run_write
@@ -155,6 +162,12 @@ class WriteBatchOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        if self.spark_conn_id:
+            from airflow_exactly_once.operators.spark_submit import write_on_cluster
+
+            summary = write_on_cluster(self, batch_id)
+            self.log.info("write: %s", json.dumps(summary))
+            return summary
         coordinator = self.coordinator()
         spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf)
         try:
@@ -163,6 +176,10 @@ class WriteBatchOperator(_BatchStepOperator):
             spark.stop()
         self.log.info("write: %s", json.dumps(summary))
         return summary
+
+    def on_kill(self) -> None:
+        if self.submit_hook is not None:
+            self.submit_hook.on_kill()
 
 
 class NotifyCompleteOperator(_BatchStepOperator):

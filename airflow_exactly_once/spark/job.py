@@ -9,17 +9,25 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import ExactlyOnceError, SourceUnavailableError, TransformError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.spark.fence_watch import FenceWatch
+from airflow_exactly_once.spark.parent_death import die_with_parent
 
 log = logging.getLogger(__name__)
+
+# The ledger URL may hold a password: spark-submit passes it in the environment, not argv.
+LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
+EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 
 
 def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
@@ -67,8 +75,12 @@ def apply_transform(transform, frame):
     return result
 
 
-def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None) -> dict[str, Any]:
-    """Claim, read, transform, pre-commit, mark PREPARED. Returns a summary for the task log."""
+def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
+              on_claimed: Callable[[Batch], None] | None = None) -> dict[str, Any]:
+    """Claim, read, transform, pre-commit, mark PREPARED. Returns a summary for the task log.
+
+    `on_claimed` sees the claimed batch (its epoch) before any data is read.
+    """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -78,6 +90,8 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
         current = coordinator.ledger.get_batch(batch_id)
         return {"batch": str(batch_id), "action": "skipped", "state": current.state.value,
                 "message": f"batch {batch_id} is already {current.state.value}; nothing to write"}
+    if on_claimed is not None:
+        on_claimed(batch)
     transform = resolve_transform(transform if transform is not None else config.transform)
     seen_in, seen_out = Observation("input"), Observation("output")
     source = read_batch(spark, batch, config).observe(seen_in, F.count(F.lit(1)).alias("records"))
@@ -113,21 +127,45 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """spark-submit entry point: only the batch id and the ledger location travel."""
+    """spark-submit entry point: only the batch id and the ledger location travel.
+
+    Exits 0 when the batch is PREPARED (or was already past the write); otherwise records
+    why in the ledger (see core.write_report) and exits 3 when a retry cannot help, else 1.
+    """
     parser = argparse.ArgumentParser(prog="airflow_exactly_once.spark.job")
     parser.add_argument("--batch-id", required=True)
-    parser.add_argument("--ledger-url", required=True)
+    parser.add_argument("--ledger-url", default=os.environ.get(LEDGER_URL_ENV),
+                        help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV})")
     args = parser.parse_args(argv)
+    if not args.ledger_url:
+        parser.error(f"no ledger: pass --ledger-url or set {LEDGER_URL_ENV}")
     logging.basicConfig(level=logging.INFO)
+    die_with_parent()  # the JVM that spark-submit started us from
     from pyspark.sql import SparkSession
 
     batch_id = BatchId.parse(args.batch_id)
     ledger = Ledger(args.ledger_url)
+    ledger.create_schema()  # idempotent; an empty database then says "not in the ledger" below
     pipeline = ledger.pipeline(batch_id.pipeline_id)
+    if pipeline is None:
+        log.error("pipeline %s is not in the ledger at the given URL; was the batch planned there?",
+                  batch_id.pipeline_id)
+        return EXIT_FOR_GOOD
     config = PipelineConfig.from_dict(pipeline["config"])
     coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()
-    summary = run_write(spark, coordinator, batch_id)
+    watch = FenceWatch(ledger, batch_id, on_fenced=lambda _reason: spark.sparkContext.cancelAllJobs())
+    try:
+        summary = run_write(spark, coordinator, batch_id, on_claimed=watch.start)
+    except Exception as exc:
+        error = watch.explain(exc)
+        log.exception("the write of batch %s failed: %s", batch_id, error)
+        record_failure(ledger, batch_id, error, watch.epoch)
+        retriable = error.retriable if isinstance(error, ExactlyOnceError) else True
+        return EXIT_RETRIABLE if retriable else EXIT_FOR_GOOD
+    finally:
+        watch.stop()
+        spark.stop()
     print(json.dumps(summary))
     return 0
 

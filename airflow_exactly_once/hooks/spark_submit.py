@@ -1,0 +1,96 @@
+"""The write job of one batch, submitted to a Spark cluster with the Spark provider's SparkSubmitHook.
+
+Only the batch id travels on the command line and the ledger URL in the environment; the
+job reads everything else from the ledger. What the job needs besides pyspark goes with
+the submission: the Kafka connector jars (`--jars`, unless `spark_conf` already names
+them) and a zip of this package and of the transform's module (`--py-files`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
+
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.spark.job import LEDGER_URL_ENV
+from airflow_exactly_once.spark.parent_death import die_with_parent
+from airflow_exactly_once.spark.session import _has_kafka_connector
+from airflow_exactly_once.spark.shipping import build_bundle
+
+
+def _join(*parts: str | None) -> str:
+    return ",".join(p for p in parts if p)
+
+
+class WriteJobSubmitHook(SparkSubmitHook):
+    """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
+
+    def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
+                 spark_conf: dict[str, Any] | None = None) -> None:
+        conf = {k: str(v) for k, v in (spark_conf or {}).items()}
+        master = conf.pop("spark.master", None)
+        # --jars and --py-files replace spark.jars and spark.submit.pyFiles: merge, never drop the user's.
+        user_jars = conf.pop("spark.jars", None)
+        self.user_py_files = conf.pop("spark.submit.pyFiles", None)
+        kafka_jars = None if _has_kafka_connector(spark_conf or {}) else _join(*_local_kafka_jars())
+        self.batch_id = batch_id
+        self.ledger_url = ledger_url
+        self.transform = transform
+        super().__init__(conf=conf, conn_id=spark_conn_id, name=f"exactly-once {batch_id}",
+                         jars=_join(user_jars, kafka_jars) or None,
+                         application_args=["--batch-id", str(batch_id)], env_vars={LEDGER_URL_ENV: ledger_url})
+        if master and master != self._connection["master"]:
+            self.log.warning("spark_conf sets spark.master=%s; the %s connection's master %s is used instead",
+                             master, spark_conn_id, self._connection["master"])
+        self._check_deploy_mode()
+
+    def _check_deploy_mode(self) -> None:
+        if self._connection["deploy_mode"] != "cluster":
+            # The driver runs here, in this interpreter (it has the package's dependencies); the
+            # executors' Python workers too unless told otherwise (PYSPARK_PYTHON, spark_conf), as
+            # PySpark wants the same Python release on both sides.
+            self._conf.setdefault("spark.pyspark.driver.python", sys.executable)
+            self._conf.setdefault("spark.pyspark.python", os.environ.get("PYSPARK_PYTHON", sys.executable))
+            return
+        if self._connection["master"].startswith("spark://"):
+            raise ConfigurationError(
+                "Spark standalone clusters cannot run Python applications in cluster deploy mode; set the "
+                "connection's deploy-mode to client (the driver then runs on the Airflow worker)")
+        if self.ledger_url.startswith("sqlite"):
+            raise ConfigurationError(
+                "in cluster deploy mode the Spark driver runs on the cluster and cannot open the embedded "
+                "SQLite ledger; give the pipeline a PostgreSQL ledger (ledger_conn_id=...)")
+
+    def _get_spark_binary_path(self) -> list[str]:
+        binary = self._connection["spark_binary"]
+        if binary == DEFAULT_SPARK_BINARY and shutil.which(binary) is None:
+            from airflow_exactly_once.devenv.spark_cluster import spark_home
+
+            return [str(spark_home() / "bin" / DEFAULT_SPARK_BINARY)]  # the one in the pyspark wheel
+        return [binary]
+
+    def submit_write(self) -> None:
+        """Run the job until it ends; raises AirflowException when spark-submit fails.
+
+        spark-submit gets SIGTERM if this process dies (even by SIGKILL), so no write job
+        outlives the task that started it. It runs in the submission's temporary folder, so
+        what a killed driver leaves in its working directory goes away with it.
+        """
+        with tempfile.TemporaryDirectory(prefix="exactly-once-submit-") as folder:
+            bundle = build_bundle(folder, self.transform)
+            self._py_files = _join(str(bundle.py_files), self.user_py_files)
+            self.log.info("shipping %s to the driver and executors in %s", ", ".join(bundle.modules),
+                          bundle.py_files.name)
+            self.submit(str(bundle.launcher), preexec_fn=die_with_parent, cwd=folder)
+
+
+def _local_kafka_jars() -> list[str]:
+    from airflow_exactly_once.devenv.maven import spark_kafka_jars
+
+    return spark_kafka_jars()
