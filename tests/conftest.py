@@ -19,6 +19,7 @@ from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
+K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +53,8 @@ def airflow(kafka, faults_dir, example_output, tmp_path_factory):
         "EXACTLY_ONCE_DEMO_TOPIC": EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_OUTPUT": str(example_output),
         "EXACTLY_ONCE_DEMO_MAX_RECORDS": "150",
+        "EXACTLY_ONCE_DEMO_K2K_INPUT": K2K_INPUT,
+        "EXACTLY_ONCE_DEMO_K2K_OUTPUT": K2K_OUTPUT,
         "PYTHONPATH": os.pathsep.join([str(root / "dags"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "EO_TEST_SLOW_SECONDS": "15",
     }
