@@ -55,15 +55,17 @@ with DAG(
         sink={
             "type": "kafka",
             "topic": OUTPUT_TOPIC,  # must exist; consumers read it with isolation.level=read_committed
-            # Must outlive write + every notify_complete retry (checked at plan time, see README).
-            "transaction_timeout_ms": 600_000,
+            # Must outlive write + every notify_complete retry (checked at plan time, see README),
+            # and stay within the brokers' transaction.max.timeout.ms (15 min by default).
+            "transaction_timeout_ms": 900_000,
             "producer_config": {"linger_ms": 20},
         },
         guarantee="EXACTLY_ONCE",  # or AT_LEAST_ONCE / NONE (cheaper, weaker; README has the table)
         mirror_consumer_group="kafka_to_kafka",  # committed offsets for lag dashboards (monitoring only)
         transform=enrich_events,
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
-        # The transaction lives from write to the last notify_complete retry: bound both.
-        write_kwargs={"execution_timeout": timedelta(minutes=3)},
-        notify_kwargs={"execution_timeout": timedelta(seconds=30), "retries": 3},
+        # A transaction lives from write to the last notify_complete retry: bound both
+        # (8 min + 4 x 1 min + 3 x 5 s = 735 s < 900 s).
+        write_kwargs={"execution_timeout": timedelta(minutes=8)},
+        notify_kwargs={"execution_timeout": timedelta(minutes=1), "retries": 3},
     )
