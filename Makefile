@@ -36,6 +36,7 @@ test: setup
 
 benchmark: setup
 	$(PY) benchmarks/bench_parquet_batch.py
+	$(PY) benchmarks/bench_kafka_guarantees.py
 
 docker-config:
 	docker compose -f docker/docker-compose.yml config --quiet && echo "docker/docker-compose.yml is valid"

@@ -189,8 +189,9 @@ class KafkaSink(Sink):
         txns = {w["transaction"]["transactional_id"]: w for w in writers}
         status = self._states_before_commit(servers, writers)
         for tid in [t for t, s in status.items() if s == _OPEN]:
-            if status.get(tid) == _OPEN and _ABORTED not in status.values():
-                status[tid] = self._commit_one(servers, txns[tid])
+            if _ABORTED in status.values():  # commit nothing more: the batch is lost or partial
+                break
+            status[tid] = self._commit_one(servers, txns[tid])
         aborted = sorted(t for t, s in status.items() if s == _ABORTED)
         if aborted:
             self._lost(batch, servers, txns, status, aborted)
@@ -274,8 +275,9 @@ class KafkaSink(Sink):
     def abort(self, batch: Batch, handles: Handles | None) -> str:
         """Abort this attempt's transactions (handles) or every open one of the batch (None). Best effort:
         a transaction that cannot be reached now is aborted by the broker's timeout anyway."""
-        if (handles or {}).get("guarantee", self.guarantee) != "EXACTLY_ONCE":
-            return f"records written under {self.guarantee} cannot be taken back"
+        guarantee = (handles or {}).get("guarantee", self.guarantee)
+        if guarantee != "EXACTLY_ONCE":
+            return f"records written under {guarantee} cannot be taken back"
         servers = (handles or {}).get("bootstrap_servers") or self.bootstrap_servers
         try:
             if handles is not None:
