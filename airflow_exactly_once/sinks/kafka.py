@@ -263,8 +263,11 @@ class KafkaSink(Sink):
                 "again would duplicate the committed part, so the batch is left PREPARED: decide by hand, and "
                 "raise transaction_timeout_ms so that notify_complete always comes in time.")
         for tid in [t for t, s in status.items() if s == _OPEN]:
-            abort_transaction(servers, TransactionHandle.from_dict(txns[tid]["transaction"]),
-                              **self._producer_settings())
+            try:
+                abort_transaction(servers, TransactionHandle.from_dict(txns[tid]["transaction"]),
+                                  **self._producer_settings())
+            except KafkaTransactionError as exc:  # never committed: the broker's timeout aborts it
+                log.warning("could not abort %s now (%s); it times out on its own", tid, exc)
         raise TransactionLostError(
             f"the Kafka transactions of batch {batch.seq} were aborted before notify_complete committed them "
             f"({', '.join(aborted)}: timed out after transaction_timeout_ms={self.transaction_timeout_ms}, or "
