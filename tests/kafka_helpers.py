@@ -13,8 +13,6 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from airflow_exactly_once.core.ledger import Ledger
-
 
 def _ends(bootstrap: str, tps: list[TopicPartition], isolation: str) -> dict[TopicPartition, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
@@ -91,8 +89,3 @@ def wait_transactions_ended(bootstrap: str, handles: dict[str, Any], timeout_s: 
         assert time.monotonic() < deadline, f"the broker never ended {tids}"
         time.sleep(0.5)
 
-
-def committed_ranges(ledger: Ledger, pipeline_id: str) -> list[tuple]:
-    from airflow_exactly_once.core.states import BatchState
-
-    return [r for b in ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False) for r in b.ranges]

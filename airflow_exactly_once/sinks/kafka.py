@@ -137,6 +137,11 @@ class KafkaSink(Sink):
     # -- write ---------------------------------------------------------------------
 
     def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
+        try:
+            import pyarrow  # noqa: F401  (the executors receive the rows as Arrow batches)
+        except ImportError as exc:
+            raise ConfigurationError("the kafka sink needs pyarrow on the Spark driver and executors: "
+                                     "pip install pyarrow") from exc
         frame = self._key_value(data)
         settings = WriterSettings(
             bootstrap_servers=self.bootstrap_servers, topic=self.topic, guarantee=self.guarantee,
