@@ -41,6 +41,7 @@ test: setup
 
 benchmark: setup
 	$(PY) benchmarks/bench_parquet_batch.py
+	$(PY) benchmarks/bench_kafka_guarantees.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \

@@ -25,6 +25,7 @@ PG_DATABASE = "exactly_once"  # sink tables and the PostgreSQL ledger of the tes
 PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
+K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +89,8 @@ def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, t
         "EXACTLY_ONCE_DEMO_MAX_RECORDS": "150",
         "EXACTLY_ONCE_SPARK_DEMO_TOPIC": SPARK_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_SPARK_DEMO_OUTPUT": str(example_spark_output),
+        "EXACTLY_ONCE_DEMO_K2K_INPUT": K2K_INPUT,
+        "EXACTLY_ONCE_DEMO_K2K_OUTPUT": K2K_OUTPUT,
         "PYTHONPATH": os.pathsep.join([str(root / "dags"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "EO_TEST_SLOW_SECONDS": "15",
         # The official postgres connection type; no password (trust on 127.0.0.1).

@@ -17,6 +17,8 @@ from airflow_exactly_once.core.model import dumps
 
 STARTUP_MODES = ("earliest", "latest")
 DATA_LOSS_POLICIES = ("fail", "skip")
+# Flink's FlinkKafkaProducer.Semantic; what each one costs and promises is in the README.
+GUARANTEES = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -32,6 +34,9 @@ class PipelineConfig:
     data_loss_policy: str = "fail"
     transform: str | None = None
     kafka_config: dict[str, Any] = field(default_factory=dict)
+    guarantee: str = "EXACTLY_ONCE"
+    # Opt-in: after notify_complete, copy the committed offsets to this consumer group (monitoring only).
+    mirror_consumer_group: str | None = None
 
     def validate(self) -> "PipelineConfig":
         if not _PIPELINE_ID.match(self.pipeline_id or ""):
@@ -48,13 +53,18 @@ class PipelineConfig:
                 "extra has {\"bootstrap.servers\": \"host:port\"}")
         for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
                                      ("new_partition_start", self.new_partition_start, STARTUP_MODES),
-                                     ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES)):
+                                     ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES),
+                                     ("guarantee", self.guarantee, GUARANTEES)):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
         if self.max_records_per_partition is not None and int(self.max_records_per_partition) <= 0:
             raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
         if not isinstance(self.sink, dict) or "type" not in self.sink:
             raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
+        if self.mirror_consumer_group is not None and not (isinstance(self.mirror_consumer_group, str)
+                                                           and self.mirror_consumer_group.strip()):
+            raise ConfigurationError("mirror_consumer_group must be a consumer group id (a non-empty string), "
+                                     "or None to leave consumer groups alone")
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self

@@ -51,7 +51,7 @@ class BatchCoordinator:
                  source_factory: Callable[[], OffsetSource] | None = None) -> None:
         self.config = config
         self.ledger = ledger
-        self.sink = sink
+        self.sink = sink.bind(config)
         self.source_factory = source_factory
 
     @property

@@ -9,9 +9,13 @@ and must be idempotent because a crash can interrupt them at any point.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch
+
+if TYPE_CHECKING:
+    from airflow_exactly_once.core.config import PipelineConfig
 
 Handles = dict[str, Any]
 
@@ -20,9 +24,29 @@ class Sink(ABC):
     """One sink type. Instances are built from a JSON spec, so they work after spark-submit."""
 
     type_name: str = ""
+    # The `guarantee=` levels this sink implements; staged-and-published sinks only have one.
+    guarantees: tuple[str, ...] = ("EXACTLY_ONCE",)
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
+        self.pipeline: "PipelineConfig | None" = None
+
+    def bind(self, config: "PipelineConfig") -> "Sink":
+        """Give the sink the pipeline settings it may share (servers, client settings, guarantee)."""
+        if config.guarantee not in self.guarantees:
+            raise ConfigurationError(
+                f"the {self.type_name or type(self).__name__} sink does not implement guarantee="
+                f"{config.guarantee!r}; choose one of {', '.join(self.guarantees)}")
+        self.pipeline = config
+        return self
+
+    def commit_deadline_ms(self) -> int | None:
+        """How long pre-committed output survives before the sink discards it; None: until aborted.
+
+        The plan task checks the DAG's retry settings against it (a commit that comes later
+        finds the output gone and the batch is processed again).
+        """
+        return None
 
     def check(self, pipeline_id: str) -> None:
         """Plan-time validation against the real system (permissions, server settings)."""

@@ -27,7 +27,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "pipeline_id", "topics", "sink", "bootstrap_servers", "ledger_url", "startup_mode",
-        "max_records_per_partition", "data_loss_policy",
+        "max_records_per_partition", "data_loss_policy", "guarantee", "mirror_consumer_group",
     )  # not `transform`: Airflow calls callables found in template fields
     template_fields_renderers = {"sink": "json"}
     ui_color = "#e8f4ea"
@@ -50,6 +50,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         kafka_config: dict[str, Any] | None = None,
         spark_conf: dict[str, Any] | None = None,
         spark_conn_id: str | None = None,
+        guarantee: str = "EXACTLY_ONCE",
+        mirror_consumer_group: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -68,6 +70,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         self.kafka_config = kafka_config
         self.spark_conf = spark_conf
         self.spark_conn_id = spark_conn_id
+        self.guarantee = guarantee
+        self.mirror_consumer_group = mirror_consumer_group
 
     # -- building blocks (called from execute only) --------------------------------
 
@@ -90,6 +94,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
             max_records_per_partition=_optional_int(self.max_records_per_partition),
             data_loss_policy=self.data_loss_policy,
             transform=transform_name(self.transform), kafka_config=dict(self.kafka_config or {}),
+            guarantee=self.guarantee,
+            mirror_consumer_group=None if self.mirror_consumer_group in (None, "", "None") else self.mirror_consumer_group,
         ).validate()
 
     def coordinator(self) -> BatchCoordinator:
@@ -138,7 +144,11 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
     ui_color = "#cfe8ff"
 
     def run_step(self, context) -> str:
-        outcome = self.coordinator().plan(run_id=context["run_id"])
+        from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
+
+        coordinator = self.coordinator()
+        check_commit_deadline(self, coordinator.sink, self.log)
+        outcome = coordinator.plan(run_id=context["run_id"])
         self.log.info("plan: %s", outcome.message)
         if outcome.batch is None:
             raise AirflowSkipException(outcome.message)
@@ -191,8 +201,13 @@ class NotifyCompleteOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
-        message = self.coordinator().commit(batch_id)
+        coordinator = self.coordinator()
+        message = coordinator.commit(batch_id)
         self.log.info("notify_complete: %s", message)
+        if coordinator.config.mirror_consumer_group:
+            from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
+
+            self.log.info("notify_complete: %s", mirror_committed_offsets(coordinator.config, coordinator.ledger))
         return message
 
 

@@ -1,0 +1,134 @@
+"""Questions the Kafka sink asks the output cluster, with kafka-python's public API only.
+
+- the brokers' transaction.max.timeout.ms (plan-time guardrail),
+- the state of a batch's transactions (before committing any of them),
+- transactions a dead attempt left open (to abort them instead of waiting for the timeout),
+- whether a record is visible under read_committed: the arbiter when the broker no longer
+  knows a transaction, because only the output itself says "committed" or "aborted".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import kafka.errors as Errors
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType
+
+from airflow_exactly_once.sinks.kafka_transactions import TransactionHandle
+
+
+def config_for(client_class: type, settings: dict[str, Any]) -> dict[str, Any]:
+    """The part of shared client settings (security, timeouts) that `client_class` understands."""
+    return {k: v for k, v in settings.items() if k in client_class.DEFAULT_CONFIG and k != "bootstrap_servers"}
+
+
+@contextlib.contextmanager
+def admin_client(servers: str, settings: dict[str, Any]) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(bootstrap_servers=servers, **config_for(KafkaAdminClient, settings))
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def broker_max_transaction_timeout_ms(admin: KafkaAdminClient) -> int:
+    """The smallest transaction.max.timeout.ms of all brokers (any of them may coordinate a txn)."""
+    brokers = [str(b["broker_id"]) for b in admin.describe_cluster()["brokers"]]
+    key = "transaction.max.timeout.ms"
+    answer = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, b, {key: None}) for b in brokers],
+                                    config_filter="all")
+    return min(int(answer["broker"][b][key]["value"]) for b in brokers)
+
+
+def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.0) -> int:
+    """Number of partitions of `topic`; 0 when it does not exist.
+
+    A topic created a moment ago may still answer LEADER_NOT_AVAILABLE: wait for it.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            [described] = admin.describe_topics([topic])
+        except Errors.UnknownTopicOrPartitionError:
+            return 0
+        error = Errors.for_code(described.get("error_code", 0))
+        if error is Errors.UnknownTopicOrPartitionError:
+            return 0
+        if error is Errors.NoError and described.get("partitions"):
+            return len(described["partitions"])
+        if time.monotonic() > deadline:
+            raise error(f"describing topic {topic!r} failed")
+        time.sleep(0.5)
+
+
+@dataclass(frozen=True)
+class TransactionState:
+    """What the coordinator says about a transactional id now."""
+
+    state: str  # Ongoing, PrepareCommit, CompleteCommit, PrepareAbort, CompleteAbort, Empty, Dead, ...
+    producer_id: int
+    epoch: int
+
+
+def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict[str, TransactionState | None]:
+    """The coordinator's view of each id; None when it no longer knows the id."""
+    states: dict[str, TransactionState | None] = {}
+    for tid in transactional_ids:  # one at a time: an unknown id fails the whole request
+        try:
+            described = admin.describe_transactions([tid])[tid]
+        except Errors.TransactionalIdNotFoundError:
+            states[tid] = None
+            continue
+        states[tid] = TransactionState(described.state.value, described.producer_id, described.producer_epoch)
+    return states
+
+
+def open_transactions(admin: KafkaAdminClient, id_pattern: str) -> list[TransactionHandle]:
+    """Ongoing transactions whose id matches `id_pattern` (a full-match regex), as abortable handles."""
+    pattern = re.compile(id_pattern)
+    listed = admin.list_transactions(state_filters=["Ongoing"])
+    ids = sorted({t.transactional_id for rows in listed.values() for t in rows if pattern.fullmatch(t.transactional_id)})
+    handles = []
+    for tid, described in (admin.describe_transactions(ids) if ids else {}).items():
+        if described.state.value == "Ongoing":
+            handles.append(TransactionHandle(
+                tid, described.producer_id, described.producer_epoch,
+                tuple(sorted((tp.topic, tp.partition) for tp in described.topic_partitions))))
+    return handles
+
+
+def record_visible(servers: str, settings: dict[str, Any], topic: str, partition: int, offset: int,
+                   timeout_s: float = 30.0) -> bool | None:
+    """Is the record at `offset` visible under read_committed? None: cannot tell within `timeout_s`.
+
+    Waits until the last stable offset has passed `offset` (the transaction is decided
+    and its markers are written), then reads from `offset`: a committed record comes back
+    at exactly that offset, an aborted one is skipped.
+    """
+    tp = TopicPartition(topic, partition)
+    consumer = KafkaConsumer(bootstrap_servers=servers, isolation_level="read_committed", enable_auto_commit=False,
+                             group_id=None, **config_for(KafkaConsumer, settings))
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer.assign([tp])
+        while consumer.end_offsets([tp])[tp] <= offset:  # read_committed: the last stable offset
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+        log_start = consumer.beginning_offsets([tp])[tp]
+        if log_start > offset:
+            raise LookupError(f"{topic}[{partition}] no longer holds offset {offset} (log start {log_start})")
+        consumer.seek(tp, offset)
+        while time.monotonic() < deadline:
+            for record in consumer.poll(timeout_ms=500, max_records=1).get(tp, []):
+                return record.offset == offset
+            if consumer.position(tp) > offset:  # moved past it without returning it: aborted
+                return False
+        return None
+    finally:
+        consumer.close()

@@ -1,0 +1,62 @@
+"""Opt-in mirror of the committed offsets into a Kafka consumer group, for lag dashboards.
+
+Flink commits offsets to Kafka after a checkpoint for monitoring only; this is the same.
+The ledger stays the only source of truth: nothing ever reads these group offsets back,
+and no consumer of this package auto-commits. A failed mirror is logged and recorded in
+the ledger, never failing a batch that is already committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import kafka.errors as Errors
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.sources.kafka_offsets import consumer_config
+
+log = logging.getLogger(__name__)
+
+
+def _alter(servers: str, settings: dict, group: str, offsets: dict) -> dict:
+    """Per-partition errors of one AlterOffsets attempt (an exception counts for all partitions)."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=servers, **settings)
+        try:
+            return {tp: err for tp, err in admin.alter_group_offsets(group, offsets).items()
+                    if err is not Errors.NoError}
+        finally:
+            admin.close()
+    except Exception as exc:
+        return {"all partitions": exc}
+
+
+def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: float = 30.0) -> str:
+    """Write the ledger's committed positions to `config.mirror_consumer_group`; returns a log line."""
+    group = config.mirror_consumer_group
+    if not group:
+        return "no mirror_consumer_group; consumer groups left alone"
+    positions = ledger.committed_positions(config.pipeline_id)
+    offsets = {TopicPartition(t, p): OffsetAndMetadata(o, f"airflow-exactly-once:{config.pipeline_id}", -1)
+               for (t, p), o in sorted(positions.items())}
+    settings = {k: v for k, v in consumer_config(config.kafka_config).items() if k in KafkaAdminClient.DEFAULT_CONFIG}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        errors = _alter(config.bootstrap_servers, settings, group, offsets)
+        retriable = all(getattr(e, "retriable", False) for e in errors.values())
+        if not errors or not retriable or time.monotonic() > deadline:
+            break
+        time.sleep(1)  # e.g. the group coordinator is still being created on first use
+    if errors:
+        problems = ", ".join(f"{tp}: {getattr(err, '__name__', err)}" for tp, err in errors.items())
+        message = (f"could not mirror committed offsets to consumer group {group!r}: {problems} "
+                   "(a group with active members refuses offset changes; the ledger is unaffected and the next "
+                   "notify_complete mirrors again)")
+        log.warning(message)
+        ledger.record_event(config.pipeline_id, None, "mirror-failed", message)
+        return message
+    return f"mirrored {len(offsets)} committed offsets to consumer group {group!r}"

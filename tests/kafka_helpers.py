@@ -1,0 +1,91 @@
+"""Reading a Kafka output topic completely, under either isolation level.
+
+A read never relies on "nothing arrived for N seconds": it first waits until no
+transaction is open on any partition (last stable offset == high watermark), then reads
+each partition until the consumer's position reaches that end, so a missing record is a
+real absence and not a slow broker.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+
+def _ends(bootstrap: str, tps: list[TopicPartition], isolation: str) -> dict[TopicPartition, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+    try:
+        return consumer.end_offsets(tps)
+    finally:
+        consumer.close()
+
+
+def partitions_of(bootstrap: str, topic: str) -> list[TopicPartition]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+    finally:
+        consumer.close()
+
+
+def settled_ends(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[TopicPartition, int]:
+    """End offsets once no transaction is open on the topic; fails if one stays open."""
+    tps = partitions_of(bootstrap, topic)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stable, high = _ends(bootstrap, tps, "read_committed"), _ends(bootstrap, tps, "read_uncommitted")
+        if stable == high:
+            return high
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic} still has open transactions: stable {stable} < high watermark {high}")
+        time.sleep(0.2)
+
+
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0) -> list[str]:
+    """Every value on `topic` visible under `isolation`, once the topic is settled."""
+    ends = settled_ends(bootstrap, topic, timeout_s)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
+                             consumer_timeout_ms=500)
+    values: list[str] = []
+    try:
+        consumer.assign([tp for tp, end in ends.items() if end > 0])
+        for tp in consumer.assignment():
+            consumer.seek(tp, 0)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in consumer.assignment()):
+            assert time.monotonic() < deadline, f"reading {topic} as {isolation} stalled"
+            for record in consumer:
+                if record.offset < ends[TopicPartition(record.topic, record.partition)]:
+                    values.append(record.value.decode() if record.value is not None else None)
+    finally:
+        consumer.close()
+    return values
+
+
+def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        answer = admin.list_group_offsets({group: None})[group]
+    finally:
+        admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in answer.items()}
+
+
+def transaction_state(bootstrap: str, transactional_id: str) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return admin.describe_transactions([transactional_id])[transactional_id].state.value
+    finally:
+        admin.close()
+
+
+def wait_transactions_ended(bootstrap: str, handles: dict[str, Any], timeout_s: float = 60.0) -> None:
+    """Wait until the broker has ended (here: timed out) every transaction of a batch's handles."""
+    tids = [w["transaction"]["transactional_id"] for w in handles["writers"] if w["transaction"]["started"]]
+    deadline = time.monotonic() + timeout_s
+    while any(transaction_state(bootstrap, tid) not in ("CompleteAbort", "CompleteCommit") for tid in tids):
+        assert time.monotonic() < deadline, f"the broker never ended {tids}"
+        time.sleep(0.5)
+

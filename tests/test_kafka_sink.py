@@ -1,0 +1,268 @@
+"""The Kafka sink against the real broker, and with real Spark where a DataFrame is written.
+
+These drive the sink and the coordinator directly (no Airflow) to reach situations that
+Airflow only produces by bad luck: transactions that time out, partly or completely,
+a transactional id reused after its commit, a zombie write attempt that wakes up late.
+Every output check reads the settled topic under read_committed (what consumers see)
+and under read_uncommitted (what was physically written, aborted attempts included).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import (
+    ConfigurationError,
+    FencedError,
+    SinkError,
+    TransactionLostError,
+    TransformError,
+)
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.kafka_transactions import (
+    TransactionHandle,
+    TransactionLost,
+    commit_transaction,
+    open_transaction,
+)
+from airflow_exactly_once.sinks.kafka_writer import WriterSettings, write_partition
+from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from tests.helpers import assert_exactly_once, create_topic, produce
+from tests.kafka_helpers import read_all, settled_ends, wait_transactions_ended
+
+
+@pytest.fixture
+def topics(kafka):
+    """A fresh input topic (3 partitions) and output topic (2 partitions)."""
+    name = f"ks-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.bootstrap_servers, f"{name}-in", partitions=3)
+    create_topic(kafka.bootstrap_servers, f"{name}-out", partitions=2)
+    return name, f"{name}-in", f"{name}-out"
+
+
+def pipeline(kafka, name: str, source: str, output: str, **overrides) -> PipelineConfig:
+    sink = {"type": "kafka", "topic": output, **overrides.pop("sink", {})}
+    return PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=kafka.bootstrap_servers,
+                          **overrides).validate()
+
+
+def bound_sink(config: PipelineConfig):
+    return create_sink(config.sink).bind(config)
+
+
+def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]], timeout_ms: int = 120_000) -> dict:
+    """What the Spark job does, partition by partition, without Spark: the handles of a pre-committed batch."""
+    settings = WriterSettings(config.bootstrap_servers, config.sink["topic"], config.guarantee, config.pipeline_id,
+                              seq, timeout_ms)
+    writers = [write_partition(settings, p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
+    return {"guarantee": config.guarantee, "bootstrap_servers": config.bootstrap_servers,
+            "topic": config.sink["topic"], "writers": writers}
+
+
+def fake_batch(config: PipelineConfig, seq: int) -> Batch:
+    return Batch(config.pipeline_id, seq, "run", BatchState.PREPARED, 1, ())
+
+
+def values(n: int, prefix: str = "v") -> list[str]:
+    return [f"{prefix}-{i}" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- plan-time checks
+
+
+def test_plan_time_checks_against_the_real_broker(kafka, topics):
+    name, source, output = topics
+    bound_sink(pipeline(kafka, name, source, output)).check(name)  # fine as it is
+
+    cases = [
+        (pipeline(kafka, name, source, "no-such-topic"), "topic 'no-such-topic' does not exist"),
+        (pipeline(kafka, name, source, source), f"sink topic {source!r} is also an input topic"),
+        (pipeline(kafka, name, source, output, sink={"transaction_timeout_ms": 1_000_000}),
+         "above the brokers' transaction.max.timeout.ms=900000"),
+    ]
+    for config, expected in cases:
+        with pytest.raises(ConfigurationError) as error:
+            bound_sink(config).check(name)
+        assert expected in str(error.value)
+    # Without transactions the broker's maximum does not matter.
+    bound_sink(pipeline(kafka, name, source, output, guarantee="AT_LEAST_ONCE",
+                        sink={"transaction_timeout_ms": 1_000_000})).check(name)
+    unreachable = pipeline(kafka, name, source, output, sink={"bootstrap_servers": "127.0.0.1:1",
+                                                             "kafka_config": {"bootstrap.timeout.ms": 1500}})
+    with pytest.raises(SinkError) as error:
+        bound_sink(unreachable).check(name)
+    assert error.value.retriable and "127.0.0.1:1" in str(error.value)
+
+
+# --------------------------------------------------------------------------- the three guarantees
+
+
+def test_what_each_guarantee_leaves_on_the_topic_after_the_write(kafka, topics):
+    name, source, output = topics
+    exactly = pipeline(kafka, f"{name}-eo", source, output)
+    handles = write_batch(exactly, 1, {0: values(20, "eo"), 1: values(10, "eo2")})
+    assert [w["records"] for w in handles["writers"]] == [20, 10]
+    assert all(w["transaction"]["started"] and w["first_offsets"] for w in handles["writers"])
+    at_least = write_batch(pipeline(kafka, f"{name}-alo", source, output, guarantee="AT_LEAST_ONCE"), 1,
+                           {0: values(5, "alo")})
+    assert at_least["writers"][0]["transaction"] is None and at_least["writers"][0]["first_offsets"]
+    nothing = write_batch(pipeline(kafka, f"{name}-none", source, output, guarantee="NONE"), 1, {0: values(5, "no")})
+    assert nothing["writers"][0]["first_offsets"] == []  # acks=0: the broker never told us anything
+
+    # EXACTLY_ONCE output is pre-committed: in the log, invisible to read_committed, holding back the LSO.
+    with pytest.raises(AssertionError, match="still has open transactions"):
+        settled_ends(kafka.bootstrap_servers, output, timeout_s=2)
+    message = bound_sink(exactly).commit(fake_batch(exactly, 1), handles)
+    assert "committed 2 Kafka transaction(s)" in message
+    committed = read_all(kafka.bootstrap_servers, output)
+    assert sorted(committed) == sorted(values(20, "eo") + values(10, "eo2") + values(5, "alo") + values(5, "no"))
+
+
+def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics):
+    """The adapter's known ambiguity: a retried commit after the transactional id was reused
+    raises TransactionLost although the data is committed. The output decides: no abort."""
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    sink = bound_sink(config)
+    handles = write_batch(config, 4, {0: values(12)})
+    sink.commit(fake_batch(config, 4), handles)
+    tid = handles["writers"][0]["transaction"]["transactional_id"]
+    open_transaction(kafka.bootstrap_servers, tid, 60_000).close()  # bumps the epoch of the id
+    with pytest.raises(TransactionLost):  # what the adapter alone would conclude
+        commit_transaction(kafka.bootstrap_servers, TransactionHandle.from_dict(handles["writers"][0]["transaction"]))
+
+    assert "committed 1 Kafka transaction(s)" in sink.commit(fake_batch(config, 4), handles)
+    assert_exactly_once(values(12), read_all(kafka.bootstrap_servers, output))
+
+
+def test_timed_out_transactions_make_the_batch_aborted(kafka, topics, tmp_path):
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
+    ledger.ensure_pipeline(name, config.fingerprint(), config.to_dict())
+    batch = ledger.claim(ledger.create_batch(name, "run-1", [OffsetRange(source, 0, 0, 30)], expected_epoch=0).id)
+    handles = write_batch(config, batch.seq, {0: values(15), 1: values(15, "w")}, timeout_ms=2000)
+    coordinator.finish_write(batch, handles, 30, 30)
+    wait_transactions_ended(kafka.bootstrap_servers, handles)  # notify_complete comes too late
+
+    with pytest.raises(TransactionLostError) as lost:
+        coordinator.commit(batch.id)
+    assert "aborted before notify_complete committed them" in str(lost.value)
+    assert "processed again by the next run" in str(lost.value)
+    assert ledger.get_batch(batch.id).state is BatchState.ABORTED
+    assert ledger.committed_positions(name) == {}  # offsets did not move: the range is planned again
+    assert read_all(kafka.bootstrap_servers, output) == []
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 30  # it was really written
+
+
+def test_partly_timed_out_batch_is_aborted_as_a_whole(kafka, topics):
+    """One partition's transaction timed out, the other is still open: committing the open one would
+    half-commit the batch (and the replay would duplicate it). The sink aborts it instead."""
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    short = write_batch(config, 2, {0: values(10, "short")}, timeout_ms=2000)
+    long = write_batch(config, 2, {1: values(10, "long")}, timeout_ms=120_000)
+    wait_transactions_ended(kafka.bootstrap_servers, short)
+    handles = {**short, "writers": short["writers"] + long["writers"]}
+
+    with pytest.raises(TransactionLostError):
+        bound_sink(config).commit(fake_batch(config, 2), handles)
+    assert read_all(kafka.bootstrap_servers, output) == []  # settled: the open one was aborted, not left hanging
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 20
+
+
+def test_abort_ends_the_transactions_a_dead_attempt_left_open(kafka, topics):
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    sink = bound_sink(config)
+    write_batch(config, 7, {0: values(5, "a"), 1: values(5, "b")})  # the attempt that died
+    other = write_batch(config, 17, {0: values(5, "c")})  # another batch's open transaction: not ours
+
+    assert sink.abort(fake_batch(config, 7), None) == "aborted 2 open Kafka transaction(s) of batch 7"
+    with pytest.raises(AssertionError, match="still has open transactions"):  # batch 17 is left alone
+        settled_ends(kafka.bootstrap_servers, output, timeout_s=2)
+    sink.commit(fake_batch(config, 17), other)
+    assert sorted(read_all(kafka.bootstrap_servers, output)) == values(5, "c")
+
+
+# --------------------------------------------------------------------------- with Spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from airflow_exactly_once.spark.session import build_spark_session
+
+    session = build_spark_session("kafka-sink-tests", {"spark.master": "local[2]"})
+    yield session
+    session.stop()
+
+
+def upper_value(df):
+    return df.selectExpr("key", "upper(CAST(value AS STRING)) AS value")
+
+
+def planned(kafka, name: str, source: str, output: str, tmp_path) -> tuple[BatchCoordinator, object]:
+    config = pipeline(kafka, name, source, output)
+    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink),
+                                   lambda: KafkaOffsetSource(kafka.bootstrap_servers))
+    return coordinator, coordinator.plan("run-1").batch.id
+
+
+def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, tmp_path):
+    from airflow_exactly_once.spark.job import read_batch, run_write
+
+    name, source, output = topics
+    sent = produce(kafka.bootstrap_servers, source, 60)
+    coordinator, batch_id = planned(kafka, name, source, output, tmp_path)
+
+    # Attempt A claims the batch, pre-commits its transactions, then stalls (GC pause, lost worker)...
+    zombie = coordinator.begin_write(batch_id)
+    zombie_handles = coordinator.sink.prepare(upper_value(read_batch(spark, zombie, coordinator.config)), zombie, "a")
+    # ...so Airflow retries the write: attempt B re-opens the same transactional ids, which fences A.
+    assert run_write(spark, coordinator, batch_id, transform=upper_value)["action"] == "prepared"
+
+    # A wakes up: the ledger refuses its PREPARED, and the broker refuses its transactions.
+    with pytest.raises(FencedError):
+        coordinator.finish_write(zombie, zombie_handles, 60, 60)
+    for writer in zombie_handles["writers"]:
+        with pytest.raises(TransactionLost):
+            commit_transaction(kafka.bootstrap_servers, TransactionHandle.from_dict(writer["transaction"]))
+    assert coordinator.ledger.get_batch(batch_id).state is BatchState.PREPARED
+
+    assert "COMMITTED" in coordinator.commit(batch_id)
+    assert_exactly_once([v.upper() for v in sent], read_all(kafka.bootstrap_servers, output))
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 120  # A's copy, aborted
+
+
+def test_output_without_a_value_column_fails_clearly_and_writes_nothing(kafka, topics, spark, tmp_path):
+    from airflow_exactly_once.spark.job import run_write
+
+    name, source, output = topics
+    produce(kafka.bootstrap_servers, source, 30)
+    coordinator, batch_id = planned(kafka, name, source, output, tmp_path)
+
+    def wrong_columns(df):
+        return df.selectExpr("CAST(value AS STRING) AS payload")
+
+    def struct_value(df):
+        return df.selectExpr("struct(key, value) AS value")
+
+    with pytest.raises(TransformError, match="needs a 'value' column .* returned columns payload"):
+        run_write(spark, coordinator, batch_id, transform=wrong_columns)
+    with pytest.raises(TransformError, match="returned it as struct<key:binary,value:binary>; return STRING or "
+                                             "BINARY"):
+        run_write(spark, coordinator, batch_id, transform=struct_value)
+    assert coordinator.ledger.get_batch(batch_id).state is BatchState.PLANNED
+    assert "ABORTED" in coordinator.abort(batch_id, "the transform is wrong")
+    assert coordinator.ledger.get_batch(batch_id).state is BatchState.ABORTED
+    assert set(settled_ends(kafka.bootstrap_servers, output).values()) == {0}  # not even aborted records
+    assert coordinator.ledger.list_batches(name, [BatchState.PREPARED, BatchState.COMMITTED]) == []

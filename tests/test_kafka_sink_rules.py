@@ -1,0 +1,111 @@
+"""Pure rules of the Kafka sink: the transaction timeout guardrail and the configuration checks.
+
+No Kafka, Spark or Airflow needed: these are the decisions, not the I/O.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maximum, check_transaction_timeout
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.kafka_writer import transactional_id, transactional_id_pattern
+
+
+def budget(task_id: str, retries: int = 0, delay: float = 0, timeout: float | None = 60, **kw) -> RetryBudget:
+    return RetryBudget(task_id, retries, delay, timeout, **kw)
+
+
+def test_timeout_that_outlives_every_retry_passes():
+    warnings = check_transaction_timeout(600_000, budget("g.write", timeout=120),
+                                         budget("g.notify_complete", retries=3, delay=10, timeout=30))
+    assert warnings == []  # 120 + 4 x 30 + 3 x 10 = 270 s < 600 s
+
+
+def test_timeout_shorter_than_the_retry_schedule_names_the_numbers():
+    with pytest.raises(ConfigurationError) as error:
+        check_transaction_timeout(200_000, budget("g.write", timeout=120),
+                                  budget("g.notify_complete", retries=3, delay=10, timeout=30))
+    text = str(error.value)
+    assert "transaction_timeout_ms=200000" in text and "270 s" in text
+    assert "Raise the sink's transaction_timeout_ms above 270000" in text
+    assert "lower g.notify_complete's retries, retry_delay or execution_timeout" in text
+
+
+def test_exponential_backoff_counts_its_longest_waits():
+    notify = budget("n", retries=3, delay=10, timeout=None, exponential_backoff=True, max_retry_delay_s=50)
+    assert notify.delays() == [20, 40, 50]  # Airflow waits up to 2 x delay x 2^n, capped
+    with pytest.raises(ConfigurationError, match="110 s"):
+        check_transaction_timeout(100_000, budget("w", timeout=None), notify)
+
+
+def test_unbounded_tasks_are_checked_as_far_as_possible_and_warned_about():
+    warnings = check_transaction_timeout(60_000, budget("w", timeout=None), budget("n", retries=2, delay=5,
+                                                                                    timeout=None))
+    assert len(warnings) == 2 and all("execution_timeout" in w for w in warnings)
+    assert "no write task" in check_transaction_timeout(60_000, None, budget("n", timeout=None))[0]
+
+
+def test_broker_maximum():
+    check_broker_maximum(900_000, 900_000)
+    with pytest.raises(ConfigurationError, match="transaction.max.timeout.ms=900000") as error:
+        check_broker_maximum(900_001, 900_000)
+    assert "Lower the sink's transaction_timeout_ms to at most 900000" in str(error.value)
+
+
+def pipeline(**overrides) -> PipelineConfig:
+    values = dict(pipeline_id="p", topics=["in"], sink={"type": "kafka", "topic": "out"},
+                  bootstrap_servers="127.0.0.1:1")
+    values.update(overrides)
+    return PipelineConfig(**values)
+
+
+def test_guarantee_and_mirror_group_are_validated():
+    assert pipeline().validate().guarantee == "EXACTLY_ONCE"
+    with pytest.raises(ConfigurationError, match="guarantee='exactly-once' is not supported; choose one of NONE, "
+                                                 "AT_LEAST_ONCE, EXACTLY_ONCE"):
+        pipeline(guarantee="exactly-once").validate()
+    with pytest.raises(ConfigurationError, match="mirror_consumer_group"):
+        pipeline(mirror_consumer_group="  ").validate()
+    # Older ledger rows have neither field: they load with the defaults.
+    legacy = {k: v for k, v in pipeline().to_dict().items() if k not in ("guarantee", "mirror_consumer_group")}
+    assert PipelineConfig.from_dict(legacy).guarantee == "EXACTLY_ONCE"
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"type": "kafka"}, "needs an output 'topic'"),
+    ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "not a number of milliseconds"),
+    ({"type": "kafka", "topic": "out", "producer_config": {"transactional.id": "x"}}, "must not set transactional_id"),
+    ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not know: lingerms"),
+    ({"type": "kafka", "topic": "out", "partitioner": "x"}, "unknown setting(s) partitioner"),
+])
+def test_bad_sink_specs_fail_clearly(spec, expected):
+    with pytest.raises(ConfigurationError) as error:
+        create_sink(spec)
+    assert expected in str(error.value)
+
+
+def test_sink_binds_to_the_pipeline():
+    sink = create_sink({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": 5}})
+    sink.bind(pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
+                                                                "fetch.max.bytes": 1}).validate())
+    assert sink.bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger_ms": 5}
+    assert sink.commit_deadline_ms() is None  # no transaction: nothing to time out
+    sink.bind(pipeline().validate())
+    assert sink.commit_deadline_ms() == 600_000
+    # Sinks that only stage and publish implement EXACTLY_ONCE alone.
+    parquet = create_sink({"type": "parquet", "path": "/tmp/never-written"})
+    with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
+        parquet.bind(pipeline(guarantee="NONE").validate())
+
+
+def test_transactional_ids_of_a_batch_never_match_another_batch_or_pipeline():
+    pattern = transactional_id_pattern("orders-1", 3)
+    import re
+
+    assert re.fullmatch(pattern, transactional_id("orders-1", 3, 12))
+    for other in (transactional_id("orders-1", 31, 2), transactional_id("orders", 1, 3),
+                  transactional_id("orders-1-3", 1, 0), transactional_id("orders-1", 3, 1) + "-0"):
+        assert not re.fullmatch(pattern, other), other

@@ -1,0 +1,141 @@
+"""End to end, Airflow running the tasks: Kafka -> Spark -> Kafka, exactly once.
+
+Real Kafka broker, real Spark (local mode, in the task process), real Airflow scheduler with
+LocalExecutor. Crashes are SIGKILLs of the real task process at named protocol steps;
+Airflow notices and retries, as it would for a dying worker. The output is read the way
+consumers read it (read_committed), and under read_uncommitted to prove that the aborted
+attempts really wrote to Kafka, i.e. that transactions, not luck, kept them out.
+"""
+
+from __future__ import annotations
+
+import json
+
+from airflow_exactly_once.core.faults import arm
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+from tests.conftest import K2K_INPUT, K2K_OUTPUT
+from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
+from tests.kafka_helpers import group_offsets, read_all, settled_ends, wait_transactions_ended
+
+TEST_DAG = "eo_kafka_test"
+
+
+def ledger_of(airflow) -> Ledger:
+    return Ledger(f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}")
+
+
+def new_pipeline(kafka, name: str, records: int, **params) -> tuple[dict, list[str]]:
+    """Input and output topics for one test pipeline, `records` inputs, and the DAG run conf."""
+    create_topic(kafka.bootstrap_servers, name, partitions=3)
+    create_topic(kafka.bootstrap_servers, f"{name}-out", partitions=2)
+    sent = produce(kafka.bootstrap_servers, name, records)
+    conf = {"pipeline_id": name, "topic": name, "output_topic": f"{name}-out", "max_records": 1000, **params}
+    return conf, [value.upper() for value in sent]  # what eo_kafka_transforms.upper_value makes of them
+
+
+def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka, airflow):
+    create_topic(kafka.bootstrap_servers, K2K_INPUT, partitions=3)
+    create_topic(kafka.bootstrap_servers, K2K_OUTPUT, partitions=3)
+    produce(kafka.bootstrap_servers, K2K_INPUT, 600, json_values=True)
+    airflow.wait_for_dag("kafka_to_kafka")
+    for n in range(2):  # 150 offsets per partition and batch: 450 + 150
+        assert airflow.run("kafka_to_kafka", f"k2k_{n}") == "success"
+
+    out = [json.loads(v) for v in read_all(kafka.bootstrap_servers, K2K_OUTPUT)]
+    assert_exactly_once([str(i) for i in range(600)], [str(e["id"]) for e in out])
+    assert {e["id"]: (e["name"], e["amount_cents"]) for e in out} == {
+        i: (f"ITEM-{i}", i * 50) for i in range(600)}  # the transform, applied once to each record
+    assert {e["source"].split(":")[0] for e in out} == {K2K_INPUT}
+    ledger = ledger_of(airflow)
+    committed = ledger.list_batches("kafka_to_kafka", [BatchState.COMMITTED], newest_first=False)
+    assert [b.output_records for b in committed] == [450, 150]
+    assert [len(b.handles["writers"]) for b in committed] == [3, 3]  # one transaction per Spark partition
+    assert_ranges_tile(ledger, "kafka_to_kafka")
+    # The lag dashboards' view: the group's offsets are the ledger's committed positions.
+    assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == {(K2K_INPUT, p): 200 for p in range(3)}
+    assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == ledger.committed_positions("kafka_to_kafka")
+
+
+def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(kafka, airflow, faults, unique):
+    """The write task is SIGKILLed after its records reached Kafka, before the batch became PREPARED."""
+    airflow.wait_for_dag(TEST_DAG)
+    outputs = {}
+    for guarantee in ("AT_LEAST_ONCE", "EXACTLY_ONCE"):
+        name = f"k-crash-{guarantee.lower().replace('_', '-')}-{unique}"
+        conf, expected = new_pipeline(kafka, name, 90, guarantee=guarantee)
+        arm(faults, "write.after_stage", "kill", times=1)
+        assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
+        assert airflow.task_states(TEST_DAG, f"{name}-1")["write"] == ("success", 2)
+        outputs[guarantee] = (expected, read_all(kafka.bootstrap_servers, conf["output_topic"]),
+                              read_all(kafka.bootstrap_servers, conf["output_topic"], "read_uncommitted"))
+    assert (faults / "fired.log").read_text().count("write.after_stage") == 2
+
+    expected, visible, physical = outputs["AT_LEAST_ONCE"]
+    assert sorted(visible) == sorted(expected * 2)  # the retry wrote every record a second time
+    expected, visible, physical = outputs["EXACTLY_ONCE"]
+    assert_exactly_once(expected, visible)
+    assert sorted(physical) == sorted(expected * 2)  # the killed attempt's copy is in the log, aborted
+
+
+def test_write_killed_after_prepare_then_notify_commits_twice(kafka, airflow, faults, unique):
+    """write dies after PREPARED; notify_complete, in a fresh process, commits the stored transactions,
+    dies right after the commit and commits them again on its retry."""
+    name = f"k-resume-{unique}"
+    conf, expected = new_pipeline(kafka, name, 120)
+    airflow.wait_for_dag(TEST_DAG)
+    arm(faults, "write.after_prepare", "kill", times=1)
+    arm(faults, "notify.after_sink_commit", "kill", times=1)
+    assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
+    states = airflow.task_states(TEST_DAG, f"{name}-1")
+    assert states["write"] == ("success", 2) and states["notify_complete"] == ("success", 2), states
+    fired = (faults / "fired.log").read_text()
+    assert "write.after_prepare" in fired and "notify.after_sink_commit" in fired
+    # Attempt 1 committed the transactions and died before the ledger said so; attempt 2 found the
+    # batch still PREPARED and committed the same transactions again, harmlessly.
+    retry_log = (airflow.home / "logs" / f"dag_id={TEST_DAG}" / f"run_id={name}-1"
+                 / "task_id=exactly_once.notify_complete" / "attempt=2.log").read_text()
+    assert "committed 3 Kafka transaction(s) of batch 1 (120 records)" in retry_log
+
+    assert_exactly_once(expected, read_all(kafka.bootstrap_servers, conf["output_topic"]))
+    # Nothing was rewritten: the records in the log are exactly the committed ones.
+    assert sorted(read_all(kafka.bootstrap_servers, conf["output_topic"], "read_uncommitted")) == sorted(expected)
+    [batch] = ledger_of(airflow).list_batches(name)
+    assert batch.state is BatchState.COMMITTED
+
+
+def test_transaction_timeout_aborts_the_batch_and_the_range_is_processed_again(kafka, airflow, faults, unique):
+    name = f"k-timeout-{unique}"
+    conf, expected = new_pipeline(kafka, name, 60, transaction_timeout_ms=6000)
+    airflow.wait_for_dag(TEST_DAG)
+    arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails for good
+    airflow.run(TEST_DAG, f"{name}-1", conf)
+    assert airflow.task_states(TEST_DAG, f"{name}-1")["notify_complete"] == ("failed", 3)
+    ledger = ledger_of(airflow)
+    [first] = ledger.list_batches(name)
+    assert first.state is BatchState.PREPARED  # abort leaves pre-committed output to the next run
+    wait_transactions_ended(kafka.bootstrap_servers, first.handles)  # ...which comes after the timeout
+
+    assert airflow.run(TEST_DAG, f"{name}-2", {**conf, "transaction_timeout_ms": 120_000}) == "success"
+    first, second = ledger.list_batches(name, newest_first=False)
+    assert first.state is BatchState.ABORTED and "aborted before notify_complete" in first.error
+    assert second.state is BatchState.COMMITTED and second.ranges == first.ranges
+    assert "is now ABORTED" in airflow.task_log(TEST_DAG, f"{name}-2", "plan")
+    assert_exactly_once(expected, read_all(kafka.bootstrap_servers, conf["output_topic"]))
+    assert len(read_all(kafka.bootstrap_servers, conf["output_topic"], "read_uncommitted")) == 120
+
+
+def test_retry_schedule_longer_than_the_transaction_timeout_is_refused_at_plan(kafka, airflow, unique):
+    name = f"k-guard-{unique}"
+    conf, _ = new_pipeline(kafka, name, 30)
+    dag = f"{TEST_DAG}_long_retries"
+    airflow.wait_for_dag(dag)
+    airflow.run(dag, f"{name}-1", conf)
+    log = airflow.task_log(dag, f"{name}-1", "plan")
+    assert "transaction_timeout_ms=120000 of the kafka sink is too short" in log
+    assert "5 x retry_delay 180 s" in log and "Raise the sink's transaction_timeout_ms above 900000" in log
+    assert "lower exactly_once.notify_complete's retries, retry_delay or execution_timeout" in log
+    assert airflow.task_states(dag, f"{name}-1")["plan"] == ("failed", 1)  # not retried: retrying cannot help
+    assert ledger_of(airflow).list_batches(name) == []
+    assert set(settled_ends(kafka.bootstrap_servers, conf["output_topic"]).values()) == {0}
