@@ -33,7 +33,8 @@ def test_example_dags_import_cleanly(tmp_path):
         "print('TASKS', sorted(bag.dags['kafka_to_parquet'].task_ids)); "
         "sys.exit(1 if bag.import_errors else 0)"
     )
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+           "PYTHONPATH": str(REPO / "dags")}  # as the dag-processor does: the DAG folder is importable
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "ERRORS {}" in result.stdout
