@@ -11,6 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch
 
 Handles = dict[str, Any]
@@ -20,6 +21,8 @@ class Sink(ABC):
     """One sink type. Instances are built from a JSON spec, so they work after spark-submit."""
 
     type_name: str = ""
+    # Whether committed output can be withdrawn again (rewinds, interval replacement).
+    supports_retract: bool = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -45,3 +48,21 @@ class Sink(ABC):
     def count_output(self, handles: Handles) -> int | None:
         """Records staged, if the sink can tell cheaply."""
         return handles.get("records")
+
+    # -- withdrawing committed output (optional) ------------------------------------
+
+    def retract(self, batch: Batch, handles: Handles | None) -> str:
+        """Remove the committed output of `batch` (a rewind, or replaced by a re-run). Idempotent."""
+        raise ConfigurationError(
+            f"the {self.type_name or type(self).__name__} sink cannot withdraw committed output: rewind with "
+            "--output keep (the range is delivered again) or re-run intervals with interval_rerun='noop'")
+
+    def commit_replacing(self, batch: Batch, handles: Handles, replaced: Batch) -> str:
+        """Commit `batch` in place of the committed output of `replaced`. Idempotent.
+
+        The default publishes first and withdraws the old output after, so a crash in
+        between can show both for a moment but never loses data; sinks that can swap
+        atomically should override it.
+        """
+        outcome = self.commit(batch, handles)
+        return f"{outcome}; {self.retract(replaced, replaced.handles)}"
