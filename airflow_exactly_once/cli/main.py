@@ -52,28 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("pipelines", help="list the pipelines in the ledger").set_defaults(handler=cmd_pipelines)
-    batches = sub.add_parser("batches", help="list a pipeline's batches, newest first")
-    batches.add_argument("pipeline")
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand about one pipeline."""
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("pipeline", help="pipeline id" + (", or '<pipeline>:<seq>'" if name == "show" else ""))
+        parser.set_defaults(handler=handler)
+        return parser
+
+    batches = command("batches", cmd_batches, "list a pipeline's batches, newest first")
     batches.add_argument("--state", action="append", choices=[s.value for s in BatchState])
     batches.add_argument("--limit", type=int, default=50)
-    batches.set_defaults(handler=cmd_batches)
-    show = sub.add_parser("show", help="one batch: ranges, state, handles, counts, events")
-    show.add_argument("pipeline", help="pipeline id, or '<pipeline>:<seq>'")
-    show.add_argument("seq", nargs="?", type=int)
-    show.set_defaults(handler=cmd_show)
-    positions = sub.add_parser("positions", help="where each partition's next batch starts")
-    positions.add_argument("pipeline")
-    positions.set_defaults(handler=cmd_positions)
-    events = sub.add_parser("events", help="the pipeline's audit trail (skips, no-ops, rewinds)")
-    events.add_argument("pipeline")
-    events.add_argument("--limit", type=int, default=50)
-    events.set_defaults(handler=cmd_events)
-    check = sub.add_parser("check", help="verify that committed ranges tile each partition (exit 1 if not)")
-    check.add_argument("pipeline")
-    check.set_defaults(handler=cmd_check)
+    command("show", cmd_show, "one batch: ranges, state, handles, counts, events").add_argument(
+        "seq", nargs="?", type=int)
+    command("positions", cmd_positions, "where each partition's next batch starts")
+    command("events", cmd_events, "the pipeline's audit trail (skips, no-ops, rewinds)").add_argument(
+        "--limit", type=int, default=50)
+    command("check", cmd_check, "verify that committed ranges tile each partition (exit 1 if not)")
 
-    rewind = sub.add_parser("rewind", help="move a continuation pipeline back so a range is processed again")
-    rewind.add_argument("pipeline")
+    rewind = command("rewind", cmd_rewind, "move a continuation pipeline back so a range is processed again")
     target = rewind.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-time", help="first record time to process again (ISO-8601 or epoch ms)")
     target.add_argument("--to-offsets", nargs="+", metavar="TOPIC:PARTITION=OFFSET")
@@ -83,7 +79,6 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--reason", default="", help="recorded in the ledger with the rewind")
     rewind.add_argument("--bootstrap-servers", help="Kafka to ask (default: the pipeline's own)")
     rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
-    rewind.set_defaults(handler=cmd_rewind)
     return parser
 
 

@@ -80,10 +80,10 @@ class IntervalPlanner:
             shown = "none" if interval is None else label(interval)
             raise ConfigurationError(
                 f"range_mode='interval' reads the run's data interval, and run {run_id} has an empty one ({shown}). "
-                "Give the DAG a schedule with data intervals: schedule=timedelta(hours=1), "
-                "CronDataIntervalTimetable('@hourly', timezone='UTC'), or CronTriggerTimetable(..., "
-                "interval=timedelta(hours=1)) (in Airflow 3 a plain cron string triggers at points in time, with "
-                "empty intervals). Or use range_mode='continuation'.")
+                "Give the DAG a schedule with data intervals: CronDataIntervalTimetable('@hourly', timezone='UTC'), "
+                "DeltaDataIntervalTimetable(timedelta(hours=1)) or CronTriggerTimetable(..., "
+                "interval=timedelta(hours=1)) (in Airflow 3 a plain cron string or timedelta triggers at points in "
+                "time, with empty intervals). Or use range_mode='continuation'.")
         if interval[1] > now_ms():
             raise IntervalNotOverError(f"the data interval {label(interval)} of run {run_id} has not ended yet, so "
                                        "its records are not all in Kafka; the run is retried later")
