@@ -16,7 +16,11 @@ from airflow_exactly_once.operators.batch import (
 
 
 def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskGroup:
-    """`plan >> write >> notify_complete`, and `abort` when write or notify_complete fail for good.
+    """`plan >> write >> notify_complete`, and `abort` when plan or write fail for good.
+
+    `abort` hangs off `write` only, so that `notify_complete` stays a leaf: a failed batch
+    then fails the DAG run even though `abort` succeeded. A failed notify_complete needs no
+    abort (the batch is PREPARED; the next run's recovery commits it).
 
     `pipeline` takes the arguments of ExactlyOnceBaseOperator (pipeline_id, topics, sink,
     transform, ...) plus per-task Airflow arguments given as `plan_kwargs`, `write_kwargs`,
@@ -34,5 +38,5 @@ def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskG
         abort = AbortBatchOperator(task_id="abort", batch_id=batch_id, trigger_rule="one_failed",
                                    **pipeline, **per_task["abort"])
         plan >> write >> notify
-        [write, notify] >> abort
+        write >> abort
     return group

@@ -1,0 +1,126 @@
+"""`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line.
+
+    python -m airflow_exactly_once.devenv.demo [--records 3000] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
+from airflow_exactly_once.devenv.airflow_stack import AirflowStack
+from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+from airflow_exactly_once.devenv.maven import devenv_home
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "kafka_to_parquet"
+TOPIC = "events"
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def produce_events(bootstrap: str, count: int, partitions: int) -> None:
+    from kafka import KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(TOPIC, partitions, 1)])
+    admin.close()
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for i in range(count):
+        value = {"id": i, "name": f"item-{i}", "amount": round(i * 0.25, 2)}
+        producer.send(TOPIC, key=str(i).encode(), value=json.dumps(value).encode(), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def verify(output: Path, count: int) -> tuple[str, bool]:
+    import pyarrow.dataset as ds
+
+    ids = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(columns=["id"]).column("id")
+    counts = Counter(ids.to_pylist())
+    duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    missing = len(set(range(count)) - set(counts))
+    out = sum(counts.values())
+    line = f"exactly-once check: in={count} out={out} duplicates={duplicates} missing={missing}"
+    return line, out == count and duplicates == 0 and missing == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m airflow_exactly_once.devenv.demo")
+    parser.add_argument("--records", type=int, default=3000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--max-records-per-partition", type=int, default=400)
+    parser.add_argument("--workdir", default=str(devenv_home() / "demo"))
+    parser.add_argument("--keep", action="store_true", help="leave Kafka and Airflow running at the end")
+    args = parser.parse_args(argv)
+
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    output = workdir / "output" / DAG_ID
+    faults = workdir / "faults"
+    faults.mkdir(parents=True)
+
+    say(f"starting a Kafka broker (KRaft) in {workdir / 'kafka'}")
+    broker = LocalKafkaBroker(workdir / "kafka").start()
+    stack = None
+    try:
+        say(f"producing {args.records} JSON records to topic '{TOPIC}' ({args.partitions} partitions)")
+        produce_events(broker.bootstrap_servers, args.records, args.partitions)
+        env = {
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+                {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers}}),
+            "EXACTLY_ONCE_DEMO_TOPIC": TOPIC,
+            "EXACTLY_ONCE_DEMO_OUTPUT": str(output),
+            "EXACTLY_ONCE_DEMO_MAX_RECORDS": str(args.max_records_per_partition),
+            FAULTS_ENV: str(faults),
+        }
+        say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
+        stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env).start()
+        stack.wait_for_dag(DAG_ID)
+        say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
+
+        per_batch = args.max_records_per_partition * args.partitions
+        runs = -(-args.records // per_batch) + 1  # one more run than batches: it finds nothing new
+        for n in range(1, runs + 1):
+            if n == 2:
+                arm(faults, "write.after_stage", "kill", 1)
+                say("run 2: the write task will be killed (SIGKILL) right after it staged its output")
+            started = time.monotonic()
+            state = stack.run(DAG_ID, f"demo_run_{n}")
+            tasks = stack.task_states(DAG_ID, f"demo_run_{n}")
+            summary = ", ".join(f"{task}={st}{f' (try {tries})' if tries > 1 else ''}"
+                                for task, (st, tries) in sorted(tasks.items()))
+            say(f"run {n}: {state} in {time.monotonic() - started:.0f}s  [{summary}]")
+            if state != "success":
+                say(f"run {n} failed; task logs are under {stack.home / 'logs'}")
+                return 1
+
+        from airflow_exactly_once.core.ledger import Ledger
+        from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+
+        ledger = Ledger(f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}")
+        for batch in ledger.list_batches(DAG_ID, newest_first=False):
+            say(f"ledger: {batch.describe()} in={batch.input_records} out={batch.output_records}")
+        line, ok = verify(output, args.records)
+        print(line, flush=True)
+        return 0 if ok else 1
+    finally:
+        if not args.keep:
+            if stack is not None:
+                stack.stop()
+            broker.stop()
+        else:
+            say("--keep: Kafka and Airflow are left running")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
