@@ -232,24 +232,18 @@ class NotifyCompleteOperator(_BatchStepOperator):
 
 
 class AbortBatchOperator(_BatchStepOperator):
-    """After a failure for good: discard staged output and release the range for the next run.
-
-    It only runs when a step of the run failed, and it is the run's last task, so it ends
-    failed itself: Airflow judges a DAG run by its last tasks, and a run whose batch did not
-    commit must not show as a success.
-    """
+    """After a failure for good: discard staged output and release the range for the next run."""
 
     ui_color = "#ffd6d6"
 
     def run_step(self, context) -> str:
         coordinator = self.coordinator()
         batch_id = self.resolved_batch_id()
-        if batch_id is None:  # plan failed, or died after recording the batch, before returning it
+        if batch_id is None:  # plan died after recording the batch, before returning it
             batch = coordinator.ledger.latest_batch_for_run(coordinator.pipeline_id, context["run_id"])
-            batch_id = batch.id if batch is not None else None
-        if batch_id is None:
-            message = "this run planned no batch; nothing to abort"
-        else:
-            message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
+            if batch is None:
+                raise AirflowSkipException("this run planned no batch; nothing to abort")
+            batch_id = batch.id
+        message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
         self.log.info("abort: %s", message)
-        raise AirflowFailException(f"a step of this run failed (see its log); abort: {message}")
+        return message
