@@ -32,9 +32,13 @@ MAX_PLAN_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What `plan` decided. `batch` is None when there is nothing for this run to write."""
+    """What `plan` decided. `needs_write`/`needs_commit` say whether the later steps have work.
 
-    action: str  # planned | replay | replanned | already-committed | superseded | empty | retracted
+    `batch` is the batch the decision is about (an EMPTY one for "empty", the committed one
+    for "already-committed"), or None when the run was superseded.
+    """
+
+    action: str  # planned | replay | replanned | already-committed | superseded | empty
     batch: Batch | None
     message: str
 
