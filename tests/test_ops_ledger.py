@@ -232,3 +232,18 @@ def test_cli_lists_shows_and_checks(ledger, tmp_path, capsys):
     assert "tiling OK" in capsys.readouterr().out
     assert cli(["--ledger-url", url, "show", "q:1"]) == 2
     assert "no pipeline 'q' in this ledger (known: p)" in capsys.readouterr().err
+
+
+def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path):
+    from airflow_exactly_once.core.protocol import BatchCoordinator
+
+    sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
+    config = PipelineConfig("p", ["t"], sink.spec, "k:1")
+    commit(ledger, two(0, 10, 0, 10))
+    aborted = ledger.create_batch("p", "run-2", two(10, 20, 10, 20), expected_epoch=ledger.pipeline("p")["epoch"])
+    ledger.mark_aborted(aborted.id, "write failed for good")
+    apply_rewind(ledger, sink, plan_rewind(ledger, "p", {TP: 5}, output="keep"), "reprocess")
+    # Replaying run-2's old range now would skip t[0] 5..9; the cleared run writes nothing instead.
+    outcome = BatchCoordinator(config, ledger, sink).plan("run-2")
+    assert outcome.action == "superseded" and "has moved from 10 to 5" in outcome.message
+    assert ledger.committed_positions("p") == {TP: 5, ("t", 1): 10}

@@ -142,6 +142,15 @@ class BatchCoordinator:
                        f"batch {later[0].seq}; this run writes nothing (it never takes newer data)")
             self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
             return PlanOutcome("superseded", None, message)
+        positions = self.ledger.committed_positions(self.pipeline_id)
+        moved = [r for r in aborted.ranges if r.size and positions.get((r.topic, r.partition)) != r.start]
+        if moved:  # a rewind or accepted data loss moved the position since: replaying would leave a gap
+            r = moved[0]
+            message = (f"run {run_id}'s batch {aborted.seq} was aborted, and {r.topic}[{r.partition}] has moved from "
+                       f"{r.start} to {positions.get((r.topic, r.partition))} since (see the events); this run "
+                       "writes nothing, the next runs continue from there")
+            self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
+            return PlanOutcome("superseded", None, message)
         in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED])
         batch = self.ledger.create_batch(self.pipeline_id, run_id, aborted.ranges, expected_epoch=self._epoch(),
                                          supersede=[b.seq for b in in_flight],
