@@ -79,6 +79,28 @@ def send(kafka, topic: str, records: list[tuple[int, str, int]]) -> list[str]:
     return [value for _, value, _ in records]
 
 
+def send_in_transactions(kafka, topic: str, batches: list[tuple[list[str], bool]]) -> list[str]:
+    """Each (values, commit?) in its own transaction on partition 0; returns the committed values.
+
+    Transaction markers take offsets and aborted records stay in the log: gaps that are not data.
+    """
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, transactional_id=f"tx-{topic}")
+    producer.init_transactions()
+    committed = []
+    for values, commit in batches:
+        producer.begin_transaction()
+        for value in values:
+            producer.send(topic, value=value.encode(), partition=0, timestamp_ms=at("01:00"))
+        producer.flush()
+        if commit:
+            producer.commit_transaction()
+            committed += values
+        else:
+            producer.abort_transaction()
+    producer.close()
+    return committed
+
+
 def values_of(output: Path) -> list[str]:
     return [row["v"] for row in read_parquet(output)]
 
@@ -287,15 +309,21 @@ def test_topic_recreated_fails_loudly_then_skip_is_recorded(kafka, airflow, tmp_
 
     delete_topic(kafka, name)
     make_topic(kafka, name, partitions=1)
-    fresh = send(kafka, name, [(0, f"fresh-{i}", at("01:00")) for i in range(10)])
+    # The new topic's records come in transactions, one aborted: offsets 0..15 hold 10 records.
+    fresh = send_in_transactions(kafka, name, [([f"fresh-{i}" for i in range(5)], True),
+                                               (["aborted-0", "aborted-1", "aborted-2"], False),
+                                               ([f"fresh-{i}" for i in range(5, 10)], True)])
     assert airflow.run(CONTINUATION, f"{name}-2", conf) == "failed"  # data_loss_policy="fail"
-    assert (f"Data loss: the committed offset 30 of {name}[0] is beyond the end of the log (10)"
+    assert (f"Data loss: the committed offset 30 of {name}[0] is beyond the end of the log (16)"
             in airflow.task_log(CONTINUATION, f"{name}-2", "plan"))
     assert task_states(airflow, CONTINUATION, f"{name}-2")["plan"] == "failed"
     assert len(ledger.list_batches(name)) == 1 and ledger.committed_positions(name) == {(name, 0): 30}
 
     assert airflow.run(CONTINUATION, f"{name}-3", {**conf, "data_loss_policy": "skip"}) == "success"
     assert_exactly_once(fresh, values_of(output))
+    # Transaction markers and aborted records are gaps in offsets, not data loss.
+    skipped = ledger.list_batches(name)[0]
+    assert skipped.offset_span == 16 and skipped.input_records == skipped.output_records == 10
     assert [r["kind"] for r in ledger.position_resets(name)] == ["data-loss-skip"]
     assert any(e["kind"] == "data-loss-skipped" for e in ledger.list_events(name))
     # The next run continues after the recreated topic's records: nothing is read twice.
