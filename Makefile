@@ -42,3 +42,7 @@ docker-config:
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
+benchmark-postgres: setup
+	$(PY) benchmarks/bench_postgres_sink.py

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -16,9 +17,13 @@ import pytest
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+from airflow_exactly_once.devenv.postgres import LocalPostgres
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
+PG_DATABASE = "exactly_once"  # sink tables and the PostgreSQL ledger of the tests
+PG_CONN_ID = "eo_test_postgres"
+PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +32,29 @@ def kafka(tmp_path_factory) -> LocalKafkaBroker:
     broker.start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_data_root() -> Path:
+    """Where test PostgreSQL servers keep their data: NOT under pytest's basetemp.
+
+    As root the server runs as `postgres`, which must traverse every parent folder; any
+    pytest session that starts (another developer's, in parallel) resets
+    /tmp/pytest-of-root to mode 0700, after which a server there can no longer (re)start.
+    """
+    root = Path(tempfile.mkdtemp(prefix="aeo-test-pg-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres(pg_data_root) -> LocalPostgres:
+    """A throwaway PostgreSQL (Debian's binaries, 2PC on) with the database PG_DATABASE."""
+    server = LocalPostgres(pg_data_root / "session", max_prepared_transactions=32)
+    server.start()
+    server.create_database(PG_DATABASE)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +68,7 @@ def example_output(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def airflow(kafka, faults_dir, example_output, tmp_path_factory):
+def airflow(kafka, postgres, faults_dir, example_output, tmp_path_factory):
     from airflow_exactly_once.devenv.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
@@ -54,6 +82,12 @@ def airflow(kafka, faults_dir, example_output, tmp_path_factory):
         "EXACTLY_ONCE_DEMO_MAX_RECORDS": "150",
         "PYTHONPATH": os.pathsep.join([str(root / "dags"), str(REPO), os.environ.get("PYTHONPATH", "")]),
         "EO_TEST_SLOW_SECONDS": "15",
+        # The official postgres connection type; no password (trust on 127.0.0.1).
+        f"AIRFLOW_CONN_{PG_CONN_ID.upper()}": json.dumps(
+            {"conn_type": "postgres", "host": "127.0.0.1", "port": postgres.port, "login": "postgres",
+             "schema": PG_DATABASE}),
+        "EXACTLY_ONCE_DEMO_POSTGRES_CONN": PG_CONN_ID,
+        "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
     }
     stack = AirflowStack(root, dag_files, env)
     stack.start()

@@ -77,3 +77,17 @@ def assert_ranges_tile(ledger: Ledger, pipeline_id: str) -> None:
 def staging_leftovers(output: Path) -> list[Path]:
     staging = Path(output) / "_staging"
     return list(staging.iterdir()) if staging.exists() else []
+
+
+def pg_query(dsn: str, statement: str, params=()) -> list[tuple]:
+    """One autocommit statement on PostgreSQL; its rows (or [] when it returns none)."""
+    import psycopg2
+
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()

@@ -1,5 +1,6 @@
-"""Pure logic of issue 5 on a real SQLite ledger: positions with resets, empty and retracted
-batches, interval boundaries, rewinds, the tiling audit, configuration errors and the CLI.
+"""Pure logic of issue 5 on real ledgers (SQLite and PostgreSQL): positions with resets, empty
+and retracted batches, interval boundaries, rewinds, the tiling audit, configuration errors
+and the CLI.
 
 No Kafka, no Spark: these are the decisions, tested one by one; the end-to-end tests in
 test_operations_airflow.py run them with the real components.
@@ -26,12 +27,18 @@ from airflow_exactly_once.sinks.parquet import ParquetSink
 TP = ("t", 0)
 
 
-@pytest.fixture
-def ledger(tmp_path) -> Ledger:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger(request, tmp_path, unique) -> Ledger:
+    """A fresh ledger on each backend (a throwaway database on the session's real PostgreSQL)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    else:
+        url = request.getfixturevalue("postgres").create_database(f"ops_{unique}")
+    ledger = Ledger(url)
     ledger.ensure_pipeline("p", "fp", {"topics": ["t"], "sink": {"type": "parquet", "path": str(tmp_path / "out")}})
     ledger.register_partitions("p", {TP: (0, "startup mode earliest"), ("t", 1): (0, "startup mode earliest")})
-    return ledger
+    yield ledger
+    ledger.engine.dispose()
 
 
 def commit(ledger: Ledger, ranges: list[OffsetRange], run: str = "r", **kwargs) -> Batch:

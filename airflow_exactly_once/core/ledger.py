@@ -133,6 +133,7 @@ boundaries = sa.Table(
 TopicPartition = tuple[str, int]
 Reset = tuple[int, str]  # new offset, reason
 Boundary = tuple[TopicPartition, int]  # partition, time (epoch ms)
+_SCHEMA_LOCK = 0x61656F5F6C656467  # "aeo_ledg": the advisory lock key of schema creation
 
 
 def _now() -> datetime:
@@ -165,11 +166,23 @@ class Ledger:
     # -- schema and pipeline -------------------------------------------------------
 
     def create_schema(self) -> None:
-        metadata.create_all(self.engine)
+        with self.engine.begin() as conn:  # one transaction: on SQLite it holds the write lock
+            if conn.dialect.name == "postgresql":
+                # Tasks starting on an empty database at once would race on the catalog.
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+            metadata.create_all(conn)
 
     def ensure_pipeline(self, pipeline_id: str, fingerprint: str, config: dict[str, Any]) -> int:
         """Create the pipeline row on first use, keep its fingerprint current; return the epoch."""
         self.create_schema()
+        try:
+            return self._ensure_pipeline(pipeline_id, fingerprint, config)
+        except sa.exc.IntegrityError:
+            # Another session created the row first (PostgreSQL does not serialise the two
+            # reads like SQLite's BEGIN IMMEDIATE): the row exists now, so read it again.
+            return self._ensure_pipeline(pipeline_id, fingerprint, config)
+
+    def _ensure_pipeline(self, pipeline_id: str, fingerprint: str, config: dict[str, Any]) -> int:
         with self.engine.begin() as conn:
             row = conn.execute(sa.select(pipelines).where(pipelines.c.pipeline_id == pipeline_id)).first()
             if row is None:

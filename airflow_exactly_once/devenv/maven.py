@@ -43,6 +43,10 @@ SPARK_KAFKA = (
 )
 
 
+# PostgreSQL's JDBC driver: only the benchmark's baseline (Spark's own JDBC writer) needs it.
+POSTGRES_JDBC = (Artifact("org.postgresql", "postgresql", "42.7.4", False),)
+
+
 def devenv_home() -> Path:
     """Where downloaded jars and local service data live (outside the package)."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "airflow-exactly-once"
@@ -102,4 +106,10 @@ def kafka_broker_jars() -> Path:
 def spark_kafka_jars() -> list[str]:
     """Local paths of the spark-sql-kafka connector jars, for `spark.jars`."""
     folder = fetch_jars("spark-kafka", SPARK_KAFKA)
+    return sorted(str(p) for p in folder.glob("*.jar"))
+
+
+def postgres_jdbc_jars() -> list[str]:
+    """Local paths of PostgreSQL's JDBC driver, for `spark.jars`."""
+    folder = fetch_jars("postgres-jdbc", POSTGRES_JDBC)
     return sorted(str(p) for p in folder.glob("*.jar"))

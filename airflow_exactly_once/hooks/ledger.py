@@ -30,9 +30,22 @@ def connection_to_url(conn) -> str:
             auth += f":{quote(conn.password, safe='')}"
         auth += "@" if auth else ""
         port = f":{conn.port}" if conn.port else ""
-        return f"postgresql+psycopg2://{auth}{conn.host or '127.0.0.1'}{port}/{conn.schema or 'postgres'}"
+        return (f"postgresql+psycopg2://{auth}{conn.host or '127.0.0.1'}{port}/{conn.schema or 'postgres'}"
+                + _libpq_query(conn.extra_dejson))
     uri = conn.extra_dejson.get("sqlalchemy_url") or conn.get_uri()
     return uri.replace("postgres://", "postgresql+psycopg2://", 1)
+
+
+# Connection extras that are libpq parameters (TLS, timeouts, session options) travel in the URL.
+LIBPQ_EXTRAS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout", "application_name",
+                "options", "target_session_attrs", "keepalives", "keepalives_idle")
+
+
+def _libpq_query(extra: dict) -> str:
+    from urllib.parse import quote, urlencode
+
+    params = {k: str(extra[k]) for k in LIBPQ_EXTRAS if extra.get(k) not in (None, "")}
+    return f"?{urlencode(params, quote_via=quote)}" if params else ""  # %20, not +: libpq reads URLs too
 
 
 class LedgerHook(BaseHook):

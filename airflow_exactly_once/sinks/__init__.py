@@ -10,6 +10,7 @@ from airflow_exactly_once.core.sink import Sink
 
 SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
+    "postgres": "airflow_exactly_once.sinks.postgres:PostgresSink",
 }
 
 

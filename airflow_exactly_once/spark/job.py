@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
-from airflow_exactly_once.core.errors import SourceUnavailableError, TransformError
+from airflow_exactly_once.core.errors import ExactlyOnceError, SourceUnavailableError, TransformError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
@@ -97,7 +97,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
 
 def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
     text = str(exc)
-    if isinstance(exc, TransformError):
+    if isinstance(exc, ExactlyOnceError):  # already says what went wrong (e.g. a sink's SinkError)
         return exc
     if "OffsetOutOfRange" in text or "Cannot fetch offset" in text or "data loss" in text.lower():
         from airflow_exactly_once.core.errors import DataLossError

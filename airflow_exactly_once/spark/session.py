@@ -31,6 +31,7 @@ def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None,
         "spark.sql.shuffle.partitions": "8",
         "spark.driver.memory": "1g",
         "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
     }
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)

@@ -1,0 +1,329 @@
+"""PostgreSQL with true two-phase commit: one prepared transaction per Spark partition.
+
+write (preCommit): every Spark partition writes its rows and a marker row in one
+transaction and ends it with `PREPARE TRANSACTION <gid>` (durable, invisible); the driver
+stores the gids as the batch's handles. notify_complete (commit): `COMMIT PREPARED` for
+each gid; a gid that is gone is resolved by its marker row (committed before, or lost).
+Prepared transactions of attempts that were fenced, killed or aborted are rolled back
+on the next write, commit or abort of the pipeline, so none is left behind.
+
+GIDs are `aeo.<pipeline>.b<batch_seq>.p<partition>.a<epoch>`: the epoch of the write
+attempt (the ledger's claim) tells the live attempt from dead ones.
+
+Spec: {"type": "postgres", "conn_id": "<airflow postgres connection>" | "url": "<URL>",
+       "table": "[schema.]name", "mode": "insert" | "upsert", "key_columns": [...],
+       "order_by": [...], "marker_schema": "public", "writers": n, "lock_timeout_ms": 60000}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.sink import Handles, Sink
+from airflow_exactly_once.sinks import postgres_transactions as pgx
+from airflow_exactly_once.sinks.postgres_writer import PartitionWriter, sink_error_from_spark
+
+log = logging.getLogger(__name__)
+
+MODES = ("insert", "upsert")
+_GID_TAIL = re.compile(r"^b(\d+)\.p(\d+)\.a(\d+)$")
+_URL_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg")
+
+
+def resolve_dsn(spec: dict[str, Any]) -> str:
+    """The server URL of a sink spec: its `url`, or its Airflow `postgres` connection's."""
+    if spec.get("url"):
+        return str(spec["url"])
+    from airflow.sdk import BaseHook
+
+    from airflow_exactly_once.hooks.ledger import connection_to_url
+
+    conn_id = spec["conn_id"]
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:
+        raise ConfigurationError(f"the postgres sink's Airflow connection {conn_id!r} cannot be read ({exc}); "
+                                 "create it (conn_type 'postgres': host, port, login, password, schema = "
+                                 "database) or give the sink a 'url'") from exc
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; the postgres sink needs "
+                                 "a 'postgres' connection")
+    return connection_to_url(conn)
+
+
+def with_lock_timeout(dsn: str, lock_timeout_ms: int) -> str:
+    """The URL with `-c lock_timeout=...` added, so a writer blocked by a lock fails instead of hanging."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    query["options"] = f"{query.get('options', '')} -c lock_timeout={int(lock_timeout_ms)}".strip()
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))  # libpq reads no '+'
+
+
+def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
+    """(batch_seq, partition, attempt) of one of this pipeline's gids, else None."""
+    prefix = pgx.gid_prefix(pipeline_id)
+    match = _GID_TAIL.match(gid[len(prefix):]) if gid.startswith(prefix) else None
+    return None if match is None else tuple(int(g) for g in match.groups())  # type: ignore[return-value]
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigurationError(f"the postgres sink's {what} must be a list of column names, not {value!r}")
+    return tuple(value)
+
+
+class PostgresSink(Sink):
+    type_name = "postgres"
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        if bool(spec.get("conn_id")) == bool(spec.get("url")):
+            raise ConfigurationError(
+                "the postgres sink needs exactly one of 'conn_id' (an Airflow postgres connection, recommended: "
+                "the spec is stored in the ledger, a connection keeps the password out of it) or 'url' "
+                "('postgresql://user@host:5432/db'), e.g. {'type': 'postgres', 'conn_id': 'postgres_default', "
+                "'table': 'public.events'}")
+        if spec.get("url") and urlsplit(str(spec["url"])).scheme not in _URL_SCHEMES:
+            raise ConfigurationError(f"the postgres sink's url must start with postgresql://, not "
+                                     f"{urlsplit(str(spec['url'])).scheme or spec['url']!r}://")
+        if not isinstance(spec.get("table"), str) or not spec["table"]:
+            raise ConfigurationError("the postgres sink needs a 'table' ('name' or 'schema.name'); create the "
+                                     "table first: its types and keys are yours to choose")
+        self.table: str = spec["table"]
+        self.mode: str = spec.get("mode", "insert")
+        if self.mode not in MODES:
+            raise ConfigurationError(f"postgres sink mode {self.mode!r} is not supported; choose insert or upsert")
+        self.key_columns = _names(spec.get("key_columns"), "key_columns")
+        self.order_by = _names(spec.get("order_by"), "order_by")
+        self.marker_schema: str = spec.get("marker_schema", "public")
+        self.writers: int | None = int(spec["writers"]) if spec.get("writers") else None
+        self.lock_timeout_ms = int(spec.get("lock_timeout_ms", 60_000))
+        self.page_size = int(spec.get("page_size", 1000))
+        self._dsn: str | None = None
+
+    @property
+    def dsn(self) -> str:
+        if self._dsn is None:
+            self._dsn = resolve_dsn(self.spec)
+        return self._dsn
+
+    # -- plan ----------------------------------------------------------------------
+
+    def check(self, pipeline_id: str) -> None:
+        """Two-phase commit enabled, the table there, an upsert key unique; marker table created."""
+        try:
+            pgx.check_two_phase_supported(self.dsn)
+            self._table_columns()
+            self._upsert_key()
+            pgx.ensure_marker_table(self.dsn, self.marker_schema)
+        except pgx.TwoPhaseNotSupported as exc:
+            raise ConfigurationError(str(exc)) from exc
+        except pgx.PostgresTransactionError as exc:
+            raise SinkError(f"postgres sink check failed: {exc}", retriable=exc.retriable) from exc
+
+    # -- write ---------------------------------------------------------------------
+
+    def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
+        """Prepare one transaction per non-empty Spark partition; roll them all back on failure."""
+        epoch = batch.epoch  # `attempt` is "e<epoch>": the epoch is what the gids carry
+        try:
+            self._rollback_dead_attempts(batch, keep_epoch=epoch)
+            pgx.ensure_marker_table(self.dsn, self.marker_schema)
+            columns = self._writable_columns(list(data.columns))
+            keys = self._upsert_key()
+            slots = self._free_slots()
+        except pgx.PostgresTransactionError as exc:
+            raise SinkError(f"postgres sink: {exc}", retriable=exc.retriable) from exc
+        if self.mode == "upsert":
+            # Rows of one key must meet in one transaction: across two prepared transactions the
+            # second would wait for the first's row lock until commit, which never comes.
+            data = data.repartition(self.writers, *keys) if self.writers else data.repartition(*keys)
+        elif self.writers:
+            data = data.repartition(self.writers)
+        data = data.coalesce(slots)  # never more transactions than free prepared slots (keys stay together)
+        if self.order_by:
+            data = data.sortWithinPartitions(*self.order_by)  # upsert: the last row of a key wins
+        writer = PartitionWriter(
+            dsn=with_lock_timeout(self.dsn, self.lock_timeout_ms), pipeline_id=batch.pipeline_id,
+            batch_seq=batch.seq, attempt=epoch, table=self.table, columns=tuple(columns), mode=self.mode,
+            key_columns=keys, marker_schema=self.marker_schema, page_size=self.page_size)
+        try:
+            rows = data.mapInArrow(writer, "handle string").collect()  # columns: data.columns, in order
+        except Exception as exc:
+            self._rollback_attempt(batch, epoch)
+            error = sink_error_from_spark(exc)
+            if error is None:
+                raise
+            raise error from None
+        parts = sorted((json.loads(r["handle"]) for r in rows), key=lambda h: h["partition"])
+        return {"table": self.table, "mode": self.mode, "epoch": epoch, "gids": [p["gid"] for p in parts],
+                "rows_written": sum(p["rows"] for p in parts)}
+
+    # -- notify_complete / abort ---------------------------------------------------
+
+    def commit(self, batch: Batch, handles: Handles) -> str:
+        """COMMIT PREPARED every gid; all-or-nothing when one is found lost before any commit."""
+        gids = list(handles.get("gids", []))
+        try:
+            prepared = set(pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq)))
+            committed = {m["gid"] for m in pgx.list_markers(self.dsn, batch.pipeline_id, batch.seq,
+                                                            marker_schema=self.marker_schema)}
+            lost = [g for g in gids if g not in prepared and g not in committed]
+            if lost:
+                self._on_lost(batch, gids, lost, committed)
+            outcomes = [pgx.commit_prepared(self.dsn, g, marker_schema=self.marker_schema)
+                        for g in gids if g in prepared]
+            orphans = self._rollback_dead_attempts(batch, keep=gids)
+        except pgx.TransactionLost as exc:  # rolled back between our look and our commit
+            raise TransactionLostError(str(exc)) from exc
+        except pgx.PostgresTransactionError as exc:
+            raise SinkError(f"postgres sink commit of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
+        now = outcomes.count("committed")
+        return (f"committed {len(gids)} prepared transaction(s) into {self.table} ({now} now, {len(gids) - now} "
+                f"already){f'; rolled back {len(orphans)} orphan(s)' if orphans else ''}")
+
+    def abort(self, batch: Batch, handles: Handles | None) -> str:
+        """Roll back `handles` (a fenced attempt's), or every attempt of the batch when None."""
+        try:
+            if handles is not None:
+                results = [pgx.rollback_prepared(self.dsn, g, marker_schema=self.marker_schema)
+                           for g in handles.get("gids", [])]
+                return f"rolled back {results.count('rolled-back')} prepared transaction(s) of this attempt"
+            orphans = self._rollback_dead_attempts(batch, keep=())
+        except pgx.PostgresTransactionError as exc:
+            raise SinkError(f"postgres sink abort of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
+        return f"rolled back {len(orphans)} prepared transaction(s) of batch {batch.seq}"
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _on_lost(self, batch: Batch, gids: list[str], lost: list[str], committed: set[str]) -> None:
+        done = [g for g in gids if g in committed]
+        if done:
+            raise SinkError(
+                f"batch {batch.seq} is half committed: {len(done)} of its prepared transactions were committed "
+                f"but {lost} are gone without a marker row (rolled back outside this pipeline, e.g. by an "
+                f"operator). Its rows in {self.table} are incomplete and cannot be completed; repair the table "
+                "by hand (rows of the lost partitions are missing) before resuming the pipeline.")
+        self._rollback_dead_attempts(batch, keep=())
+        raise TransactionLostError(
+            f"prepared transaction(s) {lost} of batch {batch.seq} are gone and were never committed (rolled back "
+            f"by an operator or lost with the server's data); nothing of the batch was committed")
+
+    def _rollback_dead_attempts(self, batch: Batch, keep=(), keep_epoch: int | None = None) -> list[str]:
+        """Roll back this pipeline's prepared gids that can no longer be committed.
+
+        Dead are: gids of older batches (by the time a batch is written or committed, every
+        older batch is COMMITTED or ABORTED: the plan step commits PREPARED batches first),
+        and gids of this batch not in `keep` and not of the live attempt `keep_epoch`.
+        Gids of newer batches are never touched.
+        """
+        dead = []
+        for gid in pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id)):
+            parsed = parse_gid(batch.pipeline_id, gid)
+            if parsed is None:
+                continue
+            seq, _, epoch = parsed
+            if seq < batch.seq or (seq == batch.seq and gid not in keep and epoch != keep_epoch):
+                dead.append(gid)
+        for gid in dead:
+            pgx.rollback_prepared(self.dsn, gid, marker_schema=self.marker_schema)
+        if dead:
+            log.info("rolled back %d prepared transaction(s) of dead attempts: %s", len(dead), dead)
+        return dead
+
+    def _rollback_attempt(self, batch: Batch, epoch: int) -> None:
+        """After a failed write, what this attempt's partitions prepared before the failure."""
+        try:
+            for gid in pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq)):
+                parsed = parse_gid(batch.pipeline_id, gid)
+                if parsed is not None and parsed[2] == epoch:
+                    pgx.rollback_prepared(self.dsn, gid, marker_schema=self.marker_schema)
+        except pgx.PostgresTransactionError as exc:
+            log.warning("could not roll back this attempt's prepared transactions (%s); the next write, commit "
+                        "or abort of the pipeline does", exc)
+
+    def _query(self, statement: str, params: tuple = ()) -> list[tuple]:
+        conn = pgx._connect(self.dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, params)
+                return cur.fetchall()
+        except Exception as exc:
+            import psycopg2
+
+            if isinstance(exc, psycopg2.Error):
+                raise pgx.PostgresTransactionError(f"{pgx._describe(self.dsn)}: {pgx._server_message(exc)}",
+                                                   retriable=pgx._is_retriable(exc)) from exc
+            raise
+        finally:
+            conn.close()
+
+    def _table_columns(self) -> list[str]:
+        rows = self._query(
+            "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 "
+            "AND NOT a.attisdropped ORDER BY a.attnum", (self._regclass(),))
+        if not rows:
+            exists = self._query("SELECT to_regclass(%s) IS NOT NULL", (self._regclass(),))[0][0]
+            if not exists:
+                raise ConfigurationError(
+                    f"table {self.table} does not exist in {pgx._describe(self.dsn)}; create it first (the sink "
+                    "never creates tables: their column types and keys are yours to choose), or correct 'table'")
+        return [r[0] for r in rows]
+
+    def _regclass(self) -> str:
+        """The table name as to_regclass reads it: each part quoted, so case is kept."""
+        return ".".join('"' + part.replace('"', '""') + '"' for part in self.table.split(".", 1))
+
+    def _writable_columns(self, columns: list[str]) -> list[str]:
+        existing = self._table_columns()
+        missing = [c for c in columns if c not in existing]
+        if missing:
+            folded = {c.lower(): c for c in existing}
+            hints = [f"{c!r} -> {folded[c.lower()]!r}" for c in missing if c.lower() in folded]
+            raise SinkError(
+                f"the transform's output has column(s) {missing} that table {self.table} lacks (its columns: "
+                f"{existing}). Fix: rename them in the transform (names are case-sensitive"
+                f"{'; ' + ', '.join(hints) if hints else ''}), drop them, or add them to the table.")
+        return columns
+
+    def _upsert_key(self) -> tuple[str, ...]:
+        if self.mode != "upsert":
+            return ()
+        unique = self._query(
+            "SELECT array_agg(a.attname ORDER BY a.attname) FROM pg_index i "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL "
+            "GROUP BY i.indexrelid, i.indisprimary ORDER BY i.indisprimary DESC", (self._regclass(),))
+        keys = [tuple(r[0]) for r in unique]
+        if not self.key_columns:
+            if not keys:
+                raise ConfigurationError(f"mode 'upsert' needs a primary key or unique index on {self.table}, or "
+                                         "key_columns naming the columns of one")
+            return keys[0]
+        if tuple(sorted(self.key_columns)) not in keys:
+            raise ConfigurationError(
+                f"key_columns {list(self.key_columns)} are not the columns of a unique index of {self.table} "
+                f"(unique keys: {[list(k) for k in keys] or 'none'}). Fix: CREATE UNIQUE INDEX ON {self.table} "
+                f"({', '.join(self.key_columns)}), or name the columns of an existing one")
+        return self.key_columns
+
+    def _free_slots(self) -> int:
+        limit, used = self._query("SELECT current_setting('max_prepared_transactions')::int, "
+                                  "(SELECT count(*) FROM pg_prepared_xacts)")[0]
+        if limit <= 0:
+            raise ConfigurationError(str(pgx._two_phase_error(pgx._describe(self.dsn), limit)))
+        if limit - used < 1:
+            raise SinkError(f"all {limit} prepared-transaction slots of {pgx._describe(self.dsn)} are in use; "
+                            "commit or roll back the ones left behind (SELECT * FROM pg_prepared_xacts) or raise "
+                            "max_prepared_transactions", retriable=True)
+        return limit - used

@@ -1,0 +1,33 @@
+"""A parametrised Kafka -> PostgreSQL pipeline for the tests: each test triggers it with its own conf.
+
+The sink and the offset ledger both use the `eo_test_postgres` connection (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_exactly_once.task_group import exactly_once_batch
+
+PG_CONN_ID = "eo_test_postgres"
+
+with DAG(
+    dag_id="eo_postgres_test",
+    schedule=None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=4,
+    render_template_as_native_obj=True,
+    params={"pipeline_id": "test", "topic": "test", "table": "test", "mode": "insert", "max_records": 100},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
+):
+    exactly_once_batch(
+        pipeline_id="{{ params.pipeline_id }}",
+        topics="{{ params.topic }}",
+        sink={"type": "postgres", "conn_id": PG_CONN_ID, "table": "{{ params.table }}", "mode": "{{ params.mode }}"},
+        ledger_conn_id=PG_CONN_ID,
+        transform="eo_test_transforms:rows",
+        max_records_per_partition="{{ params.max_records }}",
+    )

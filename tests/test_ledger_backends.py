@@ -1,0 +1,248 @@
+"""The offset ledger behaves the same on SQLite and on PostgreSQL (real server, real sessions).
+
+Every test runs on both backends. The fencing tests race real concurrent sessions (threads
+with their own connections, and separate processes) on the same rows: the database, not
+timing, decides who wins.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import BatchId, OffsetRange
+from airflow_exactly_once.core.states import BatchState
+
+RACERS = 8
+LEDGER_DB = "ledger_tests"
+
+
+@pytest.fixture(scope="module")
+def pg_ledger_url(postgres) -> str:
+    return postgres.create_database(LEDGER_DB)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_url(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("pg_ledger_url")
+
+
+@pytest.fixture
+def ledger(ledger_url) -> Ledger:
+    ledger = Ledger(ledger_url)
+    ledger.create_schema()
+    yield ledger
+    ledger.engine.dispose()
+
+
+@pytest.fixture
+def pid() -> str:
+    return f"p-{uuid.uuid4().hex[:10]}"
+
+
+def ranges(start: int, end: int) -> list[OffsetRange]:
+    return [OffsetRange("t", 0, start, end), OffsetRange("t", 1, start, end)]
+
+
+def race(n: int, fn) -> list:
+    """Run fn(i) in n threads released at the same instant; returns results or exceptions."""
+    barrier = threading.Barrier(n)
+
+    def run(i):
+        barrier.wait()
+        try:
+            return fn(i)
+        except Exception as exc:  # the outcome under test
+            return exc
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(run, range(n)))
+
+
+# -- same behaviour on both backends -------------------------------------------------
+
+
+def test_batch_lifecycle_and_positions(ledger, pid):
+    assert ledger.ensure_pipeline(pid, "fp1", {"a": 1}) == 0
+    ledger.register_partitions(pid, {("t", 0): (5, "earliest"), ("t", 1): (5, "earliest")})
+    ledger.register_partitions(pid, {("t", 0): (99, "latest")})  # known partitions keep their start
+    assert ledger.committed_positions(pid) == {("t", 0): 5, ("t", 1): 5}
+
+    batch = ledger.create_batch(pid, "run-1", ranges(5, 15), expected_epoch=0)
+    assert (batch.seq, batch.state, batch.epoch, batch.offset_span) == (1, BatchState.PLANNED, 1, 20)
+    claimed = ledger.claim(batch.id)
+    assert claimed.epoch == 2 and ledger.pipeline(pid)["epoch"] == 2
+    prepared = ledger.mark_prepared(batch.id, claimed.epoch, {"gids": ["g1"], "n": 3}, 20, 18)
+    assert prepared.state is BatchState.PREPARED and prepared.handles == {"gids": ["g1"], "n": 3}
+    assert ledger.committed_positions(pid) == {("t", 0): 5, ("t", 1): 5}  # not before COMMITTED
+    assert ledger.mark_committed(batch.id) is True
+    assert ledger.mark_committed(batch.id) is False  # idempotent
+    assert ledger.committed_positions(pid) == {("t", 0): 15, ("t", 1): 15}
+
+    second = ledger.create_batch(pid, "run-2", ranges(15, 20), expected_epoch=2)
+    assert second.seq == 2
+    assert ledger.mark_aborted(second.id, "write failed") is True
+    assert ledger.mark_aborted(second.id, "again") is False
+    assert ledger.get_batch(second.id).error == "write failed"
+    assert ledger.committed_positions(pid) == {("t", 0): 15, ("t", 1): 15}
+    assert [b.seq for b in ledger.list_batches(pid)] == [2, 1]
+    assert [b.seq for b in ledger.list_batches(pid, [BatchState.COMMITTED])] == [1]
+    assert ledger.latest_batch_for_run(pid, "run-2").state is BatchState.ABORTED
+    kinds = [e["kind"] for e in ledger.list_events(pid)]
+    assert kinds.count("partition-added") == 2 and "aborted" in kinds
+    assert ledger.get_batch(batch.id).created_at is not None
+
+
+def test_config_change_is_recorded(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp1", {"sink": "a"})
+    assert ledger.ensure_pipeline(pid, "fp2", {"sink": "b"}) == 0
+    assert ledger.pipeline(pid)["config"] == {"sink": "b"}
+    assert ledger.list_events(pid)[0]["kind"] == "config-changed"
+
+
+def test_stale_writer_and_illegal_transitions_are_refused(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    batch = ledger.create_batch(pid, "run-1", ranges(0, 10), expected_epoch=0)
+    first = ledger.claim(batch.id)
+    second = ledger.claim(batch.id)  # a retry takes the batch over
+    with pytest.raises(FencedError, match="held by epoch"):
+        ledger.mark_prepared(batch.id, first.epoch, {}, 1, 1)
+    with pytest.raises(FencedError):
+        ledger.mark_committed(batch.id)  # PLANNED cannot be committed
+    ledger.mark_prepared(batch.id, second.epoch, {}, 1, 1)
+    with pytest.raises(FencedError, match="is PREPARED, not PLANNED"):
+        ledger.claim(batch.id)
+    with pytest.raises(FencedError):
+        ledger.mark_aborted(batch.id, "late abort")  # only from PLANNED unless the sink lost it
+    assert ledger.get_batch(batch.id).state is BatchState.PREPARED
+    with pytest.raises(IllegalTransitionError):
+        ledger.get_batch(BatchId(pid, 99))
+
+
+def test_superseded_batch_cannot_become_prepared(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    old = ledger.create_batch(pid, "run-a", ranges(0, 10), expected_epoch=0)
+    writer = ledger.claim(old.id)
+    new = ledger.create_batch(pid, "run-b", ranges(0, 10), expected_epoch=writer.epoch, supersede=[old.seq])
+    assert ledger.get_batch(old.id).state is BatchState.ABORTED
+    assert "superseded by run run-b" in ledger.get_batch(old.id).error
+    with pytest.raises(FencedError):
+        ledger.mark_prepared(old.id, writer.epoch, {}, 1, 1)
+    assert ledger.get_batch(new.id).state is BatchState.PLANNED
+
+
+# -- fencing with real concurrent sessions --------------------------------------------
+
+
+def test_concurrent_first_use_of_a_fresh_ledger(request, tmp_path):
+    """Tasks of several pipelines creating the tables of an empty ledger at the same instant."""
+    for backend in ("sqlite", "postgres"):
+        if backend == "sqlite":
+            url = f"sqlite:///{tmp_path / 'fresh.db'}"
+        else:
+            url = request.getfixturevalue("postgres").create_database(f"fresh_{uuid.uuid4().hex[:8]}")
+        ledgers = [Ledger(url) for _ in range(RACERS)]
+        try:
+            results = race(RACERS, lambda i: ledgers[i].ensure_pipeline(f"p{i}", "fp", {}))
+        finally:
+            for ledger in ledgers:
+                ledger.engine.dispose()
+        assert results == [0] * RACERS, (backend, results)
+
+
+def test_concurrent_first_use_of_a_pipeline(ledger_url, pid):
+    """Many tasks starting a new pipeline at once (each with its own engine) all see epoch 0."""
+    engines = [Ledger(ledger_url) for _ in range(RACERS)]
+    try:
+        results = race(RACERS, lambda i: engines[i].ensure_pipeline(pid, "fp", {"n": 1}))
+    finally:
+        for e in engines:
+            e.engine.dispose()
+    assert results == [0] * RACERS, results
+
+
+def test_concurrent_plans_only_one_takes_the_pipeline(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    results = race(RACERS, lambda i: ledger.create_batch(pid, f"run-{i}", ranges(0, 10), expected_epoch=0))
+    winners = [r for r in results if not isinstance(r, Exception)]
+    losers = [r for r in results if isinstance(r, Exception)]
+    assert len(winners) == 1, results
+    assert all(isinstance(e, FencedError) and e.retriable for e in losers), losers
+    assert [b.seq for b in ledger.list_batches(pid)] == [1]
+    assert ledger.pipeline(pid)["epoch"] == 1
+
+
+def test_concurrent_claims_and_prepares_only_the_last_claim_commits(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    batch = ledger.create_batch(pid, "run-1", ranges(0, 10), expected_epoch=0)
+    claims = race(RACERS, lambda i: ledger.claim(batch.id))
+    held = [c.epoch for c in claims if not isinstance(c, Exception)]
+    assert held and len(held) == len(set(held)), claims  # every successful claim has its own epoch
+    assert all(isinstance(c, FencedError) for c in claims if isinstance(c, Exception))
+    assert ledger.get_batch(batch.id).epoch == max(held)
+
+    attempts = race(len(held), lambda i: ledger.mark_prepared(batch.id, held[i], {"epoch": held[i]}, 1, 1))
+    done = [a for a in attempts if not isinstance(a, Exception)]
+    assert len(done) == 1 and done[0].epoch == max(held), attempts
+    assert all(isinstance(a, FencedError) for a in attempts if isinstance(a, Exception))
+    assert ledger.get_batch(batch.id).handles == {"epoch": max(held)}
+
+
+def _plan_in_process(url: str, pid: str, run: str, start, queue) -> None:
+    ledger = Ledger(url)
+    start.wait()
+    try:
+        batch = ledger.create_batch(pid, run, ranges(0, 10), expected_epoch=0)
+        queue.put(("won", batch.seq))
+    except FencedError as exc:
+        queue.put(("fenced", str(exc)))
+
+
+def test_concurrent_plans_from_separate_processes(ledger, ledger_url, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    ctx = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
+    start, queue = ctx.Event(), ctx.Queue()
+    ledger.engine.dispose()  # no pooled connection may cross a fork
+    procs = [ctx.Process(target=_plan_in_process, args=(ledger_url, pid, f"run-{i}", start, queue))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    start.set()
+    outcomes = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(o[0] for o in outcomes) == ["fenced", "fenced", "fenced", "won"], outcomes
+    assert len(ledger.list_batches(pid)) == 1
+
+
+# -- through an Airflow `postgres` connection -----------------------------------------
+
+
+def test_ledger_hook_reads_an_airflow_postgres_connection(postgres, pg_ledger_url, monkeypatch, pid):
+    from airflow_exactly_once.hooks.ledger import LedgerHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_EO_LEDGER_PG", json.dumps({
+        "conn_type": "postgres", "host": "127.0.0.1", "port": postgres.port, "login": "postgres",
+        "schema": LEDGER_DB, "extra": {"application_name": "eo ledger", "connect_timeout": 5}}))
+    hook = LedgerHook(ledger_conn_id="eo_ledger_pg")
+    url = hook.get_url()
+    assert url == (f"postgresql+psycopg2://postgres@127.0.0.1:{postgres.port}/{LEDGER_DB}"
+                   "?connect_timeout=5&application_name=eo%20ledger")
+    ledger = hook.get_conn()
+    ledger.ensure_pipeline(pid, "fp", {})
+    ledger.create_batch(pid, "run-1", ranges(0, 3), expected_epoch=0)
+    # The same rows, seen through a plain URL: one ledger, wherever it is reached from.
+    assert [b.run_id for b in Ledger(pg_ledger_url).list_batches(pid)] == ["run-1"]
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW application_name").scalar() == "eo ledger"

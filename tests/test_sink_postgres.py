@@ -1,0 +1,276 @@
+"""The PostgreSQL sink on a real server with real Spark (local mode), driven by the coordinator.
+
+Kafka is left out here (the DataFrames are made by Spark); tests/test_pipeline_postgres.py
+runs the whole pipeline under Airflow. Every test ends with pg_prepared_xacts empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.model import OffsetRange
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.devenv.postgres import LocalPostgres
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.postgres import parse_gid, with_lock_timeout
+from airflow_exactly_once.sinks.postgres_transactions import make_gid, rollback_prepared
+from tests.conftest import PG_DATABASE
+from tests.helpers import pg_query
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from airflow_exactly_once.spark.session import build_spark_session
+
+    session = build_spark_session("postgres-sink-tests", {"spark.master": "local[2]"})
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def dsn(postgres) -> str:
+    return postgres.dsn(PG_DATABASE)
+
+
+sql = pg_query
+
+
+def prepared(dsn: str) -> list[str]:
+    return [r[0] for r in sql(dsn, "SELECT gid FROM pg_prepared_xacts ORDER BY gid")]
+
+
+@pytest.fixture
+def table(dsn) -> str:
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    sql(dsn, f"CREATE TABLE {name} (id bigint PRIMARY KEY, v text NOT NULL CHECK (v <> 'poison'), "
+             "amount numeric(10, 2), at timestamptz, tags text[], attrs jsonb, note text, flag boolean)")
+    return name
+
+
+class Pipeline:
+    """A ledger (SQLite) + coordinator + PostgreSQL sink: the write and commit steps without Kafka."""
+
+    def __init__(self, tmp_path, dsn: str, table: str, **sink) -> None:
+        self.id = f"pg-{uuid.uuid4().hex[:8]}"
+        self.config = PipelineConfig(pipeline_id=self.id, topics=["t"], bootstrap_servers="unused:9092",
+                                     sink={"type": "postgres", "url": dsn, "table": table, **sink}).validate()
+        self.ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+        self.sink = create_sink(self.config.sink)
+        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink)
+        self.ledger.ensure_pipeline(self.id, self.config.fingerprint(), self.config.to_dict())
+        self.sink.check(self.id)
+        self.offset = 0
+
+    def plan(self, n: int):
+        epoch = self.ledger.pipeline(self.id)["epoch"]
+        batch = self.ledger.create_batch(self.id, f"run-{self.offset}", [OffsetRange("t", 0, self.offset,
+                                                                                    self.offset + n)],
+                                         expected_epoch=epoch)
+        self.offset += n
+        return batch
+
+    def write(self, df, batch=None):
+        """What run_write does after reading Kafka: claim, prepare in the sink, mark PREPARED."""
+        batch = batch or self.plan(df.count())
+        claimed = self.coordinator.begin_write(batch.id)
+        handles = self.sink.prepare(df, claimed, f"e{claimed.epoch}")
+        return self.coordinator.finish_write(claimed, handles, df.count(), df.count())
+
+
+def frame(spark, rows, partitions: int = 3):
+    schema = "id BIGINT, v STRING, amount DECIMAL(10,2), at TIMESTAMP, tags ARRAY<STRING>, attrs MAP<STRING,INT>"
+    from decimal import Decimal
+
+    rows = [(r[0], r[1], None if r[2] is None else Decimal(r[2]), *r[3:]) for r in rows]
+    return spark.createDataFrame(rows, schema).repartition(partitions)
+
+
+def rows_of(dsn: str, table: str) -> list[tuple]:
+    return sql(dsn, f"SELECT id, v FROM {table} ORDER BY id")
+
+
+def test_prepare_is_invisible_until_commit_and_commit_is_idempotent(spark, dsn, table, tmp_path):
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    pipe = Pipeline(tmp_path, dsn, table)
+    at = datetime(2024, 5, 1, 12, 30, tzinfo=timezone.utc)
+    data = [(i, f"v{i}", Decimal("1.25") * i, at, ["a", str(i)], {"k": i}) for i in range(300)]
+    batch = pipe.write(frame(spark, data, partitions=3))
+    assert batch.state is BatchState.PREPARED
+    gids = batch.handles["gids"]
+    assert len(gids) == 3 and all(parse_gid(pipe.id, g)[0] == batch.seq for g in gids)
+    assert sorted(prepared(dsn)) == sorted(gids)
+    assert rows_of(dsn, table) == []  # pre-committed: durable, invisible
+
+    assert "3 now, 0 already" in pipe.coordinator.commit(batch.id)
+    assert "already committed" in pipe.coordinator.commit(batch.id)  # notify_complete twice
+    assert "0 now, 3 already" in pipe.sink.commit(batch, batch.handles)  # even below the ledger
+    assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(300)]
+    assert sql(dsn, f"SELECT amount, at, tags, attrs FROM {table} WHERE id = 7") == [
+        (Decimal("8.75"), at, ["a", "7"], {"k": 7})]
+    assert pipe.ledger.committed_positions(pipe.id) == {("t", 0): 300}
+    assert prepared(dsn) == []
+
+
+def test_plain_columns_are_copied_with_nulls_and_quotes_intact(spark, dsn, table, tmp_path):
+    """Insert mode with plain column types goes through COPY ... CSV: NULL, '' and quoting survive."""
+    from datetime import datetime, timezone
+    from decimal import Decimal
+
+    pipe = Pipeline(tmp_path, dsn, table)
+    at = datetime(2024, 2, 29, 23, 59, 58, 123456, tzinfo=timezone.utc)
+    notes = [None, "", 'say "hi", then\nleave', "ünïcødé", "NULL"]
+    data = [(i, f"v{i}", Decimal("-1.05") if i else None, at if i else None, notes[i % 5], [None, True, False][i % 3])
+            for i in range(25)]
+    df = spark.createDataFrame(data, "id BIGINT, v STRING, amount DECIMAL(10,2), at TIMESTAMP, note STRING, "
+                                     "flag BOOLEAN").repartition(2)
+    batch = pipe.write(df)
+    assert batch.handles["rows_written"] == 25
+    pipe.coordinator.commit(batch.id)
+    got = sql(dsn, f"SELECT id, v, amount, at, note, flag FROM {table} ORDER BY id")
+    assert got == [(i, f"v{i}", Decimal("-1.05") if i else None, at if i else None, notes[i % 5],
+                    [None, True, False][i % 3]) for i in range(25)]
+    assert prepared(dsn) == []
+
+
+def test_upsert_by_primary_key_last_row_wins(spark, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table, mode="upsert", order_by=["amount"])
+    first = pipe.write(frame(spark, [(i, f"old{i}", i, None, None, None) for i in range(10)]))
+    pipe.coordinator.commit(first.id)
+    # Key 3 comes twice in one batch (in different input partitions); amount orders them.
+    update = [(3, "first", 1, None, None, None), (3, "second", 2, None, None, None),
+              (5, "new5", 0, None, None, None), (42, "new42", 0, None, None, None)]
+    second = pipe.write(frame(spark, update, partitions=4))
+    pipe.coordinator.commit(second.id)
+    expected = {i: f"old{i}" for i in range(10)} | {3: "second", 5: "new5", 42: "new42"}
+    assert rows_of(dsn, table) == sorted(expected.items())
+    assert prepared(dsn) == []
+
+
+def test_killed_attempts_are_rolled_back_before_the_retry_writes(spark, dsn, table, tmp_path):
+    """Attempt 1 prepared and died; attempt 2 writes the same keys. Without rolling attempt 1 back
+    first, attempt 2 would wait on its row locks (insert into a primary key) until lock_timeout."""
+    pipe = Pipeline(tmp_path, dsn, table, lock_timeout_ms=5000)
+    df = frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(50)])
+    batch = pipe.plan(50)
+    dead = pipe.coordinator.begin_write(batch.id)
+    dead_gids = pipe.sink.prepare(df, dead, "dead")["gids"]  # ... and the task was SIGKILLed here
+    assert sorted(prepared(dsn)) == sorted(dead_gids)
+
+    retried = pipe.write(df, batch)  # Airflow's retry: a new claim, a new epoch
+    assert retried.epoch > dead.epoch
+    assert not set(dead_gids) & set(prepared(dsn))
+    pipe.coordinator.commit(batch.id)
+    assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(50)]
+    assert prepared(dsn) == []
+
+
+def test_a_gone_gid_aborts_the_batch_and_nothing_is_committed(spark, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table)
+    batch = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(30)]))
+    victim = batch.handles["gids"][1]
+    assert rollback_prepared(dsn, victim) == "rolled-back"  # e.g. an operator's ROLLBACK PREPARED
+    with pytest.raises(TransactionLostError, match="never committed"):
+        pipe.coordinator.commit(batch.id)
+    assert pipe.ledger.get_batch(batch.id).state is BatchState.ABORTED  # the range goes to the next run
+    assert rows_of(dsn, table) == []
+    assert prepared(dsn) == []
+
+
+def test_orphans_of_an_aborted_batch_are_rolled_back_by_abort(spark, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table)
+    batch = pipe.plan(20)
+    claimed = pipe.coordinator.begin_write(batch.id)
+    pipe.sink.prepare(frame(spark, [(i, "x", None, None, None, None) for i in range(20)]), claimed, "dying")
+    assert len(prepared(dsn)) == 3
+    assert "ABORTED" in pipe.coordinator.abort(batch.id, "write failed for good")
+    assert prepared(dsn) == []
+    assert rows_of(dsn, table) == []
+
+
+def test_a_constraint_violation_fails_the_write_clearly_and_leaves_nothing(spark, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table)
+    good = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(10)]))
+    pipe.coordinator.commit(good.id)
+    bad = [(i, "poison" if i == 17 else f"v{i}", None, None, None, None) for i in range(10, 40)]
+    batch = pipe.plan(30)
+    with pytest.raises(SinkError) as failure:
+        pipe.write(frame(spark, bad, partitions=3), batch)
+    message = str(failure.value)
+    assert failure.value.retriable is False
+    assert f"check constraint '{table}_v_check' on {table} was violated" in message
+    assert "Fix: correct the offending values" in message
+    assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(10)]
+    assert prepared(dsn) == []  # partitions that prepared before the failure were rolled back
+    assert pipe.ledger.get_batch(batch.id).state is BatchState.PLANNED  # the abort task takes it from here
+    assert pipe.ledger.committed_positions(pipe.id) == {("t", 0): 10}
+
+
+def test_output_columns_must_exist_in_the_table(spark, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table)
+    df = spark.createDataFrame([(1, "a", 2)], "id BIGINT, V STRING, extra INT")
+    with pytest.raises(SinkError, match=r"\['V', 'extra'\] that table .* lacks.*'V' -> 'v'"):
+        pipe.write(df)
+    assert prepared(dsn) == []
+
+
+def test_plan_checks_table_and_upsert_key(dsn, table, tmp_path):
+    with pytest.raises(ConfigurationError, match="table no_such_table does not exist"):
+        Pipeline(tmp_path, dsn, "no_such_table")
+    sql(dsn, f"CREATE TABLE {table}_nokey (id bigint, v text)")
+    with pytest.raises(ConfigurationError, match="needs a primary key or unique index"):
+        Pipeline(tmp_path, dsn, f"{table}_nokey", mode="upsert")
+    with pytest.raises(ConfigurationError, match=r"CREATE UNIQUE INDEX ON .* \(v\)"):
+        Pipeline(tmp_path, dsn, table, mode="upsert", key_columns=["v"])
+    with pytest.raises(ConfigurationError, match="exactly one of 'conn_id'"):
+        create_sink({"type": "postgres", "table": table})
+    with pytest.raises(ConfigurationError, match="mode 'merge' is not supported"):
+        create_sink({"type": "postgres", "url": dsn, "table": table, "mode": "merge"})
+
+
+def test_plan_refuses_a_server_without_prepared_transactions(pg_data_root, tmp_path):
+    server = LocalPostgres(pg_data_root / "no2pc", max_prepared_transactions=0).start()
+    try:
+        sink = {"type": "postgres", "url": server.dsn(), "table": "t"}
+        config = PipelineConfig(pipeline_id="no2pc", topics=["t"], bootstrap_servers="unused:9092", sink=sink)
+        ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+        coordinator = BatchCoordinator(config.validate(), ledger, create_sink(sink))
+        with pytest.raises(ConfigurationError) as refused:
+            coordinator.plan("run-1")
+        assert "max_prepared_transactions = 0" in str(refused.value)
+        assert "ALTER SYSTEM SET max_prepared_transactions" in str(refused.value)
+        assert refused.value.retriable is False
+        assert ledger.list_batches("no2pc") == []
+    finally:
+        server.stop()
+
+
+def test_commit_while_the_server_is_down_is_retried_later(spark, postgres, dsn, table, tmp_path):
+    pipe = Pipeline(tmp_path, dsn, table)
+    batch = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(40)]))
+    postgres.stop(mode="immediate")
+    try:
+        with pytest.raises(SinkError) as down:
+            pipe.coordinator.commit(batch.id)
+        assert down.value.retriable is True  # Airflow retries notify_complete
+        assert pipe.ledger.get_batch(batch.id).state is BatchState.PREPARED
+    finally:
+        postgres.start()
+    assert sorted(prepared(dsn)) == sorted(batch.handles["gids"])  # survived the crash
+    pipe.coordinator.commit(batch.id)
+    assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(40)]
+    assert prepared(dsn) == []
+
+
+def test_gid_parsing_and_lock_timeout_url():
+    assert parse_gid("pipe-1", make_gid("pipe-1", 12, 3, 7)) == (12, 3, 7)
+    assert parse_gid("pipe", make_gid("pipe-1", 12, 3, 7)) is None
+    url = with_lock_timeout("postgresql://u@h:5/db?sslmode=disable", 1500)
+    assert url == "postgresql://u@h:5/db?sslmode=disable&options=-c%20lock_timeout%3D1500"
