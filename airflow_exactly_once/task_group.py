@@ -6,6 +6,7 @@ from typing import Any
 
 from airflow.sdk import TaskGroup
 
+from airflow_exactly_once.assets import batches_alias
 from airflow_exactly_once.operators.batch import (
     AbortBatchOperator,
     NotifyCompleteOperator,
@@ -25,7 +26,9 @@ def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskG
     transform, ...) plus per-task Airflow arguments given as `plan_kwargs`, `write_kwargs`,
     `notify_kwargs` and `abort_kwargs` (for example different retries).
     """
-    per_task = {name: pipeline.pop(f"{name}_kwargs", {}) for name in ("plan", "write", "notify", "abort")}
+    per_task = {name: dict(pipeline.pop(f"{name}_kwargs", {})) for name in ("plan", "write", "notify", "abort")}
+    for name in ("plan", "notify"):  # the tasks that commit batches announce them as Asset events
+        per_task[name].setdefault("outlets", [batches_alias()])
     with TaskGroup(group_id=group_id) as group:
         plan = PlanBatchOperator(task_id="plan", **pipeline, **per_task["plan"])
         batch_id = "{{ ti.xcom_pull(task_ids='%s') }}" % plan.task_id

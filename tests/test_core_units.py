@@ -90,7 +90,9 @@ def write(coordinator: BatchCoordinator, batch_id: BatchId):
 def test_transition_table_is_the_designed_one():
     assert TRANSITIONS[BatchState.PLANNED] == {BatchState.PREPARED, BatchState.ABORTED}
     assert TRANSITIONS[BatchState.PREPARED] == {BatchState.COMMITTED, BatchState.ABORTED}
-    assert not TRANSITIONS[BatchState.COMMITTED] and not TRANSITIONS[BatchState.ABORTED]
+    # Committed output is only ever withdrawn on purpose: a rewind or an interval replacement.
+    assert TRANSITIONS[BatchState.COMMITTED] == {BatchState.RETRACTED}
+    assert not TRANSITIONS[BatchState.ABORTED]
     with pytest.raises(IllegalTransitionError):
         check_transition(BatchState.PLANNED, BatchState.COMMITTED)
     with pytest.raises(IllegalTransitionError):

@@ -63,11 +63,11 @@ def test_example_dag_three_batches_then_an_empty_run(kafka, airflow, example_out
     assert sorted(p.name for p in (example_output / "_manifest").iterdir()) == [
         "batch-000000001.json", "batch-000000002.json", "batch-000000003.json"]
 
-    # Nothing new: the run succeeds, the batch tasks are skipped, nothing is recorded.
+    # Nothing new: the run succeeds, the batch tasks are skipped, the ledger records an EMPTY batch.
     assert airflow.run("kafka_to_parquet", "happy_empty") == "success"
     states = airflow.task_states("kafka_to_parquet", "happy_empty")
     assert states["plan"][0] == "skipped" and states["write"][0] == "skipped"
-    assert len(ledger.list_batches("kafka_to_parquet")) == 3
+    assert [b.state for b in ledger.list_batches("kafka_to_parquet")] == [BatchState.EMPTY] + [BatchState.COMMITTED] * 3
 
 
 @pytest.mark.parametrize("point", [

@@ -14,11 +14,19 @@ from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
+from airflow_exactly_once.core.timestamps import to_epoch_ms
 
-STARTUP_MODES = ("earliest", "latest")
+# Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
+# setStartFrom*). The ledger always wins: these only place partitions seen for the first time.
+STARTUP_MODES = ("earliest", "latest", "timestamp", "specific_offsets", "group_offsets")
+NEW_PARTITION_STARTS = ("earliest", "latest")
 DATA_LOSS_POLICIES = ("fail", "skip")
 # Flink's FlinkKafkaProducer.Semantic; what each one costs and promises is in the README.
 GUARANTEES = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
+# continuation: each run continues where the last committed batch ended.
+# interval: each run reads the records of its Airflow data interval (by record timestamp).
+RANGE_MODES = ("continuation", "interval")
+INTERVAL_RERUNS = ("noop", "replace")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -37,6 +45,12 @@ class PipelineConfig:
     guarantee: str = "EXACTLY_ONCE"
     # Opt-in: after notify_complete, copy the committed offsets to this consumer group (monitoring only).
     mirror_consumer_group: str | None = None
+    startup_timestamp: int | str | None = None
+    startup_offsets: dict[str, Any] | None = None
+    startup_group_id: str | None = None
+    startup_fallback: str = "earliest"
+    range_mode: str = "continuation"
+    interval_rerun: str = "noop"
 
     def validate(self) -> "PipelineConfig":
         if not _PIPELINE_ID.match(self.pipeline_id or ""):
@@ -52,11 +66,15 @@ class PipelineConfig:
                 "no Kafka bootstrap servers: pass bootstrap_servers='host:port' or a kafka connection whose "
                 "extra has {\"bootstrap.servers\": \"host:port\"}")
         for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
-                                     ("new_partition_start", self.new_partition_start, STARTUP_MODES),
+                                     ("new_partition_start", self.new_partition_start, NEW_PARTITION_STARTS),
+                                     ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
                                      ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES),
-                                     ("guarantee", self.guarantee, GUARANTEES)):
+                                     ("guarantee", self.guarantee, GUARANTEES),
+                                     ("range_mode", self.range_mode, RANGE_MODES),
+                                     ("interval_rerun", self.interval_rerun, INTERVAL_RERUNS)):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
+        self._validate_startup()
         if self.max_records_per_partition is not None and int(self.max_records_per_partition) <= 0:
             raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
         if not isinstance(self.sink, dict) or "type" not in self.sink:
@@ -69,6 +87,36 @@ class PipelineConfig:
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
 
+    def _validate_startup(self) -> None:
+        """Check the startup mode's own argument and bring it into its stored form."""
+        if self.startup_mode == "timestamp":
+            self.startup_timestamp = to_epoch_ms(self.startup_timestamp, "startup_timestamp (startup_mode='timestamp')")
+        elif self.startup_timestamp not in (None, ""):
+            raise ConfigurationError("startup_timestamp is only used with startup_mode='timestamp'; remove it or "
+                                     "set startup_mode='timestamp'")
+        if self.startup_mode == "specific_offsets":
+            self.startup_offsets = normalize_offsets(self.startup_offsets, self.topics)
+        elif self.startup_offsets:
+            raise ConfigurationError("startup_offsets is only used with startup_mode='specific_offsets'")
+        if self.startup_mode == "group_offsets" and not self.startup_group_id:
+            raise ConfigurationError("startup_mode='group_offsets' needs startup_group_id='<consumer group>' (the "
+                                     "group whose committed offsets say where to start)")
+        if self.range_mode == "interval":
+            if self.max_records_per_partition is not None:
+                raise ConfigurationError("max_records_per_partition does not apply to range_mode='interval': each "
+                                         "run reads exactly its data interval; remove it or use a shorter schedule")
+            if self.startup_mode != "earliest":
+                raise ConfigurationError(f"startup_mode={self.startup_mode!r} does not apply to range_mode='interval':"
+                                         " each run starts at the first record of its data interval; remove it")
+
+    def startup_offset_map(self) -> dict[tuple[str, int], int]:
+        """startup_offsets as {(topic, partition): offset}."""
+        result = {}
+        for key, offset in (self.startup_offsets or {}).items():
+            topic, _, partition = key.rpartition(":")
+            result[(topic, int(partition))] = int(offset)
+        return result
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -80,6 +128,32 @@ class PipelineConfig:
         """Changes when what the pipeline reads, transforms or writes changes."""
         relevant = {"topics": sorted(self.topics), "sink": self.sink, "transform": self.transform}
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
+
+
+def normalize_offsets(offsets: Any, topics: list[str]) -> dict[str, int]:
+    """{"topic:partition": offset} from {"topic": {partition: offset}} or {"topic:partition": offset}."""
+    example = "{'orders': {0: 42, 1: 17}} or {'orders:0': 42}"
+    if not isinstance(offsets, dict) or not offsets:
+        raise ConfigurationError(f"startup_mode='specific_offsets' needs startup_offsets, e.g. {example}")
+    flat: dict[str, Any] = {}
+    for key, value in offsets.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}:{partition}": offset for partition, offset in value.items()})
+        else:
+            flat[str(key)] = value
+    result = {}
+    for key, value in flat.items():
+        topic, sep, partition = key.rpartition(":")
+        if not sep or not partition.strip().isdigit() or topic not in topics:
+            raise ConfigurationError(f"startup_offsets key {key!r} must name a partition of {topics}, e.g. {example}")
+        try:
+            offset = int(value)
+        except (TypeError, ValueError):
+            offset = -1
+        if offset < 0:
+            raise ConfigurationError(f"startup_offsets[{key!r}] = {value!r} is not an offset (a number >= 0)")
+        result[f"{topic}:{int(partition)}"] = offset
+    return result
 
 
 Transform = Callable[[Any], Any]

@@ -51,3 +51,9 @@ class SinkError(ExactlyOnceError):
 
 class TransactionLostError(SinkError):
     """The sink no longer has a pre-committed transaction and it was not committed."""
+
+
+class IntervalNotOverError(ExactlyOnceError):
+    """Interval mode: the run's data interval has not ended yet, so its records are not all there."""
+
+    retriable = True

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
-from airflow_exactly_once.core.states import BatchState, check_transition
+from airflow_exactly_once.core.states import BatchState, check_initial, check_transition
 
 metadata = sa.MetaData()
 
@@ -87,7 +87,52 @@ events = sa.Table(
     sa.Column("at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# Where a partition's position was moved on purpose, so that committed-position logic and
+# the tiling check know about it: a rewind, or data loss accepted under data_loss_policy
+# "skip". Batches numbered after `after_batch_seq` continue from `new_offset`.
+position_resets = sa.Table(
+    "aeo_position_reset",
+    metadata,
+    sa.Column("reset_id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("pipeline_id", sa.String(250), nullable=False, index=True),
+    sa.Column("topic", sa.String(249), nullable=False),
+    sa.Column("partition", sa.Integer, nullable=False),
+    sa.Column("new_offset", sa.BigInteger, nullable=False),
+    sa.Column("after_batch_seq", sa.BigInteger, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),  # rewind | data-loss-skip
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("at", sa.DateTime(timezone=True), nullable=False),
+)
+
+# Interval mode: the Airflow data interval [start, end) (epoch ms) each batch reads.
+batch_intervals = sa.Table(
+    "aeo_batch_interval",
+    metadata,
+    sa.Column("pipeline_id", sa.String(250), primary_key=True),
+    sa.Column("batch_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("interval_start", sa.BigInteger, nullable=False),
+    sa.Column("interval_end", sa.BigInteger, nullable=False),
+    sa.Index("aeo_batch_interval_key", "pipeline_id", "interval_start", "interval_end"),
+)
+
+# Interval mode: the offset at which a point in time falls in each partition, fixed the
+# first time a batch needs it. Adjacent intervals share it, so they tile the partition even
+# when records arrive late or runs of neighbouring intervals overlap.
+boundaries = sa.Table(
+    "aeo_boundary",
+    metadata,
+    sa.Column("pipeline_id", sa.String(250), primary_key=True),
+    sa.Column("topic", sa.String(249), primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True),
+    sa.Column("at_ms", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("boundary_offset", sa.BigInteger, nullable=False),
+    sa.Column("origin", sa.String(200), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 TopicPartition = tuple[str, int]
+Reset = tuple[int, str]  # new offset, reason
+Boundary = tuple[TopicPartition, int]  # partition, time (epoch ms)
 _SCHEMA_LOCK = 0x61656F5F6C656467  # "aeo_ledg": the advisory lock key of schema creation
 
 
@@ -206,19 +251,48 @@ class Ledger:
                             f"{topic}[{partition}] starts at offset {offset} ({origin})")
 
     def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
-        """Per partition, the end offset of the committed ranges (else where it started)."""
+        """Per partition: where the next batch starts.
+
+        The end of the newest COMMITTED batch that covers the partition, unless a recorded
+        position reset (rewind, accepted data loss) came after it; else where the
+        partition started. "Newest" is by batch number, not by offset, so that a rewind or
+        a recreated topic moves the position back.
+        """
         positions = self.initial_offsets(pipeline_id)
-        query = (
-            sa.select(batch_offsets.c.topic, batch_offsets.c.partition, sa.func.max(batch_offsets.c.end_offset))
+        newest = (
+            sa.select(batch_offsets.c.topic, batch_offsets.c.partition,
+                      sa.func.max(batch_offsets.c.batch_seq).label("seq"))
             .join(batches, sa.and_(batches.c.pipeline_id == batch_offsets.c.pipeline_id,
                                    batches.c.batch_seq == batch_offsets.c.batch_seq))
             .where(batch_offsets.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value)
             .group_by(batch_offsets.c.topic, batch_offsets.c.partition)
+            .subquery()
+        )
+        query = (
+            sa.select(batch_offsets.c.topic, batch_offsets.c.partition, batch_offsets.c.batch_seq,
+                      batch_offsets.c.end_offset)
+            .join(newest, sa.and_(batch_offsets.c.topic == newest.c.topic,
+                                  batch_offsets.c.partition == newest.c.partition,
+                                  batch_offsets.c.batch_seq == newest.c.seq))
+            .where(batch_offsets.c.pipeline_id == pipeline_id)
         )
         with self.engine.connect() as conn:
-            for topic, partition, end in conn.execute(query):
-                positions[(topic, partition)] = end
+            ends = {(r.topic, r.partition): (r.batch_seq, r.end_offset) for r in conn.execute(query)}
+        resets = {(r["topic"], r["partition"]): r for r in self.position_resets(pipeline_id)}
+        for tp in set(ends) | set(resets):
+            reset, committed = resets.get(tp), ends.get(tp)
+            if reset is not None and (committed is None or reset["after_batch_seq"] >= committed[0]):
+                positions[tp] = reset["new_offset"]
+            else:
+                positions[tp] = committed[1]
         return positions
+
+    def position_resets(self, pipeline_id: str) -> list[dict[str, Any]]:
+        """Recorded position resets, oldest first."""
+        query = (sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
+                 .order_by(position_resets.c.reset_id))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
 
     # -- batches -------------------------------------------------------------------
 
@@ -249,12 +323,17 @@ class Ledger:
 
     def create_batch(self, pipeline_id: str, run_id: str, ranges: Iterable[OffsetRange], *,
                      expected_epoch: int, supersede: Iterable[int] = (),
-                     details: dict[str, Any] | None = None) -> Batch:
-        """Take the pipeline over (epoch + 1) and record a PLANNED batch, in one transaction.
+                     details: dict[str, Any] | None = None, state: BatchState = BatchState.PLANNED,
+                     interval: tuple[int, int] | None = None,
+                     resets: dict[TopicPartition, Reset] | None = None) -> Batch:
+        """Take the pipeline over (epoch + 1) and record a PLANNED (or EMPTY) batch, in one transaction.
 
         Batches in `supersede` (PLANNED batches of other runs) are aborted in the same
         transaction, so their writers are fenced: they can no longer become PREPARED.
+        `interval` ties the batch to a data interval (interval mode); `resets` records
+        positions moved by data_loss_policy="skip" just before this batch.
         """
+        check_initial(state)
         with self.engine.begin() as conn:
             epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
             for seq in supersede:
@@ -267,8 +346,12 @@ class Ledger:
             seq = (last or 0) + 1
             now = _now()
             conn.execute(batches.insert().values(
-                pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=BatchState.PLANNED.value,
+                pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=state.value,
                 epoch=epoch, details=dumps(details or {}), created_at=now, updated_at=now))
+            if interval is not None:
+                conn.execute(batch_intervals.insert().values(pipeline_id=pipeline_id, batch_seq=seq,
+                                                             interval_start=interval[0], interval_end=interval[1]))
+            self._insert_resets(conn, pipeline_id, resets or {}, seq - 1, "data-loss-skip")
             rows = [dict(pipeline_id=pipeline_id, batch_seq=seq, topic=r.topic, partition=r.partition,
                          start_offset=r.start, end_offset=r.end) for r in sorted(ranges)]
             if rows:
@@ -301,13 +384,25 @@ class Ledger:
                             handles=dumps(handles), input_records=input_records, output_records=output_records)
             return self._load(conn, batch_id)
 
-    def mark_committed(self, batch_id: BatchId) -> bool:
-        """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED."""
+    def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:
+        """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED.
+
+        Batches in `retracts` (whose output the sink has just replaced by this batch's)
+        go COMMITTED -> RETRACTED in the same transaction.
+        """
         with self.engine.begin() as conn:
             current = self._require(conn, batch_id)
             if current.state is BatchState.COMMITTED:
                 return False
             self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            for seq in retracts:
+                old = self._require(conn, BatchId(batch_id.pipeline_id, seq))
+                if old.state is BatchState.COMMITTED:
+                    self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED,
+                                    error=f"replaced by batch {batch_id.seq}",
+                                    details=dumps({**old.details, "output_retracted": True}))
+                    self._event(conn, batch_id.pipeline_id, seq, "replaced",
+                                f"batch {seq}'s output was replaced by batch {batch_id.seq} (same data interval)")
             return True
 
     def mark_aborted(self, batch_id: BatchId, reason: str, *, from_state: BatchState = BatchState.PLANNED) -> bool:
@@ -328,6 +423,109 @@ class Ledger:
                          .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq)
                          .values(details=dumps(merged), updated_at=_now()))
 
+    # -- rewinds and retractions ---------------------------------------------------
+
+    def rewind(self, pipeline_id: str, *, expected_epoch: int, retract: Iterable[int],
+               resets: dict[TopicPartition, Reset], reason: str) -> int:
+        """Move positions back (and withdraw committed batches) in one transaction; returns the epoch.
+
+        Refuses while a batch is in flight. Taking the pipeline over (epoch + 1) makes a
+        run that planned from the old positions fail its compare-and-set and plan again.
+        Retracted batches keep `output_retracted: false` until the sink has removed their
+        output; the next plan's recovery finishes that if this process dies first.
+        """
+        with self.engine.begin() as conn:
+            busy = conn.execute(sa.select(batches.c.batch_seq, batches.c.state, batches.c.run_id)
+                                .where(batches.c.pipeline_id == pipeline_id,
+                                       batches.c.state.in_([BatchState.PLANNED.value, BatchState.PREPARED.value]))
+                                ).first()
+            if busy is not None:
+                raise FencedError(f"batch {busy.batch_seq} of run {busy.run_id} is {busy.state}: a rewind must not "
+                                  "move offsets under a batch in flight; let that run finish (or fail and abort) "
+                                  "and rewind again")
+            epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
+            last = conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
+                                .where(batches.c.pipeline_id == pipeline_id)).scalar() or 0
+            for seq in retract:
+                old = self._require(conn, BatchId(pipeline_id, seq))
+                self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED, error=f"rewound: {reason}",
+                                details=dumps({**old.details, "output_retracted": False}))
+            self._insert_resets(conn, pipeline_id, resets, last, "rewind")
+            retracted = ", ".join(str(seq) for seq in retract) or "none"
+            self._event(conn, pipeline_id, None, "rewind", f"{reason}; batches retracted: {retracted}")
+            return epoch
+
+    def pending_retractions(self, pipeline_id: str) -> list[Batch]:
+        """RETRACTED batches whose output the sink has not confirmed removed yet."""
+        return [b for b in self.list_batches(pipeline_id, [BatchState.RETRACTED], newest_first=False)
+                if not b.details.get("output_retracted", True)]
+
+    # -- interval mode --------------------------------------------------------------
+
+    def batch_interval(self, batch_id: BatchId) -> tuple[int, int] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(batch_intervals.c.interval_start, batch_intervals.c.interval_end)
+                               .where(batch_intervals.c.pipeline_id == batch_id.pipeline_id,
+                                      batch_intervals.c.batch_seq == batch_id.seq)).first()
+        return None if row is None else (row[0], row[1])
+
+    def interval_batches(self, pipeline_id: str, interval: tuple[int, int] | None = None) -> list[Batch]:
+        """Batches tied to `interval` (or to any interval), newest first."""
+        query = sa.select(batch_intervals.c.batch_seq).where(batch_intervals.c.pipeline_id == pipeline_id)
+        if interval is not None:
+            query = query.where(batch_intervals.c.interval_start == interval[0],
+                                batch_intervals.c.interval_end == interval[1])
+        with self.engine.connect() as conn:
+            seqs = sorted((r[0] for r in conn.execute(query)), reverse=True)
+            return [self._load(conn, BatchId(pipeline_id, seq)) for seq in seqs]
+
+    def count_batches(self, pipeline_id: str, *, with_interval: bool) -> int:
+        """How many batches were planned by interval (True) or by continuation (False)."""
+        tied = sa.select(batch_intervals.c.batch_seq).where(batch_intervals.c.pipeline_id == pipeline_id)
+        query = sa.select(sa.func.count()).select_from(batches).where(
+            batches.c.pipeline_id == pipeline_id,
+            batches.c.batch_seq.in_(tied) if with_interval else batches.c.batch_seq.not_in(tied))
+        with self.engine.connect() as conn:
+            return conn.execute(query).scalar() or 0
+
+    def fix_boundaries(self, pipeline_id: str, wanted: dict[Boundary, tuple[int, str]]) -> dict[Boundary, int]:
+        """The offset of each (partition, time); the first answer recorded wins, for good.
+
+        A new boundary is kept between the recorded boundaries before and after it in
+        time, so boundaries never cross even if Kafka's answer changed in between.
+        """
+        try:
+            return self._fix_boundaries(pipeline_id, wanted)
+        except sa.exc.IntegrityError as exc:  # another run recorded one of them at the same moment
+            raise FencedError(f"another run fixed the same interval boundaries of {pipeline_id} concurrently "
+                              f"({exc.orig}); planning again", retriable=True) from exc
+
+    def _fix_boundaries(self, pipeline_id: str, wanted: dict[Boundary, tuple[int, str]]) -> dict[Boundary, int]:
+        result: dict[Boundary, int] = {}
+        with self.engine.begin() as conn:
+            for ((topic, partition), at), (candidate, origin) in sorted(wanted.items()):
+                key = (boundaries.c.pipeline_id == pipeline_id, boundaries.c.topic == topic,
+                       boundaries.c.partition == partition)
+                recorded = conn.execute(sa.select(boundaries.c.boundary_offset)
+                                        .where(*key, boundaries.c.at_ms == at)).scalar()
+                if recorded is None:
+                    below = conn.execute(sa.select(boundaries.c.boundary_offset).where(*key, boundaries.c.at_ms < at)
+                                         .order_by(boundaries.c.at_ms.desc()).limit(1)).scalar()
+                    above = conn.execute(sa.select(boundaries.c.boundary_offset).where(*key, boundaries.c.at_ms > at)
+                                         .order_by(boundaries.c.at_ms.asc()).limit(1)).scalar()
+                    recorded = candidate if below is None else max(candidate, below)
+                    recorded = recorded if above is None else min(recorded, above)
+                    conn.execute(boundaries.insert().values(
+                        pipeline_id=pipeline_id, topic=topic, partition=partition, at_ms=at,
+                        boundary_offset=recorded, origin=origin[:200], created_at=_now()))
+                result[((topic, partition), at)] = recorded
+        return result
+
+    def list_boundaries(self, pipeline_id: str) -> dict[Boundary, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(boundaries).where(boundaries.c.pipeline_id == pipeline_id))
+            return {((r.topic, r.partition), r.at_ms): r.boundary_offset for r in rows}
+
     # -- events --------------------------------------------------------------------
 
     def record_event(self, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
@@ -346,6 +544,15 @@ class Ledger:
     def _event(conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
         conn.execute(events.insert().values(pipeline_id=pipeline_id, batch_seq=batch_seq, kind=kind,
                                             message=message, at=_now()))
+
+    @classmethod
+    def _insert_resets(cls, conn: Connection, pipeline_id: str, resets: dict[TopicPartition, Reset],
+                       after_seq: int, kind: str) -> None:
+        for (topic, partition), (offset, reason) in sorted(resets.items()):
+            conn.execute(position_resets.insert().values(
+                pipeline_id=pipeline_id, topic=topic, partition=partition, new_offset=offset,
+                after_batch_seq=after_seq, kind=kind, reason=reason[:4000], at=_now()))
+            cls._event(conn, pipeline_id, None, kind, f"{topic}[{partition}] continues at offset {offset}: {reason}")
 
     @staticmethod
     def _bump_epoch(conn: Connection, pipeline_id: str, expected_epoch: int) -> int:

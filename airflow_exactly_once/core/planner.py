@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import DataLossError
 from airflow_exactly_once.core.model import OffsetRange
+from airflow_exactly_once.core.startup import edge_start
 
 TopicPartition = tuple[str, int]
 
@@ -22,6 +23,8 @@ class Plan:
     new_partitions: dict[TopicPartition, tuple[int, str]] = field(default_factory=dict)
     # Data skipped under data_loss_policy="skip": one sentence per partition.
     skipped: list[str] = field(default_factory=list)
+    # The same decisions as position resets for the ledger: where each partition continues, and why.
+    resets: dict[TopicPartition, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -34,17 +37,25 @@ def plan_ranges(
     partitions: list[TopicPartition],
     log_starts: dict[TopicPartition, int],
     ends: dict[TopicPartition, int],
+    starts: dict[TopicPartition, tuple[int, str]] | None = None,
 ) -> Plan:
-    """Ranges from the committed positions (or the startup mode) up to the stable end."""
+    """Ranges from the committed positions (or the startup mode) up to the stable end.
+
+    `starts` holds start offsets resolved by core.startup for partitions without a
+    position; without it, partitions start at the earliest or latest offset.
+    """
     plan = Plan(ranges=[])
     first_run = not positions
     for tp in sorted(set(partitions)):
         log_start, end = log_starts[tp], ends[tp]
         if tp in positions:
             start = positions[tp]
+        elif starts and tp in starts:
+            start = starts[tp][0]
+            plan.new_partitions[tp] = starts[tp]
         else:
             mode = config.startup_mode if first_run else config.new_partition_start
-            start = log_start if mode == "earliest" else end
+            start = edge_start(mode, log_start, end)
             origin = f"startup mode {mode}" if first_run else f"new partition, {mode}"
             plan.new_partitions[tp] = (start, origin)
         start = _check_loss(config, tp, start, log_start, end, plan)
@@ -75,4 +86,5 @@ def _check_loss(config: PipelineConfig, tp: TopicPartition, start: int, log_star
                             "Set data_loss_policy='skip' to continue from the log start and record the loss, "
                             "or rewind the pipeline.")
     plan.skipped.append(f"skipped: {problem}; continuing at {log_start}")
+    plan.resets[tp] = (log_start, f"data loss skipped: {problem}")
     return log_start

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.errors import FencedError, SinkError, TransactionLostError
+from airflow_exactly_once.core.errors import ConfigurationError, FencedError, SinkError, TransactionLostError
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.planner import plan_ranges
 from airflow_exactly_once.core.sink import Handles, Sink
 from airflow_exactly_once.core.source import OffsetSource
+from airflow_exactly_once.core.startup import startup_positions
 from airflow_exactly_once.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,11 @@ MAX_PLAN_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What `plan` decided. `batch` is None when there is nothing for this run to write."""
+    """What `plan` decided. `needs_write`/`needs_commit` say whether the later steps have work.
+
+    `batch` is the batch the decision is about (an EMPTY one for "empty", the committed one
+    for "already-committed"), or None when the run was superseded.
+    """
 
     action: str  # planned | replay | replanned | already-committed | superseded | empty
     batch: Batch | None
@@ -53,6 +58,7 @@ class BatchCoordinator:
         self.ledger = ledger
         self.sink = sink.bind(config)
         self.source_factory = source_factory
+        self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery
 
     @property
     def pipeline_id(self) -> str:
@@ -60,13 +66,23 @@ class BatchCoordinator:
 
     # -- plan ----------------------------------------------------------------------
 
-    def plan(self, run_id: str) -> PlanOutcome:
+    def plan(self, run_id: str, interval: tuple[int, int] | None = None) -> PlanOutcome:
+        """Fix this run's batch. `interval` ([start, end) epoch ms) is the run's data interval (interval mode)."""
+        if self.config.range_mode == "interval":
+            from airflow_exactly_once.core.intervals import IntervalPlanner
+
+            return IntervalPlanner(self).plan(run_id, interval)
         self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_dict())
+        if self.ledger.count_batches(self.pipeline_id, with_interval=True):
+            raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned by data interval; it cannot "
+                                     "switch to range_mode='continuation': give the new pipeline its own pipeline_id")
         own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
         if own is not None and own.state in (BatchState.PLANNED, BatchState.PREPARED):
             return PlanOutcome("replay", own, f"run {run_id} already planned {own.describe()}; reusing it")
-        if own is not None and own.state is BatchState.COMMITTED:
-            message = f"run {run_id} already committed {own.describe()}; nothing to do"
+        if own is not None and own.state in (BatchState.COMMITTED, BatchState.EMPTY, BatchState.RETRACTED):
+            done = {BatchState.COMMITTED: "already committed", BatchState.EMPTY: "already found nothing new in",
+                    BatchState.RETRACTED: "committed and a rewind later retracted"}[own.state]
+            message = f"run {run_id} {done} {own.describe()}; nothing to do (a re-run never takes newer data)"
             self.ledger.record_event(self.pipeline_id, own.seq, "replay-noop", message)
             return PlanOutcome("already-committed", own, message)
 
@@ -94,20 +110,27 @@ class BatchCoordinator:
         source = self._source()
         try:
             tps = source.partitions(self.config.topics)
-            plan = plan_ranges(self.config, positions, tps, source.log_start_offsets(tps), source.end_offsets(tps))
+            log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
+            starts = startup_positions(self.config, source, [tp for tp in tps if tp not in positions],
+                                       log_starts, ends, first_run=not positions)
+            plan = plan_ranges(self.config, positions, tps, log_starts, ends, starts)
         finally:
             source.close()
         self.ledger.register_partitions(self.pipeline_id, plan.new_partitions)
+        for (topic, partition), (offset, origin) in sorted(plan.new_partitions.items()):
+            log.info("plan: %s[%d] is new to the ledger; it starts at offset %d (%s)", topic, partition, offset, origin)
         for note in plan.skipped:
             log.warning("data loss accepted by data_loss_policy='skip': %s", note)
             self.ledger.record_event(self.pipeline_id, None, "data-loss-skipped", note)
-        if plan.is_empty:
-            return PlanOutcome("empty", None, "no new committed records in "
-                               f"{', '.join(self.config.topics)}; nothing to write")
+        details = {"skipped": plan.skipped} if plan.skipped else None
+        if plan.is_empty:  # recorded, so the ledger shows the run; it takes nothing over
+            batch = self.ledger.create_batch(self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
+                                             details=details, state=BatchState.EMPTY, resets=plan.resets)
+            return PlanOutcome("empty", batch, f"no new committed records in {', '.join(self.config.topics)}: "
+                               f"recorded {batch.describe()}; nothing to write")
         batch = self.ledger.create_batch(
             self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
-            supersede=[b.seq for b in in_flight],
-            details={"skipped": plan.skipped} if plan.skipped else None)
+            supersede=[b.seq for b in in_flight], details=details, resets=plan.resets)
         fault_point("plan.after_ledger")
         return PlanOutcome("planned", batch, f"planned {batch.describe()}")
 
@@ -117,6 +140,15 @@ class BatchCoordinator:
         if later:
             message = (f"run {run_id}'s batch {aborted.seq} was aborted and its range was processed again by "
                        f"batch {later[0].seq}; this run writes nothing (it never takes newer data)")
+            self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
+            return PlanOutcome("superseded", None, message)
+        positions = self.ledger.committed_positions(self.pipeline_id)
+        moved = [r for r in aborted.ranges if r.size and positions.get((r.topic, r.partition)) != r.start]
+        if moved:  # a rewind or accepted data loss moved the position since: replaying would leave a gap
+            r = moved[0]
+            message = (f"run {run_id}'s batch {aborted.seq} was aborted, and {r.topic}[{r.partition}] has moved from "
+                       f"{r.start} to {positions.get((r.topic, r.partition))} since (see the events); this run "
+                       "writes nothing, the next runs continue from there")
             self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
             return PlanOutcome("superseded", None, message)
         in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED])
@@ -134,13 +166,22 @@ class BatchCoordinator:
             raise RuntimeError("this coordinator was built without an offset source")
         return self.source_factory()
 
-    def recover(self) -> list[str]:
-        """Commit (or find lost) every PREPARED batch before anything new is planned."""
-        results = []
-        for batch in self.ledger.list_batches(self.pipeline_id, [BatchState.PREPARED], newest_first=False):
+    def recover(self, batches: list[Batch] | None = None) -> list[str]:
+        """Commit (or find lost) every PREPARED batch before anything new is planned.
+
+        Also finishes retractions a rewind recorded but could not complete, so that no
+        new batch rewrites a range whose old output is still visible.
+        """
+        from airflow_exactly_once.core.rewind import finish_retractions
+
+        results = finish_retractions(self.ledger, self.sink, self.pipeline_id)
+        if batches is None:
+            batches = self.ledger.list_batches(self.pipeline_id, [BatchState.PREPARED], newest_first=False)
+        for batch in batches:
             log.info("recovery: %s was left PREPARED by run %s; committing it", batch.describe(), batch.run_id)
             try:
                 results.append(self.commit(batch.id))
+                self.recovered.append(batch.id)
             except TransactionLostError as exc:
                 log.warning("recovery: %s", exc)
                 results.append(f"batch {batch.seq} lost and aborted")
@@ -185,17 +226,30 @@ class BatchCoordinator:
             raise SinkError(f"batch {batch_id} is still PLANNED: its write did not finish, so there is nothing "
                             "to commit (run the write task first)")
         fault_point("notify.before_sink_commit")
+        replaced = self._replaced_batch(batch)
         try:
-            outcome = self.sink.commit(batch, batch.handles or {})
+            if replaced is None:
+                outcome = self.sink.commit(batch, batch.handles or {})
+            else:
+                outcome = self.sink.commit_replacing(batch, batch.handles or {}, replaced)
         except TransactionLostError as exc:
             self.ledger.mark_aborted(batch_id, f"sink output lost: {exc}", from_state=BatchState.PREPARED)
             raise TransactionLostError(
                 f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run."
             ) from exc
         fault_point("notify.after_sink_commit")
-        changed = self.ledger.mark_committed(batch_id)
+        changed = self.ledger.mark_committed(batch_id, retracts=[replaced.seq] if replaced is not None else [])
         fault_point("notify.after_ledger")
         return f"{outcome}; batch {batch_id} {'COMMITTED' if changed else 'was already COMMITTED'}"
+
+    def _replaced_batch(self, batch: Batch) -> Batch | None:
+        """The committed batch whose output this one replaces (a re-run of a data interval)."""
+        seq = batch.details.get("replaces")
+        if seq is None:
+            return None
+        old = self.ledger.get_batch(BatchId(self.pipeline_id, int(seq)))
+        # RETRACTED: an earlier attempt of this commit already swapped the output.
+        return old if old.state in (BatchState.COMMITTED, BatchState.RETRACTED) else None
 
     def abort(self, batch_id: BatchId, reason: str) -> str:
         batch = self.ledger.get_batch(batch_id)

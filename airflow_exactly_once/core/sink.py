@@ -26,6 +26,8 @@ class Sink(ABC):
     type_name: str = ""
     # The `guarantee=` levels this sink implements; staged-and-published sinks only have one.
     guarantees: tuple[str, ...] = ("EXACTLY_ONCE",)
+    # Whether committed output can be withdrawn again (rewinds, interval replacement).
+    supports_retract: bool = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
@@ -69,3 +71,21 @@ class Sink(ABC):
     def count_output(self, handles: Handles) -> int | None:
         """Records staged, if the sink can tell cheaply."""
         return handles.get("records")
+
+    # -- withdrawing committed output (optional) ------------------------------------
+
+    def retract(self, batch: Batch, handles: Handles | None) -> str:
+        """Remove the committed output of `batch` (a rewind, or replaced by a re-run). Idempotent."""
+        raise ConfigurationError(
+            f"the {self.type_name or type(self).__name__} sink cannot withdraw committed output: rewind with "
+            "--output keep (the range is delivered again) or re-run intervals with interval_rerun='noop'")
+
+    def commit_replacing(self, batch: Batch, handles: Handles, replaced: Batch) -> str:
+        """Commit `batch` in place of the committed output of `replaced`. Idempotent.
+
+        The default publishes first and withdraws the old output after, so a crash in
+        between can show both for a moment but never loses data; sinks that can swap
+        atomically should override it.
+        """
+        outcome = self.commit(batch, handles)
+        return f"{outcome}; {self.retract(replaced, replaced.handles)}"

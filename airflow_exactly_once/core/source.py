@@ -1,7 +1,7 @@
 """What the planner needs to know about the source, and nothing more.
 
 The real implementation asks Kafka with kafka-python; unit tests of the planner use a
-fake with the same four answers.
+fake with the same answers.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ class OffsetSource(Protocol):
 
     def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The last stable offset: nothing at or past it is committed yet."""
+
+    def offsets_for_times(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        """Per partition, the first offset whose record timestamp is >= timestamp_ms (None: no such record yet)."""
+
+    def group_offsets(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The consumer group's committed offset per partition (None: the group committed nothing there)."""
 
     def close(self) -> None:
         ...

@@ -21,6 +21,9 @@ from typing import Any
 from airflow_exactly_once.devenv.kafka_broker import free_port
 
 FINISHED = {"success", "failed"}
+# The stack's metadata database is SQLite: wait up to a minute for its write lock instead of
+# failing after sqlite3's default 5 s ("database is locked"), which a loaded machine exceeds.
+SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
 class AirflowStack:
@@ -46,6 +49,7 @@ class AirflowStack:
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",

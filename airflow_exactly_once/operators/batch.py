@@ -13,10 +13,12 @@ from typing import Any, Callable, Sequence
 from airflow.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk import BaseOperator
 
+from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import kafka_bootstrap_servers
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.sinks import create_sink
@@ -28,6 +30,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "pipeline_id", "topics", "sink", "bootstrap_servers", "ledger_url", "startup_mode",
         "max_records_per_partition", "data_loss_policy", "guarantee", "mirror_consumer_group",
+        "new_partition_start", "startup_timestamp", "startup_offsets", "startup_group_id", "startup_fallback",
+        "range_mode", "interval_rerun",
     )  # not `transform`: Airflow calls callables found in template fields
     template_fields_renderers = {"sink": "json"}
     ui_color = "#e8f4ea"
@@ -52,6 +56,12 @@ class ExactlyOnceBaseOperator(BaseOperator):
         spark_conn_id: str | None = None,
         guarantee: str = "EXACTLY_ONCE",
         mirror_consumer_group: str | None = None,
+        startup_timestamp: Any = None,
+        startup_offsets: dict[str, Any] | None = None,
+        startup_group_id: str | None = None,
+        startup_fallback: str = "earliest",
+        range_mode: str = "continuation",
+        interval_rerun: str = "noop",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -72,6 +82,12 @@ class ExactlyOnceBaseOperator(BaseOperator):
         self.spark_conn_id = spark_conn_id
         self.guarantee = guarantee
         self.mirror_consumer_group = mirror_consumer_group
+        self.startup_timestamp = startup_timestamp
+        self.startup_offsets = startup_offsets
+        self.startup_group_id = startup_group_id
+        self.startup_fallback = startup_fallback
+        self.range_mode = range_mode
+        self.interval_rerun = interval_rerun
 
     # -- building blocks (called from execute only) --------------------------------
 
@@ -96,6 +112,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
             transform=transform_name(self.transform), kafka_config=dict(self.kafka_config or {}),
             guarantee=self.guarantee,
             mirror_consumer_group=None if self.mirror_consumer_group in (None, "", "None") else self.mirror_consumer_group,
+            startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
+            startup_group_id=_optional(self.startup_group_id), startup_fallback=self.startup_fallback,
+            range_mode=self.range_mode, interval_rerun=self.interval_rerun,
         ).validate()
 
     def coordinator(self) -> BatchCoordinator:
@@ -124,6 +143,23 @@ def _optional_int(value: Any) -> int | None:
     return None if value in (None, "", "None") else int(value)
 
 
+def _optional(value: Any) -> Any:
+    """None for the ways an unset templated value renders."""
+    return None if isinstance(value, str) and value in ("", "None") else value
+
+
+def _data_interval(context) -> tuple[int, int] | None:
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None:
+        return None
+    return to_epoch_ms(start), to_epoch_ms(end)
+
+
+def _log_ranges(log, batch: Batch) -> None:
+    for r in batch.ranges:
+        log.info("  %s[%d] offsets %d..%d (%d offsets)", r.topic, r.partition, r.start, r.end, r.size)
+
+
 class _BatchStepOperator(ExactlyOnceBaseOperator):
     """A step that works on the batch planned by the `plan` task of the same run."""
 
@@ -143,14 +179,24 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
 
     ui_color = "#cfe8ff"
 
-    def run_step(self, context) -> str:
+    def run_step(self, context) -> str | None:
         from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 
         coordinator = self.coordinator()
         check_commit_deadline(self, coordinator.sink, self.log)
-        outcome = coordinator.plan(run_id=context["run_id"])
+        interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
+        outcome = coordinator.plan(run_id=context["run_id"], interval=interval)
+        for batch_id in coordinator.recovered:
+            recovered = coordinator.ledger.get_batch(batch_id)
+            self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)
+            emit_batch_events(context, self.outlets, [batch_event_extra(
+                recovered, coordinator.ledger.batch_interval(batch_id))])
         self.log.info("plan: %s", outcome.message)
-        if outcome.batch is None:
+        if outcome.batch is not None:
+            _log_ranges(self.log, outcome.batch)
+        if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
+            if coordinator.recovered:
+                return None  # succeed, so that the recovered batches' Asset events are emitted
             raise AirflowSkipException(outcome.message)
         return str(outcome.batch.id)
 
@@ -204,6 +250,11 @@ class NotifyCompleteOperator(_BatchStepOperator):
         coordinator = self.coordinator()
         message = coordinator.commit(batch_id)
         self.log.info("notify_complete: %s", message)
+        batch = coordinator.ledger.get_batch(batch_id)
+        self.log.info("notify_complete: batch %s committed %s records read, %s written", batch_id,
+                      batch.input_records, batch.output_records)
+        _log_ranges(self.log, batch)
+        emit_batch_events(context, self.outlets, [batch_event_extra(batch, coordinator.ledger.batch_interval(batch_id))])
         if coordinator.config.mirror_consumer_group:
             from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 

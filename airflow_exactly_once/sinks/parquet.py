@@ -4,6 +4,7 @@ Layout under `path`:
   batch_seq=<n>/            committed output of batch n (a partition column for readers)
   _staging/batch-<n>-<attempt>/   output of one write attempt, invisible to readers
   _manifest/batch-<n>.json  one entry per committed batch: ranges, files, records
+  _retracted/               output being withdrawn (rewind, interval replacement), then deleted
   _pipeline                 the pipeline that owns the folder (two pipelines must not share it)
 """
 
@@ -35,6 +36,7 @@ def _local_path(path: str) -> Path:
 
 class ParquetSink(Sink):
     type_name = "parquet"
+    supports_retract = True
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
@@ -98,6 +100,27 @@ class ParquetSink(Sink):
             return f"removed {handles['staging']}"
         removed = self._remove_staging(batch)
         return f"removed {removed} staged attempt(s) of batch {batch.seq}"
+
+    def retract(self, batch: Batch, handles: Handles | None) -> str:
+        """Withdraw a committed batch: one rename hides it from readers, then it is deleted."""
+        final = self.final_dir(batch)
+        self.manifest_entry(batch).unlink(missing_ok=True)
+        if not final.exists():
+            return f"batch_seq={batch.seq} was already withdrawn"
+        trash = self.root / "_retracted" / f"{final.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return f"withdrew {final.name}"
+
+    def commit_replacing(self, batch: Batch, handles: Handles, replaced: Batch) -> str:
+        """Hide the old batch, then publish the new one: readers never see both at once."""
+        staging, final = Path(handles["staging"]), Path(handles["final"])
+        if not final.exists() and not staging.exists():
+            raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
+                                       "published")
+        withdrawn = self.retract(replaced, replaced.handles)
+        return f"{withdrawn}; {self.commit(batch, handles)} in its place"
 
     # -- helpers -------------------------------------------------------------------
 

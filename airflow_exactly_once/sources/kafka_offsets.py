@@ -10,6 +10,10 @@ TopicPartition = tuple[str, int]
 
 # Settings that would let a consumer move offsets on its own; the ledger owns offsets.
 _FORBIDDEN = {"enable_auto_commit", "group_id", "isolation_level"}
+# Connection settings an admin client (used to read a group's offsets) understands too.
+_ADMIN_SETTINGS = {"security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
+                   "ssl_check_hostname", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                   "sasl_kerberos_service_name", "sasl_oauth_token_provider", "client_id"}
 
 
 def consumer_config(kafka_config: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +34,7 @@ class KafkaOffsetSource:
         from kafka.errors import KafkaError
 
         self.bootstrap_servers = bootstrap_servers
+        self.kafka_config = dict(kafka_config or {})
         self.timeout_ms = timeout_ms
         try:
             self._consumer = KafkaConsumer(
@@ -69,6 +74,37 @@ class KafkaOffsetSource:
         # read_committed: end_offsets returns the last stable offset, so an open
         # transaction's records are never planned into a batch.
         return self._offsets("end_offsets", tps)
+
+    def offsets_for_times(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        # Under read_committed the broker only answers offsets below the last stable offset.
+        from kafka import TopicPartition as KafkaTP
+        from kafka.errors import KafkaError
+
+        try:
+            answer = self._consumer.offsets_for_times({KafkaTP(t, p): int(timestamp_ms) for t, p in tps},
+                                                      timeout_ms=self.timeout_ms)
+        except KafkaError as exc:
+            raise SourceUnavailableError(f"asking Kafka for the offsets at time {timestamp_ms} failed: {exc}") from exc
+        return {(tp.topic, tp.partition): (None if found is None else found.offset) for tp, found in answer.items()}
+
+    def group_offsets(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
+        from kafka import KafkaAdminClient
+        from kafka import TopicPartition as KafkaTP
+        from kafka.errors import KafkaError
+
+        settings = {k: v for k, v in consumer_config(self.kafka_config).items() if k in _ADMIN_SETTINGS}
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=self.timeout_ms,
+                                     **settings)
+            try:
+                answer = admin.list_group_offsets({group_id: [KafkaTP(t, p) for t, p in tps]})[group_id]
+            finally:
+                admin.close()
+        except KafkaError as exc:
+            raise SourceUnavailableError(f"reading the committed offsets of consumer group {group_id!r} failed: "
+                                         f"{exc}") from exc
+        found = {(tp.topic, tp.partition): meta.offset for tp, meta in answer.items()}
+        return {tp: (found[tp] if found.get(tp, -1) >= 0 else None) for tp in tps}
 
     def _offsets(self, method: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         from kafka import TopicPartition as KafkaTP

@@ -1,0 +1,301 @@
+"""`airflow-exactly-once`: look into the offset ledger, check it, and rewind a pipeline.
+
+    airflow-exactly-once pipelines
+    airflow-exactly-once batches PIPELINE [--state COMMITTED] [--limit 20]
+    airflow-exactly-once show PIPELINE SEQ
+    airflow-exactly-once positions PIPELINE
+    airflow-exactly-once events PIPELINE
+    airflow-exactly-once check PIPELINE
+    airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
+    airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
+
+The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
+$AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME.
+`rewind` only prints what it would do unless --execute is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+
+LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        ledger = Ledger(_ledger_url(args))
+        ledger.create_schema()
+        return args.handler(ledger, args)
+    except ExactlyOnceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="airflow-exactly-once", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger, e.g. postgresql+psycopg2://u@h/db")
+    where.add_argument("--ledger-conn-id", help="an Airflow connection (postgres or sqlite) holding the ledger")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("pipelines", help="list the pipelines in the ledger").set_defaults(handler=cmd_pipelines)
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        """A subcommand about one pipeline."""
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("pipeline", help="pipeline id" + (", or '<pipeline>:<seq>'" if name == "show" else ""))
+        parser.set_defaults(handler=handler)
+        return parser
+
+    batches = command("batches", cmd_batches, "list a pipeline's batches, newest first")
+    batches.add_argument("--state", action="append", choices=[s.value for s in BatchState])
+    batches.add_argument("--limit", type=int, default=50)
+    command("show", cmd_show, "one batch: ranges, state, handles, counts, events").add_argument(
+        "seq", nargs="?", type=int)
+    command("positions", cmd_positions, "where each partition's next batch starts")
+    command("events", cmd_events, "the pipeline's audit trail (skips, no-ops, rewinds)").add_argument(
+        "--limit", type=int, default=50)
+    command("check", cmd_check, "verify that committed ranges tile each partition (exit 1 if not)")
+
+    rewind = command("rewind", cmd_rewind, "move a continuation pipeline back so a range is processed again")
+    target = rewind.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-time", help="first record time to process again (ISO-8601 or epoch ms)")
+    target.add_argument("--to-offsets", nargs="+", metavar="TOPIC:PARTITION=OFFSET")
+    rewind.add_argument("--output", choices=["retract", "keep"], default="retract",
+                        help="retract: withdraw the committed output of the rewound batches (exactly once); "
+                             "keep: leave it, the range is delivered again")
+    rewind.add_argument("--reason", default="", help="recorded in the ledger with the rewind")
+    rewind.add_argument("--bootstrap-servers", help="Kafka to ask (default: the pipeline's own)")
+    rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
+    return parser
+
+
+def _ledger_url(args: argparse.Namespace) -> str:
+    if args.ledger_url:
+        return args.ledger_url
+    if args.ledger_conn_id or not os.environ.get(LEDGER_URL_ENV):
+        from airflow_exactly_once.hooks.ledger import LedgerHook
+
+        return LedgerHook(ledger_conn_id=args.ledger_conn_id).get_url()
+    return os.environ[LEDGER_URL_ENV]
+
+
+# -- reading -------------------------------------------------------------------------
+
+
+def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
+    rows = []
+    for pipeline in ledger.list_pipelines():
+        pid = pipeline["pipeline_id"]
+        config = json.loads(pipeline["config"])
+        batches = ledger.list_batches(pid)
+        counts: dict[str, int] = {}
+        for batch in batches:
+            counts[batch.state.value] = counts.get(batch.state.value, 0) + 1
+        last = next((b for b in batches if b.state is BatchState.COMMITTED), None)
+        rows.append({"pipeline": pid, "mode": config.get("range_mode", "continuation"),
+                     "topics": ",".join(config.get("topics", [])), "epoch": pipeline["epoch"],
+                     "batches": " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
+                     "last_committed": last.seq if last else "-", "updated": _time(pipeline["updated_at"])})
+    _print(args, rows)
+    return 0
+
+
+def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
+    states = [BatchState(s) for s in args.state] if args.state else None
+    rows = []
+    for batch in ledger.list_batches(_known(ledger, args.pipeline), states, limit=args.limit):
+        interval = ledger.batch_interval(batch.id)
+        rows.append({"seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
+                     "interval": f"{iso(interval[0])}..{iso(interval[1])}" if interval else "-",
+                     "offsets": batch.offset_span, "in": _dash(batch.input_records),
+                     "out": _dash(batch.output_records), "updated": _time(batch.updated_at)})
+    _print(args, rows)
+    return 0
+
+
+def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
+    batch_id = BatchId(args.pipeline, args.seq) if args.seq is not None else BatchId.parse(args.pipeline)
+    _known(ledger, batch_id.pipeline_id)
+    batch = ledger.get_batch(batch_id)
+    interval = ledger.batch_interval(batch_id)
+    events = [e for e in ledger.list_events(batch_id.pipeline_id, limit=10_000) if e["batch_seq"] == batch_id.seq]
+    data = _batch_dict(batch, interval)
+    data["events"] = [{"at": _time(e["at"]), "kind": e["kind"], "message": e["message"]} for e in reversed(events)]
+    if args.json:
+        print(json.dumps(data, indent=1, default=str))
+        return 0
+    print(f"batch {batch.id}  {batch.state.value}  (epoch {batch.epoch})")
+    print(f"run:      {batch.run_id}")
+    if interval:
+        print(f"interval: {iso(interval[0])} .. {iso(interval[1])}")
+    print(f"created:  {_time(batch.created_at)}   updated: {_time(batch.updated_at)}")
+    print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written")
+    print("ranges:")
+    for r in batch.ranges:
+        print(f"  {r.topic}[{r.partition}]  {r.start}..{r.end}  ({r.size} offsets)")
+    print(f"handles:  {json.dumps(batch.handles, indent=1, default=str) if batch.handles else '-'}")
+    if batch.details:
+        print(f"details:  {json.dumps(batch.details, default=str)}")
+    if batch.error:
+        print(f"error:    {batch.error}")
+    for event in data["events"]:
+        print(f"event:    {event['at']}  {event['kind']}: {event['message']}")
+    return 0
+
+
+def cmd_positions(ledger: Ledger, args: argparse.Namespace) -> int:
+    pid = _known(ledger, args.pipeline)
+    initial = ledger.initial_offsets(pid)
+    rows = [{"topic": t, "partition": p, "position": offset, "initial": initial.get((t, p), "-")}
+            for (t, p), offset in sorted(ledger.committed_positions(pid).items())]
+    _print(args, rows)
+    return 0
+
+
+def cmd_events(ledger: Ledger, args: argparse.Namespace) -> int:
+    rows = [{"at": _time(e["at"]), "batch": _dash(e["batch_seq"]), "kind": e["kind"], "message": e["message"]}
+            for e in ledger.list_events(_known(ledger, args.pipeline), limit=args.limit)]
+    _print(args, rows)
+    return 0
+
+
+def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
+    from airflow_exactly_once.core.audit import audit_pipeline
+
+    report = audit_pipeline(ledger, _known(ledger, args.pipeline))
+    if args.json:
+        print(json.dumps(report.__dict__, indent=1))
+    else:
+        verdict = "OK" if report.ok else f"{len(report.problems)} PROBLEM(S)"
+        print(f"{report.pipeline_id}: {report.committed_batches} committed batches; tiling {verdict}")
+        for note in report.notes:
+            print(f"  recorded: {note}")
+        for problem in report.problems:
+            print(f"  PROBLEM: {problem}")
+    return 0 if report.ok else 1
+
+
+# -- rewinding -----------------------------------------------------------------------
+
+
+def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
+    from airflow_exactly_once.core.config import PipelineConfig
+    from airflow_exactly_once.core.errors import ConfigurationError
+    from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
+    from airflow_exactly_once.sinks import create_sink
+    from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+
+    pid = _known(ledger, args.pipeline)
+    config = PipelineConfig.from_dict(ledger.pipeline(pid)["config"])
+    positions = ledger.committed_positions(pid)
+    tps = sorted(positions)
+    source = KafkaOffsetSource(args.bootstrap_servers or config.bootstrap_servers, config.kafka_config)
+    try:
+        log_starts = source.log_start_offsets(tps)
+        if args.to_time:
+            at = to_epoch_ms(args.to_time, "--to-time")
+            found = source.offsets_for_times(tps, at)
+            # No record at or after the time: that partition has nothing to process again.
+            targets = {tp: min(offset, positions[tp]) for tp, offset in found.items() if offset is not None}
+            what = f"rewind to time {iso(at)}"
+        else:
+            targets = _parse_offsets(args.to_offsets)
+            what = "rewind to offsets " + ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(targets.items()))
+    finally:
+        source.close()
+    if not targets:
+        raise ConfigurationError(f"no partition of {pid} has records at or after {args.to_time}: nothing to rewind")
+    plan = plan_rewind(ledger, pid, targets, args.output, log_starts)
+    reason = what + (f": {args.reason}" if args.reason else "")
+    done: list[str] = []
+    if args.execute:
+        done = apply_rewind(ledger, create_sink(config.sink), plan, reason)
+    if args.json:
+        print(json.dumps({"pipeline": pid, "executed": args.execute, "reason": reason,
+                          "moves": {f"{t}:{p}": list(m) for (t, p), m in plan.moves.items()},
+                          "retracted": [b.seq for b in plan.retract], "done": done}, indent=1))
+        return 0
+    print(f"{pid}: {reason}")
+    for line in plan.describe():
+        print(f"  {line}")
+    if args.execute:
+        for line in done:
+            print(f"  done: {line}")
+        print("rewound: the next runs process the range again")
+    else:
+        print("dry run: nothing changed; add --execute to apply")
+    return 0
+
+
+def _parse_offsets(items: list[str]) -> dict[tuple[str, int], int]:
+    from airflow_exactly_once.core.errors import ConfigurationError
+
+    targets = {}
+    for item in items:
+        where, sep, offset = item.rpartition("=")
+        topic, colon, partition = where.rpartition(":")
+        if not sep or not colon or not topic or not partition.isdigit() or not offset.isdigit():
+            raise ConfigurationError(f"--to-offsets {item!r}: write TOPIC:PARTITION=OFFSET, e.g. orders:0=1200")
+        targets[(topic, int(partition))] = int(offset)
+    return targets
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _known(ledger: Ledger, pipeline_id: str) -> str:
+    if ledger.pipeline(pipeline_id) is None:
+        from airflow_exactly_once.core.errors import ConfigurationError
+
+        known = ", ".join(p["pipeline_id"] for p in ledger.list_pipelines()) or "none"
+        raise ConfigurationError(f"no pipeline {pipeline_id!r} in this ledger (known: {known})")
+    return pipeline_id
+
+
+def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any]:
+    return {"pipeline_id": batch.pipeline_id, "seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
+            "epoch": batch.epoch, "interval": [iso(interval[0]), iso(interval[1])] if interval else None,
+            "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+                       for r in batch.ranges],
+            "input_records": batch.input_records, "output_records": batch.output_records,
+            "handles": batch.handles, "details": batch.details, "error": batch.error,
+            "created_at": _time(batch.created_at), "updated_at": _time(batch.updated_at)}
+
+
+def _time(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if hasattr(value, "strftime") else _dash(value)
+
+
+def _dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return
+    if not rows:
+        print("(none)")
+        return
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns).rstrip())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
