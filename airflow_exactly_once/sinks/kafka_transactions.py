@@ -62,6 +62,8 @@ import kafka
 import kafka.errors as Errors
 from kafka import KafkaProducer
 
+from airflow_exactly_once.core.errors import SinkError
+
 log = logging.getLogger(__name__)
 
 KAFKA_PYTHON_VERSION_READ = "3.0.12"
@@ -83,15 +85,8 @@ __all__ = [
 # --------------------------------------------------------------------------- errors
 
 
-class KafkaTransactionError(Exception):
-    """Base error of this module. `retriable` says whether trying again later can help."""
-
-    retriable: bool = False
-
-    def __init__(self, message: str, *, retriable: bool | None = None) -> None:
-        super().__init__(message)
-        if retriable is not None:
-            self.retriable = retriable
+class KafkaTransactionError(SinkError):
+    """Base error of this module; a SinkError, so `retriable` tells whether trying again can help."""
 
 
 class TransactionLost(KafkaTransactionError):

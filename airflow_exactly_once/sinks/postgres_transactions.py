@@ -32,6 +32,8 @@ import psycopg2.extensions
 import psycopg2.extras
 from psycopg2 import sql
 
+from airflow_exactly_once.core.errors import SinkError
+
 __all__ = [
     "MARKER_TABLE",
     "PostgresTransactionError",
@@ -62,12 +64,11 @@ _RETRIABLE_STATES = {"55006", "55P03", "42710"}  # object in use, lock not avail
 _NOT_RETRIABLE_STATES = {"53200"}  # max_prepared_transactions reached: needs an operator
 
 
-class PostgresTransactionError(RuntimeError):
-    """A two-phase commit step failed. ``retriable`` says whether trying again can help."""
+class PostgresTransactionError(SinkError):
+    """A two-phase commit step failed; a SinkError, so ``retriable`` tells whether trying again can help."""
 
     def __init__(self, message: str, *, retriable: bool = False, sqlstate: str | None = None) -> None:
-        super().__init__(message)
-        self.retriable = retriable
+        super().__init__(message, retriable=retriable)
         self.sqlstate = sqlstate
 
 
