@@ -363,3 +363,18 @@ class socket_nobody_listens_on:
 
     def __exit__(self, *exc) -> None:
         self._socket.close()
+
+
+def test_pre_committed_transaction_survives_a_broker_crash(broker, topic, admin):
+    """Invariant 1 with a broker restart: the open transaction outlives a SIGKILLed broker."""
+    bootstrap = broker.bootstrap_servers
+    tid = txn_id()
+    # A KRaft broker restarted after SIGKILL takes about 30 s to serve again here, so the
+    # transaction gets the longest timeout this broker allows.
+    handle = write_and_pre_commit(bootstrap, tid, topic, [b"r-0", b"r-1"], timeout_ms=60_000)
+    broker.kill()  # no clean shutdown: the transaction state is recovered from the log
+    broker.start(timeout=90)
+    assert read_partition(bootstrap, topic, 0, 0, 2, "read_uncommitted") == [b"r-0", b"r-1"]
+    assert end_offset(bootstrap, topic, "read_committed") == 0  # still pending after the restart
+    commit_transaction(bootstrap, handle)
+    assert visible(bootstrap, topic) == [b"r-0", b"r-1"]

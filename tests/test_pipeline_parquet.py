@@ -214,3 +214,21 @@ def test_bad_input_fails_clearly_and_changes_nothing(kafka, airflow, tmp_path, u
     assert ledger.list_batches(name, [BatchState.COMMITTED, BatchState.PREPARED, BatchState.PLANNED]) == []
     assert values_of(tmp_path / name) == []
     assert staging_leftovers(tmp_path / name) == []
+
+
+def test_broker_crash_between_write_and_notify_complete(kafka, airflow, faults, tmp_path, unique):
+    """Invariant 1 with a broker restart: a PREPARED batch and the next plan survive a SIGKILLed broker."""
+    name = f"brokercrash-{unique}"
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 450)
+    airflow.wait_for_dag(TEST_DAG)
+    conf = pipeline_conf(kafka, tmp_path, name, max_records=100)
+    arm(faults, "notify.before_sink_commit", "raise", times=3)  # run 1 ends with its batch PREPARED
+    assert airflow.run(TEST_DAG, f"{name}-1", conf) == "failed"
+    kafka.kill()
+    kafka.start()
+    for n in (2, 3):  # recovery commits batch 1, then two more batches drain the topic
+        assert airflow.run(TEST_DAG, f"{name}-{n}", conf) == "success"
+    assert_exactly_once(sent, values_of(tmp_path / name))
+    assert_ranges_tile(ledger_of(airflow), name)
+    assert staging_leftovers(tmp_path / name) == []
