@@ -32,7 +32,7 @@ MAX_PLAN_ATTEMPTS = 5
 
 @dataclass(frozen=True)
 class PlanOutcome:
-    """What `plan` decided. `needs_write`/`needs_commit` say whether the later steps have work.
+    """What `plan` decided. `needs_commit` says whether the later steps have work.
 
     `batch` is the batch the decision is about (an EMPTY one for "empty", the committed one
     for "already-committed"), or None when the run was superseded.
@@ -41,10 +41,6 @@ class PlanOutcome:
     action: str  # planned | replay | replanned | already-committed | superseded | empty
     batch: Batch | None
     message: str
-
-    @property
-    def needs_write(self) -> bool:
-        return self.batch is not None and self.batch.state is BatchState.PLANNED
 
     @property
     def needs_commit(self) -> bool:

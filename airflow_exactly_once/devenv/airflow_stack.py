@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_exactly_once.devenv.kafka_broker import free_port
+from airflow_exactly_once.devenv.processes import check_alive, stop_session
 
 FINISHED = {"success", "failed"}
 # The stack's metadata database is SQLite: wait up to a minute for its write lock instead of
@@ -104,21 +104,11 @@ class AirflowStack:
                            f"see {self.home}/api-server.log")
 
     def _check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                log = (self.home / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"airflow {name} exited with code {process.returncode}:\n{log}")
+        check_alive(self.processes, self.home, "airflow")
 
     def stop(self) -> None:
         for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            stop_session(process, 20)
         self.processes.clear()
 
     # -- REST API (what the UI calls) ----------------------------------------------

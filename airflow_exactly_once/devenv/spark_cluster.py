@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_exactly_once.devenv.kafka_broker import free_port
+from airflow_exactly_once.devenv.processes import check_alive, stop_session
 
 # What each worker offers. docker/docker-compose.yml is generated with the same values.
 WORKER_CORES = 2
@@ -119,22 +120,12 @@ class LocalSparkCluster:
                            f"{timeout:.0f}s; see the logs in {self.data_dir}")
 
     def _check_alive(self) -> None:
-        for name, process in self.processes.items():
-            if process.poll() is not None:
-                log = (self.data_dir / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"Spark {name} exited with code {process.returncode}:\n{log}")
+        check_alive(self.processes, self.data_dir, "Spark")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop workers (and with them their executors) and the master."""
         for name in sorted(self.processes, reverse=True):  # workers before the master
-            process = self.processes[name]
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            stop_session(self.processes[name], timeout)
         self.processes.clear()
 
     # -- what the master knows -------------------------------------------------------
