@@ -18,6 +18,7 @@ import pytest
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.devenv.postgres import LocalPostgres
+from airflow_exactly_once.devenv.processes import leftover_processes
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
@@ -26,6 +27,27 @@ PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
+# Every process a test starts inherits this mark; at the end of the session none may be left.
+SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
+
+
+def pytest_configure(config) -> None:
+    os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the run if a broker, PostgreSQL, Spark JVM or Airflow process outlived its test session."""
+    leftovers = leftover_processes(SESSION_MARK, os.environ[SESSION_MARK])
+    if leftovers:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = "\n  ".join(leftovers)
+        message = f"{len(leftovers)} process(es) started by this test session were still running (now killed):\n  {lines}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            print(message)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ import socket
 import pytest
 
 from airflow_exactly_once.devenv.__main__ import main
-from airflow_exactly_once.devenv.postgres import LocalPostgres, ensure_postgres_installed, free_port
+from airflow_exactly_once.devenv.ports import reserve_port
+from airflow_exactly_once.devenv.postgres import LocalPostgres, ensure_postgres_installed
 
 
 def test_server_binaries_are_found():
@@ -51,7 +52,7 @@ def test_start_failure_shows_the_server_log(tmp_path):
 
 def test_cli_start_and_stop(tmp_path, capsys):
     data_dir = tmp_path / "cli-pg"
-    port = free_port()
+    port = reserve_port()
     assert main(["postgres-start", "--port", str(port), "--data-dir", str(data_dir), "--database", "demo"]) == 0
     assert f"postgresql+psycopg2://postgres@127.0.0.1:{port}/demo" in capsys.readouterr().out
     try:

@@ -196,7 +196,6 @@ def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, uniq
     # Clearing a committed interval (interval_rerun="replace"): same range, output replaced.
     old = batches["02"][0]
     airflow.clear(INTERVAL, runs["02"])
-    time.sleep(2)
     assert wait_run(airflow, INTERVAL, runs["02"])["state"] == "success"
     newest, replaced = ledger.interval_batches(name, (at("02:00"), at("03:00")))
     assert replaced.seq == old.seq and replaced.state is BatchState.RETRACTED

@@ -177,11 +177,18 @@ def test_overlapping_runs_are_fenced(kafka, airflow, tmp_path, unique):
     while airflow.task_states(dag, f"{name}-a").get("write", (None,))[0] != "running":
         assert time.monotonic() < deadline, "run A never started writing"
         time.sleep(0.5)
-    time.sleep(3)  # A has claimed its batch and is inside the (slow) Spark job
+    ledger = ledger_of(airflow)
+
+    def claimed_by_a():  # A's write has claimed its batch (a new epoch); its Spark job runs slowly
+        batch = ledger.latest_batch_for_run(name, f"{name}-a")
+        return batch is not None and batch.state is BatchState.PLANNED and batch.updated_at != batch.created_at
+
+    while not claimed_by_a():
+        assert time.monotonic() < deadline, "run A never claimed its batch"
+        time.sleep(0.2)
     airflow.trigger(dag, f"{name}-b", conf)
     results = {run: airflow.wait_run(dag, f"{name}-{run}") for run in ("a", "b")}
     assert results == {"a": "failed", "b": "success"}, results
-    ledger = ledger_of(airflow)
     batches = {b.run_id: b for b in ledger.list_batches(name)}
     assert batches[f"{name}-a"].state is BatchState.ABORTED
     assert "superseded" in (batches[f"{name}-a"].error or "")

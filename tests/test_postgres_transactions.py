@@ -16,7 +16,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from airflow_exactly_once.devenv.postgres import LocalPostgres, free_port
+from airflow_exactly_once.devenv.ports import reserve_port
+from airflow_exactly_once.devenv.postgres import LocalPostgres
 from airflow_exactly_once.sinks.postgres_transactions import (
     MARKER_TABLE,
     PostgresTransactionError,
@@ -336,7 +337,7 @@ def test_upsert_replaces_by_key(dsn, pipeline):
 
 def test_connection_failure_is_retriable(pipeline):
     gid = make_gid(pipeline, 1, 0, 0)
-    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/aeo_test"
+    nowhere = f"postgresql://postgres@127.0.0.1:{reserve_port()}/aeo_test"
     for call in (lambda: commit_prepared(nowhere, gid), lambda: rollback_prepared(nowhere, gid),
                  lambda: prepare_rows(nowhere, gid, "t", ["id"], [(1,)], marker(pipeline, 1, 0))):
         with pytest.raises(PostgresTransactionError) as failed:

@@ -166,7 +166,11 @@ def test_fence_watch_fires_when_a_newer_attempt_claims(ledger):
     watch = FenceWatch(ledger, batch_id, on_fenced=fired.append, interval=0.1)
     watch.start(mine)
     ledger.mark_prepared(batch_id, mine.epoch, {"records": 10}, 10, 10)  # its own progress is no fence
-    time.sleep(0.5)
+    seen = watch.checks
+    deadline = time.monotonic() + 10
+    while watch.checks < seen + 3:  # three looks at the PREPARED batch
+        assert time.monotonic() < deadline, "the fence watch stopped looking"
+        time.sleep(0.05)
     assert fired == [] and watch.reason is None
     watch.stop()
 

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.devenv.kafka_broker import free_port
+from airflow_exactly_once.devenv.ports import reserve_port
 from airflow_exactly_once.devenv.processes import check_alive, stop_session
 
 FINISHED = {"success", "failed"}
@@ -33,7 +33,10 @@ class AirflowStack:
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
         self.dag_files = dag_files
-        self.port = free_port()
+        self.port = reserve_port()
+        # The scheduler's and triggerer's log servers listen on fixed ports (8793, 8794) by default:
+        # two stacks at once (the demo beside a test run) would collide there.
+        self.log_server_ports = (reserve_port(), reserve_port())
         self.extra_env = extra_env or {}
         self.parallelism = parallelism
         self.processes: dict[str, subprocess.Popen] = {}
@@ -69,6 +72,8 @@ class AirflowStack:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_server_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_server_ports[1]),
             "PYTHONUNBUFFERED": "1",
         })
         env.update(self.extra_env)
@@ -172,9 +177,16 @@ class AirflowStack:
         return {ti["task_id"].rpartition(".")[2]: (ti["state"], ti["try_number"]) for ti in tis}
 
     def clear(self, dag_id: str, run_id: str, only_failed: bool = False) -> None:
-        """What "Clear" on a DAG run does in the UI: its tasks run again, same run id."""
+        """What "Clear" on a DAG run does in the UI: its tasks run again, same run id.
+
+        Checks that the run is no longer finished when it returns, so that a `wait_run` after it
+        waits for the new attempt and never returns the outcome of the old one.
+        """
         self.api("POST", f"/dags/{dag_id}/clearTaskInstances",
                  {"dag_run_id": run_id, "dry_run": False, "only_failed": only_failed, "reset_dag_runs": True})
+        state = self.run_state(dag_id, run_id)
+        if state in FINISHED:
+            raise RuntimeError(f"run {run_id} of {dag_id} is still {state} after clearing it")
 
     def put_connection(self, conn_id: str, conn: dict[str, Any]) -> None:
         """Create or replace a connection, as Admin -> Connections does (`conn`: conn_type, host, ...)."""

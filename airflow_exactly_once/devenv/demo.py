@@ -9,6 +9,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,6 @@ from pathlib import Path
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from airflow_exactly_once.devenv.airflow_stack import AirflowStack
 from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
-from airflow_exactly_once.devenv.maven import devenv_home
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "kafka_to_parquet"
@@ -59,12 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=3000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--max-records-per-partition", type=int, default=400)
-    parser.add_argument("--workdir", default=str(devenv_home() / "demo"))
+    parser.add_argument("--workdir", default=None,
+                        help="where the broker, Airflow and the output live (default: a new temporary folder, "
+                             "so runs never share or depend on leftovers; an existing folder is emptied first)")
     parser.add_argument("--keep", action="store_true", help="leave Kafka and Airflow running at the end")
     args = parser.parse_args(argv)
 
-    workdir = Path(args.workdir)
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.workdir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="airflow-exactly-once-demo-"))
+    else:
+        workdir = Path(args.workdir)
+        shutil.rmtree(workdir, ignore_errors=True)
     output = workdir / "output" / DAG_ID
     faults = workdir / "faults"
     faults.mkdir(parents=True)

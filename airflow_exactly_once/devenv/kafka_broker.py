@@ -7,21 +7,16 @@ transactions enabled for a single node. Nothing here is a mock: it is the same
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from airflow_exactly_once.devenv.maven import kafka_broker_jars
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from airflow_exactly_once.devenv.ports import reserve_port
 
 
 class LocalKafkaBroker:
@@ -36,8 +31,8 @@ class LocalKafkaBroker:
         extra_config: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.port = port or free_port()
-        self.controller_port = controller_port or free_port()
+        self.port = port or reserve_port()
+        self.controller_port = controller_port or reserve_port()
         self.transaction_max_timeout_ms = transaction_max_timeout_ms
         self.extra_config = extra_config or {}
         self.process: subprocess.Popen | None = None
@@ -100,8 +95,8 @@ class LocalKafkaBroker:
         properties = self.data_dir / "server.properties"
         properties.write_text("".join(f"{k}={v}\n" for k, v in self._config().items()))
         if not (self.data_dir / "logs" / "meta.properties").exists():
-            fmt = self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(),
-                             "-c", str(properties), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            fmt = self._java("kafka.tools.StorageTool", *format_arguments(properties, cluster_id()),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             out, _ = fmt.communicate(timeout=120)
             if fmt.returncode != 0:
                 raise RuntimeError(f"Formatting the Kafka storage failed:\n{out}")
@@ -166,11 +161,21 @@ class LocalKafkaBroker:
         self.stop()
 
 
-def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, base64url without padding (22 characters)."""
-    import base64
+def cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, base64url without padding (22 characters).
 
-    return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+    Drawn again while it begins with '-', which the storage tool would read as an option
+    (one draw in 64); Kafka's own `Uuid.randomUuid()` does the same.
+    """
+    while True:
+        drawn = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not drawn.startswith("-"):
+            return drawn
+
+
+def format_arguments(properties: Path, cluster: str) -> list[str]:
+    """`kafka-storage format` arguments; the id is attached with '=' so it is never taken for an option."""
+    return ["format", f"--cluster-id={cluster}", "--config", str(properties)]
 
 
 def stop_pidfile(data_dir: str | Path) -> bool:

@@ -6,6 +6,7 @@ Maven keeps the project free of download URLs and lets Maven's cache do its work
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -73,29 +74,38 @@ def _pom(artifacts: tuple[Artifact, ...]) -> str:
 
 
 def fetch_jars(kind: str, artifacts: tuple[Artifact, ...]) -> Path:
-    """Copy `artifacts` (and their runtime dependencies) into a cached folder; return it."""
+    """Copy `artifacts` (and their runtime dependencies) into a cached folder; return it.
+
+    The cache is shared by every run on the machine (demo, tests, benchmarks, in parallel):
+    one Maven runs at a time (a lock file; Maven's own repository takes no locks), and a
+    folder appears only complete, by a rename, so a reader never sees it half copied and a
+    finished folder is never replaced.
+    """
     target = devenv_home() / "jars" / f"{kind}-{artifacts[0].version}"
-    done = target / ".complete"
-    if done.exists():
+    if (target / ".complete").exists():
         return target
     if shutil.which("mvn") is None:
         raise RuntimeError("Maven (`mvn`) is not installed; run `make setup` or `apt-get install maven`.")
-    with tempfile.TemporaryDirectory() as work:
-        pom = Path(work) / "pom.xml"
-        pom.write_text(_pom(artifacts))
-        staging = Path(work) / "jars"
-        result = subprocess.run(
-            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
-            capture_output=True, text=True,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"Maven could not fetch the {kind} jars:\n{result.stdout[-3000:]}{result.stderr[-2000:]}")
-        if target.exists():
-            shutil.rmtree(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(staging, target)
-    done.touch()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".fetch.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():  # fetched by another process while we waited
+            return target
+        shutil.rmtree(target, ignore_errors=True)  # left incomplete by a process that died
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as work:
+            pom = Path(work) / "pom.xml"
+            pom.write_text(_pom(artifacts))
+            staging = Path(work) / "jars"
+            result = subprocess.run(
+                ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise RuntimeError(f"Maven could not fetch the {kind} jars:\n{result.stdout[-3000:]}"
+                                   f"{result.stderr[-2000:]}")
+            (staging / ".complete").touch()
+            os.rename(staging, target)
     return target
 
 

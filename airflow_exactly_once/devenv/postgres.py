@@ -38,13 +38,14 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
 import time
 import warnings
 from pathlib import Path
+
+from airflow_exactly_once.devenv.ports import reserve_port
 
 SUPERUSER = "postgres"
 BINDIR_ENV = "AIRFLOW_EXACTLY_ONCE_PG_BINDIR"
@@ -53,12 +54,6 @@ _SERVER_BINARIES = ("initdb", "pg_ctl", "postgres")
 _CONF_NAME = "airflow_exactly_once.conf"
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _version_key(path: Path) -> tuple:
@@ -142,7 +137,7 @@ class LocalPostgres:
         os_user: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).absolute()
-        self.port = port or free_port()
+        self.port = port or reserve_port()
         self.max_prepared_transactions = max_prepared_transactions
         self.extra_config = extra_config or {}
         self.os_user = os_user or os.environ.get(OS_USER_ENV) or "postgres"

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+
+import psutil
 
 
 def check_alive(processes: dict[str, subprocess.Popen], log_dir: Path, what: str) -> None:
@@ -25,3 +28,38 @@ def stop_session(process: subprocess.Popen, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def marked_processes(name: str, value: str) -> list[psutil.Process]:
+    """Running processes whose environment has `name=value` (every child of a test session inherits it)."""
+    found = []
+    for process in psutil.process_iter(["pid", "status"]):
+        if process.pid == os.getpid() or process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if process.environ().get(name) == value:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def leftover_processes(name: str, value: str, grace_s: float = 20.0) -> list[str]:
+    """What is still running with the mark after `grace_s` (a server may take a moment to exit); kills it.
+
+    Returns a description of each leftover, empty when every process ended.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = marked_processes(name, value)
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    described = []
+    for process in alive:
+        try:
+            described.append(f"pid {process.pid}: {' '.join(process.cmdline())[:300]}")
+            process.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return described

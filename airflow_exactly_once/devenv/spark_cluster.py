@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.devenv.kafka_broker import free_port
+from airflow_exactly_once.devenv.ports import reserve_port
 from airflow_exactly_once.devenv.processes import check_alive, stop_session
 
 # What each worker offers. docker/docker-compose.yml is generated with the same values.
@@ -53,8 +53,8 @@ class LocalSparkCluster:
         self.workers = workers
         self.cores = cores
         self.memory = memory
-        self.master_port = master_port or free_port()
-        self.webui_port = webui_port or free_port()
+        self.master_port = master_port or reserve_port()
+        self.webui_port = webui_port or reserve_port()
         self.processes: dict[str, subprocess.Popen] = {}
 
     @property
@@ -100,7 +100,7 @@ class LocalSparkCluster:
         for n in range(self.workers):
             self.work_dir(n).mkdir(parents=True, exist_ok=True)
             self._spawn(f"worker-{n}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                        "--port", str(free_port()), "--webui-port", str(free_port()),
+                        "--port", str(reserve_port()), "--webui-port", str(reserve_port()),
                         "--cores", str(self.cores), "--memory", self.memory,
                         "--work-dir", str(self.work_dir(n)), self.master_url)
         (self.data_dir / "cluster.pids").write_text(" ".join(str(p.pid) for p in self.processes.values()))

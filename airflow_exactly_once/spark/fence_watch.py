@@ -32,6 +32,7 @@ class FenceWatch:
         self.interval = interval
         self.reason: str | None = None
         self.epoch: int | None = None  # of the claim being watched
+        self.checks = 0  # completed looks at the ledger
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -64,6 +65,8 @@ class FenceWatch:
             except Exception as exc:  # a ledger hiccup is no reason to stop a write
                 log.warning("fence watch could not read batch %s: %s", self.batch_id, exc)
                 continue
+            finally:
+                self.checks += 1
             if reason is not None:
                 self.reason = reason
                 log.error("fenced: %s; cancelling this attempt's Spark jobs", reason)
