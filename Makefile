@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps python-deps jars demo test benchmark docker-config clean
+.PHONY: setup system-deps python-deps jars demo test test-unit benchmark docker-config clean
 
 setup: system-deps python-deps jars
 
@@ -31,17 +31,21 @@ $(VENV)/.installed: setup.cfg constraints.txt
 	@touch $@
 
 jars: python-deps
-	$(PY) -m airflow_exactly_once.devenv fetch-jars
+	$(PY) -m devtools fetch-jars
 
 demo: setup
-	$(PY) -m airflow_exactly_once.devenv.demo
+	$(PY) -m devtools.demo
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The unit tier alone: no servers, seconds.
+test-unit: python-deps
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
 benchmark: setup
-	$(PY) benchmarks/bench_parquet_batch.py
-	$(PY) benchmarks/bench_kafka_guarantees.py
+	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_kafka_guarantees.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
@@ -52,4 +56,4 @@ clean:
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup
-	$(PY) benchmarks/bench_postgres_sink.py
+	PYTHONPATH=. $(PY) benchmarks/bench_postgres_sink.py

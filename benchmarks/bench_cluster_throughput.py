@@ -29,8 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker  # noqa: E402
-from airflow_exactly_once.devenv.spark_cluster import APP_CONF, WORKER_CORES, LocalSparkCluster  # noqa: E402
+from devtools.kafka_broker import LocalKafkaBroker  # noqa: E402
+from devtools.spark_cluster import APP_CONF, WORKER_CORES, LocalSparkCluster  # noqa: E402
+from devtools.maven import use_prefetched_connector
 
 SPARK_CONN_ID = "bench_spark"
 MODES = {
@@ -106,6 +107,7 @@ def run_once(mode: str, cores_max: str | None, n: int, args, bootstrap: str, wor
 
 
 def main() -> int:
+    use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)

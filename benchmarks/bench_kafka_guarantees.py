@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+from devtools.maven import use_prefetched_connector
+
 GUARANTEES = ("EXACTLY_ONCE", "AT_LEAST_ONCE", "NONE")
 
 
@@ -84,6 +86,7 @@ def one_round(spark, bootstrap: str, source: str, guarantee: str, partitions: in
 
 
 def main() -> None:
+    use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100, help="bytes per record value")
@@ -95,7 +98,7 @@ def main() -> None:
 
     from kafka.admin import KafkaAdminClient, NewTopic
 
-    from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+    from devtools.kafka_broker import LocalKafkaBroker
     from airflow_exactly_once.spark.session import build_spark_session
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-kafka-"))

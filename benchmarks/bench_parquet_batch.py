@@ -23,11 +23,12 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session
+from devtools.maven import use_prefetched_connector
 
 PARTITIONS = 3
 
@@ -72,6 +73,7 @@ def spark_baseline(spark, work: Path, batch, config, n: int) -> float:
 
 
 def main() -> None:
+    use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=100)

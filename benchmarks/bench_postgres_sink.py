@@ -22,8 +22,8 @@ from pathlib import Path
 
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.devenv.maven import postgres_jdbc_jars
-from airflow_exactly_once.devenv.postgres import LocalPostgres
+from devtools.maven import postgres_jdbc_jars, use_prefetched_connector
+from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.spark.session import build_spark_session
 
@@ -44,6 +44,7 @@ def write_jdbc(df, server: LocalPostgres) -> None:
 
 
 def main() -> int:
+    use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)

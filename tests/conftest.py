@@ -1,7 +1,9 @@
-"""Session fixtures: the real Kafka broker and the real Airflow, started by the project's own code.
+"""Session fixtures: the real Kafka broker, PostgreSQL and Airflow, started by the project's own dev tooling.
 
-If either cannot start, the fixture raises and every test that needs it errors: nothing
-is skipped.
+If one cannot start, the fixture raises and every test that needs it errors: nothing is
+skipped. Tests come in three tiers, by folder, each with its marker: tests/unit (pure logic,
+no servers, seconds), tests/integration (real Kafka, PostgreSQL, Spark), tests/system (a
+real Airflow running DAGs).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
-from airflow_exactly_once.devenv.postgres import LocalPostgres
-from airflow_exactly_once.devenv.processes import leftover_processes
+from devtools.kafka_broker import LocalKafkaBroker
+from devtools.maven import spark_conf_dir
+from devtools.postgres import LocalPostgres
+from devtools.processes import leftover_processes
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
@@ -31,8 +34,27 @@ K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kaf
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
 
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "system")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        if tier in TIERS:
+            item.add_marker(tier)
+
+
 def pytest_configure(config) -> None:
     os.environ[SESSION_MARK] = uuid.uuid4().hex
+    # Every Spark driver of the session (in-process, Airflow tasks, spark-submit) loads the Kafka
+    # connector fetched in advance; tests/integration/test_spark_connector.py covers the resolution
+    # that runs when a user names no connector.
+    os.environ["SPARK_CONF_DIR"] = str(spark_conf_dir(tempfile.mkdtemp(prefix="aeo-test-spark-conf-")))
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(os.environ.pop("SPARK_CONF_DIR", ""), ignore_errors=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -98,7 +120,7 @@ def example_spark_output(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
-    from airflow_exactly_once.devenv.airflow_stack import AirflowStack
+    from devtools.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
     dag_files = sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "tests" / "dags").glob("*.py"))

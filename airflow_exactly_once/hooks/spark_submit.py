@@ -20,7 +20,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.spark.job import LEDGER_URL_ENV
 from airflow_exactly_once.spark.parent_death import die_with_parent
-from airflow_exactly_once.spark.session import _has_kafka_connector
+from airflow_exactly_once.spark.connector import spark_home, with_kafka_connector
 from airflow_exactly_once.spark.shipping import build_bundle
 
 
@@ -33,17 +33,16 @@ class WriteJobSubmitHook(SparkSubmitHook):
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
                  spark_conf: dict[str, Any] | None = None) -> None:
-        conf = {k: str(v) for k, v in (spark_conf or {}).items()}
+        conf = {k: str(v) for k, v in with_kafka_connector(spark_conf or {}).items()}
         master = conf.pop("spark.master", None)
         # --jars and --py-files replace spark.jars and spark.submit.pyFiles: merge, never drop the user's.
         user_jars = conf.pop("spark.jars", None)
         self.user_py_files = conf.pop("spark.submit.pyFiles", None)
-        kafka_jars = None if _has_kafka_connector(spark_conf or {}) else _join(*_local_kafka_jars())
         self.batch_id = batch_id
         self.ledger_url = ledger_url
         self.transform = transform
         super().__init__(conf=conf, conn_id=spark_conn_id, name=f"exactly-once {batch_id}",
-                         jars=_join(user_jars, kafka_jars) or None,
+                         jars=user_jars or None,
                          application_args=["--batch-id", str(batch_id)], env_vars={LEDGER_URL_ENV: ledger_url})
         if master and master != self._connection["master"]:
             self.log.warning("spark_conf sets spark.master=%s; the %s connection's master %s is used instead",
@@ -70,8 +69,6 @@ class WriteJobSubmitHook(SparkSubmitHook):
     def _get_spark_binary_path(self) -> list[str]:
         binary = self._connection["spark_binary"]
         if binary == DEFAULT_SPARK_BINARY and shutil.which(binary) is None:
-            from airflow_exactly_once.devenv.spark_cluster import spark_home
-
             return [str(spark_home() / "bin" / DEFAULT_SPARK_BINARY)]  # the one in the pyspark wheel
         return [binary]
 
@@ -88,9 +85,3 @@ class WriteJobSubmitHook(SparkSubmitHook):
             self.log.info("shipping %s to the driver and executors in %s", ", ".join(bundle.modules),
                           bundle.py_files.name)
             self.submit(str(bundle.launcher), preexec_fn=die_with_parent, cwd=folder)
-
-
-def _local_kafka_jars() -> list[str]:
-    from airflow_exactly_once.devenv.maven import spark_kafka_jars
-
-    return spark_kafka_jars()

@@ -6,22 +6,16 @@ import os
 import sys
 from typing import Any
 
+from airflow_exactly_once.spark.connector import with_kafka_connector
+
 DEFAULT_MASTER = "local[*]"
 
 
-def _has_kafka_connector(conf: dict[str, Any]) -> bool:
-    return any("spark-sql-kafka" in str(conf.get(key, "")) for key in ("spark.jars", "spark.jars.packages"))
-
-
 def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None):
-    """A session that can read Kafka. Without connector settings the jars come from Maven."""
+    """A session that can read Kafka (see spark.connector for where the connector comes from)."""
     from pyspark.sql import SparkSession
 
-    conf = dict(spark_conf or {})
-    if not _has_kafka_connector(conf):
-        from airflow_exactly_once.devenv.maven import spark_kafka_jars
-
-        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars", ""), *spark_kafka_jars()]))
+    conf = with_kafka_connector(spark_conf or {})
     # Python workers must run the interpreter that has this package and the transform.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

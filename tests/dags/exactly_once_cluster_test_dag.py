@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_exactly_once.devenv.spark_cluster import APP_CONF
+from devtools.spark_cluster import APP_CONF
 from airflow_exactly_once.task_group import exactly_once_batch
 
 SPARK_CONN_ID = "eo_spark_cluster"

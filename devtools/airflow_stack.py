@@ -17,9 +17,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.devenv.ports import reserve_port
-from airflow_exactly_once.devenv.processes import check_alive, stop_session
+from devtools.ports import reserve_port
+from devtools.processes import check_alive, stop_session
 
+REPO = Path(__file__).resolve().parents[1]
 FINISHED = {"success", "failed"}
 # The stack's metadata database is SQLite: wait up to a minute for its write lock instead of
 # failing after sqlite3's default 5 s ("database is locked"), which a loaded machine exceeds.
@@ -77,6 +78,9 @@ class AirflowStack:
             "PYTHONUNBUFFERED": "1",
         })
         env.update(self.extra_env)
+        # The stack's processes import this module (SQL_ALCHEMY_CONNECT_ARGS above): the repository's
+        # root, where devtools lives, must be on their path whoever started the stack.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(REPO)) if p)
         return env
 
     def _airflow(self) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.devenv.spark_cluster import LocalSparkCluster
+from devtools.spark_cluster import LocalSparkCluster
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from tests.conftest import SPARK_EXAMPLE_TOPIC
 from tests.dags.eo_cluster_transforms import HOLD, STARTED

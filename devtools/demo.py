@@ -1,6 +1,6 @@
 """`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line.
 
-    python -m airflow_exactly_once.devenv.demo [--records 3000] [--keep]
+    python -m devtools.demo [--records 3000] [--keep]
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections import Counter
 from pathlib import Path
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
-from airflow_exactly_once.devenv.airflow_stack import AirflowStack
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+from devtools.airflow_stack import AirflowStack
+from devtools.kafka_broker import LocalKafkaBroker
+from devtools.maven import spark_conf_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "kafka_to_parquet"
 TOPIC = "events"
 
@@ -55,7 +56,7 @@ def verify(output: Path, count: int) -> tuple[str, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_exactly_once.devenv.demo")
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo")
     parser.add_argument("--records", type=int, default=3000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--max-records-per-partition", type=int, default=400)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             "EXACTLY_ONCE_DEMO_OUTPUT": str(output),
             "EXACTLY_ONCE_DEMO_MAX_RECORDS": str(args.max_records_per_partition),
             FAULTS_ENV: str(faults),
+            # The Kafka connector jars fetched by `make setup`, as a Spark user passes jars.
+            "SPARK_CONF_DIR": str(spark_conf_dir(workdir / "spark-conf")),
         }
         say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env).start()

@@ -29,7 +29,7 @@ from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from tests.helpers import assert_exactly_once, read_parquet, staging_leftovers
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONTINUATION = "eo_ops_continuation"
 INTERVAL = "eo_ops_interval"
 DAY = "2024-01-01T"

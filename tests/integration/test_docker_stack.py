@@ -15,12 +15,12 @@ import subprocess
 import pytest
 import yaml
 
-from airflow_exactly_once.devenv import docker_stack
-from airflow_exactly_once.devenv.airflow_stack import AirflowStack
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
-from airflow_exactly_once.devenv.maven import KAFKA_VERSION
-from airflow_exactly_once.devenv.postgres import LocalPostgres
-from airflow_exactly_once.devenv.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
+from devtools import docker_stack
+from devtools.airflow_stack import AirflowStack
+from devtools.kafka_broker import LocalKafkaBroker
+from devtools.maven import KAFKA_VERSION
+from devtools.postgres import LocalPostgres
+from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
 
 COMPOSE = docker_stack.COMPOSE_FILE
 
@@ -33,7 +33,7 @@ def services() -> dict:
 def test_committed_compose_file_is_the_generated_one():
     assert COMPOSE.read_text() == docker_stack.render(), (
         "docker/docker-compose.yml differs from the settings the tests use; run "
-        "`python -m airflow_exactly_once.devenv docker-compose --write` and commit the result")
+        "`python -m devtools docker-compose --write` and commit the result")
 
 
 def _property_of(env_name: str) -> str:

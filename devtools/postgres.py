@@ -45,7 +45,7 @@ import time
 import warnings
 from pathlib import Path
 
-from airflow_exactly_once.devenv.ports import reserve_port
+from devtools.ports import reserve_port
 
 SUPERUSER = "postgres"
 BINDIR_ENV = "AIRFLOW_EXACTLY_ONCE_PG_BINDIR"
@@ -263,7 +263,7 @@ class LocalPostgres:
 
     def _write_config(self) -> None:
         conf = self.pgdata / _CONF_NAME
-        conf.write_text("# Written by airflow_exactly_once.devenv.postgres on every start.\n"
+        conf.write_text("# Written by devtools.postgres on every start.\n"
                         + "".join(f"{k} = {v}\n" for k, v in self._config().items()))
         if os.geteuid() == 0:
             user = self._server_user()
@@ -395,7 +395,7 @@ def _grant_traverse(directory: Path, user: pwd.struct_passwd) -> None:
 
 
 def stop_data_dir(data_dir: str | Path, mode: str = "fast") -> bool:
-    """Stop a server started by ``python -m airflow_exactly_once.devenv postgres-start``."""
+    """Stop a server started by ``python -m devtools postgres-start``."""
     server = LocalPostgres(data_dir, port=1)  # the port is only used when starting
     if not server.is_running():
         return False

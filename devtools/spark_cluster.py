@@ -19,8 +19,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.devenv.ports import reserve_port
-from airflow_exactly_once.devenv.processes import check_alive, stop_session
+from airflow_exactly_once.spark.connector import spark_home
+from devtools.ports import reserve_port
+from devtools.processes import check_alive, stop_session
 
 # What each worker offers. docker/docker-compose.yml is generated with the same values.
 WORKER_CORES = 2
@@ -35,13 +36,6 @@ APP_CONF = {
     "spark.ui.enabled": "false",
 }
 EXECUTOR_MAIN_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
-
-
-def spark_home() -> Path:
-    """The Spark distribution inside the pyspark wheel (bin/, jars/)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
 
 
 class LocalSparkCluster:
@@ -164,7 +158,7 @@ class LocalSparkCluster:
 
 
 def stop_pidfile(data_dir: str | Path) -> bool:
-    """Stop a cluster started by `python -m airflow_exactly_once.devenv spark-start`."""
+    """Stop a cluster started by `python -m devtools spark-start`."""
     pidfile = Path(data_dir) / "cluster.pids"
     if not pidfile.exists():
         return False

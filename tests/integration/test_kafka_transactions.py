@@ -23,7 +23,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
+from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.sinks.kafka_transactions import (
     KafkaTransactionError,
     TransactionCoordinatorUnavailable,
@@ -35,7 +35,7 @@ from airflow_exactly_once.sinks.kafka_transactions import (
     pre_commit,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TXN_TIMEOUT_MS = 30_000
 
 

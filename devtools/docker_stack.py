@@ -3,7 +3,7 @@
 The broker properties come from LocalKafkaBroker, the PostgreSQL settings from
 LocalPostgres, the worker size from LocalSparkCluster and Airflow's scheduler settings
 from AirflowStack; only what must differ in containers (host names, ports, paths) is
-replaced. `python -m airflow_exactly_once.devenv docker-compose --write` rewrites the file,
+replaced. `python -m devtools docker-compose --write` rewrites the file,
 and a test fails when the committed file and this module disagree.
 """
 
@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker
-from airflow_exactly_once.devenv.maven import KAFKA_VERSION
-from airflow_exactly_once.devenv.postgres import LocalPostgres
-from airflow_exactly_once.devenv.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
+from devtools.kafka_broker import LocalKafkaBroker
+from devtools.maven import KAFKA_VERSION
+from devtools.postgres import LocalPostgres
+from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker" / "docker-compose.yml"
+COMPOSE_FILE = Path(__file__).resolve().parents[1] / "docker" / "docker-compose.yml"
 IMAGE = "airflow-exactly-once:dev"
 BUILD = {"context": "..", "dockerfile": "docker/Dockerfile"}  # on every service of the image: built once
 KAFKA_IMAGE = f"apache/kafka:{KAFKA_VERSION}"
@@ -68,7 +68,7 @@ def postgres_settings() -> dict[str, str]:
 
 
 def airflow_settings() -> dict[str, str]:
-    from airflow_exactly_once.devenv.airflow_stack import AirflowStack
+    from devtools.airflow_stack import AirflowStack
 
     env = AirflowStack("/unused", []).env()
     return {key: env[key] for key in AIRFLOW_SHARED_SETTINGS}
@@ -172,7 +172,7 @@ def compose_spec() -> dict[str, Any]:
 HEADER = """\
 # Kafka (KRaft) + Spark standalone (master, worker) + PostgreSQL + Airflow with airflow-exactly-once.
 # GENERATED from the settings the tests use; do not edit by hand. Change the devenv code and run
-#   python -m airflow_exactly_once.devenv docker-compose --write
+#   python -m devtools docker-compose --write
 # Usage: see "Trying it with Docker" in README.md (docker compose -f docker/docker-compose.yml up).
 """
 

@@ -26,6 +26,7 @@ from airflow_exactly_once.core.write_report import clear_failure, record_failure
 from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
 from airflow_exactly_once.operators.batch import WriteBatchOperator
 from airflow_exactly_once.spark.fence_watch import FenceWatch
+from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.job import EXIT_FOR_GOOD, LEDGER_URL_ENV
 from airflow_exactly_once.spark.shipping import build_bundle, transform_source
 
@@ -79,7 +80,8 @@ def test_installed_or_missing_transform_modules(tmp_path):
 
 # -- the submission itself ---------------------------------------------------------------
 
-def test_submit_command_carries_only_the_batch_id(spark_conn):
+def test_submit_command_carries_only_the_batch_id(spark_conn, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf naming the connector
     conn_id = spark_conn("eo_unit_spark", "spark://127.0.0.1", 7077, "client")
     hook = WriteJobSubmitHook(spark_conn_id=conn_id, batch_id=BatchId("orders", 3),
                               ledger_url="postgresql+psycopg2://eo:s3cr3t@db/ledger",
@@ -88,9 +90,10 @@ def test_submit_command_carries_only_the_batch_id(spark_conn):
     cmd = hook._build_spark_submit_command("launcher.py")
     text = " ".join(cmd)
     assert cmd[cmd.index("--master") + 1] == "spark://127.0.0.1:7077"  # the connection's, not spark_conf's
-    jars = cmd[cmd.index("--jars") + 1].split(",")
-    assert jars[0] == "/opt/extra.jar" and any("spark-sql-kafka-0-10" in j for j in jars)
+    assert cmd[cmd.index("--jars") + 1] == "/opt/extra.jar"
     assert "spark.jars=" not in text  # --jars would silently replace it
+    # No connector named anywhere: Spark resolves the one matching the installed pyspark.
+    assert f"spark.jars.packages={kafka_package()}" in text and "spark.jars.ivySettings=" in text
     assert cmd[-3:] == ["launcher.py", "--batch-id", "orders:3"]
     assert "s3cr3t" not in text and hook._env_vars == {LEDGER_URL_ENV: "postgresql+psycopg2://eo:s3cr3t@db/ledger"}
     assert f"spark.pyspark.driver.python={sys.executable}" in text and "spark.executor.memory=1g" in text
@@ -103,6 +106,7 @@ def test_connector_given_by_the_user_is_not_added(spark_conn):
                               spark_conf={"spark.jars.packages": package})
     cmd = hook._build_spark_submit_command("launcher.py")
     assert "--jars" not in cmd and f"spark.jars.packages={package}" in " ".join(cmd)
+    assert "ivySettings" not in " ".join(cmd)  # the user's resolution, untouched
 
 
 @pytest.mark.parametrize("host, port, ledger_url, expected", [

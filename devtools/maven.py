@@ -123,3 +123,23 @@ def postgres_jdbc_jars() -> list[str]:
     """Local paths of PostgreSQL's JDBC driver, for `spark.jars`."""
     folder = fetch_jars("postgres-jdbc", POSTGRES_JDBC)
     return sorted(str(p) for p in folder.glob("*.jar"))
+
+
+def spark_conf_dir(folder: str | Path) -> Path:
+    """A SPARK_CONF_DIR whose spark-defaults.conf loads the pre-fetched Kafka connector jars.
+
+    Tests, the demo and the benchmarks pass the connector this way, explicitly, as a Spark user
+    would: Spark reads the file in every driver it starts (in-process, spark-submit), so no
+    write task resolves packages at run time.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_kafka_jars())}\n")
+    return folder
+
+
+def use_prefetched_connector() -> Path:
+    """Point this process (and what it starts) at a SPARK_CONF_DIR with the pre-fetched connector jars."""
+    if not os.environ.get("SPARK_CONF_DIR"):
+        os.environ["SPARK_CONF_DIR"] = str(spark_conf_dir(tempfile.mkdtemp(prefix="aeo-spark-conf-")))
+    return Path(os.environ["SPARK_CONF_DIR"])

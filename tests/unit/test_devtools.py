@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from airflow_exactly_once.devenv import kafka_broker, ports
+from devtools import kafka_broker, ports
 
 
 def test_cluster_ids_never_look_like_an_option():

@@ -15,8 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from airflow_exactly_once.devenv.maven import kafka_broker_jars
-from airflow_exactly_once.devenv.ports import reserve_port
+from devtools.maven import kafka_broker_jars
+from devtools.ports import reserve_port
 
 
 class LocalKafkaBroker:
@@ -179,7 +179,7 @@ def format_arguments(properties: Path, cluster: str) -> list[str]:
 
 
 def stop_pidfile(data_dir: str | Path) -> bool:
-    """Stop a broker started by `python -m airflow_exactly_once.devenv kafka start`."""
+    """Stop a broker started by `python -m devtools kafka start`."""
     pidfile = Path(data_dir) / "broker.pid"
     if not pidfile.exists():
         return False

@@ -16,7 +16,7 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.devenv.postgres import LocalPostgres
+from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.postgres import parse_gid, with_lock_timeout
 from airflow_exactly_once.sinks.postgres_transactions import make_gid, rollback_prepared

@@ -1,4 +1,4 @@
-"""`python -m airflow_exactly_once.devenv ...`: fetch jars, start or stop the local broker, PostgreSQL or
+"""`python -m devtools ...`: fetch jars, start or stop the local broker, PostgreSQL or
 Spark cluster, write docker/docker-compose.yml."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from airflow_exactly_once.devenv.kafka_broker import LocalKafkaBroker, stop_pidfile
-from airflow_exactly_once.devenv.maven import devenv_home, kafka_broker_jars, spark_kafka_jars
-from airflow_exactly_once.devenv.postgres import LocalPostgres, stop_data_dir
+from devtools.kafka_broker import LocalKafkaBroker, stop_pidfile
+from devtools.maven import devenv_home, kafka_broker_jars, spark_kafka_jars
+from devtools.postgres import LocalPostgres, stop_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_exactly_once.devenv")
+    parser = argparse.ArgumentParser(prog="python -m devtools")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-jars", help="fetch the Kafka broker and spark-sql-kafka jars with Maven")
     start = sub.add_parser("kafka-start", help="start a local broker in the background")
@@ -62,18 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "postgres-stop":
         print("stopped" if stop_data_dir(args.data_dir, mode=args.mode) else "no PostgreSQL server was running")
     elif args.command == "spark-start":
-        from airflow_exactly_once.devenv.spark_cluster import LocalSparkCluster
+        from devtools.spark_cluster import LocalSparkCluster
 
         cluster = LocalSparkCluster(args.data_dir, workers=args.workers, master_port=args.port,
                                     webui_port=args.webui_port).start()
         cluster.processes.clear()  # leave it running after this command exits
         print(f"Spark master ready at {cluster.master_url} (web UI {cluster.webui_url}, logs in {args.data_dir})")
     elif args.command == "spark-stop":
-        from airflow_exactly_once.devenv.spark_cluster import stop_pidfile as stop_spark
+        from devtools.spark_cluster import stop_pidfile as stop_spark
 
         print("stopped" if stop_spark(args.data_dir) else "no Spark cluster was running")
     elif args.command == "docker-compose":
-        from airflow_exactly_once.devenv import docker_stack
+        from devtools import docker_stack
 
         if args.write:
             print(f"wrote {docker_stack.write()}")

@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from airflow_exactly_once.devenv.__main__ import main
-from airflow_exactly_once.devenv.ports import reserve_port
-from airflow_exactly_once.devenv.postgres import LocalPostgres, ensure_postgres_installed
+from devtools.__main__ import main
+from devtools.ports import reserve_port
+from devtools.postgres import LocalPostgres, ensure_postgres_installed
 
 
 def test_server_binaries_are_found():

@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from airflow_exactly_once.devenv.ports import reserve_port
-from airflow_exactly_once.devenv.postgres import LocalPostgres
+from devtools.ports import reserve_port
+from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks.postgres_transactions import (
     MARKER_TABLE,
     PostgresTransactionError,
@@ -36,7 +36,7 @@ from airflow_exactly_once.sinks.postgres_transactions import (
     rollback_prepared,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
