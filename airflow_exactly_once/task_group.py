@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import TaskGroup
-
 from airflow_exactly_once.assets import batches_alias
+from airflow_exactly_once.compat import TaskGroup
 from airflow_exactly_once.operators.batch import (
     AbortBatchOperator,
     NotifyCompleteOperator,
@@ -30,7 +29,9 @@ def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskG
     for name in ("plan", "notify"):  # the tasks that commit batches announce them as Asset events
         per_task[name].setdefault("outlets", [batches_alias()])
     with TaskGroup(group_id=group_id) as group:
-        plan = PlanBatchOperator(task_id="plan", **pipeline, **per_task["plan"])
+        # plan checks the transaction timeout against the retry settings of these two tasks.
+        plan = PlanBatchOperator(task_id="plan", write_task_id=group.child_id("write"),
+                                 notify_task_id=group.child_id("notify_complete"), **pipeline, **per_task["plan"])
         batch_id = "{{ ti.xcom_pull(task_ids='%s') }}" % plan.task_id
         write = WriteBatchOperator(task_id="write", batch_id=batch_id, **pipeline, **per_task["write"])
         notify = NotifyCompleteOperator(task_id="notify_complete", batch_id=batch_id, **pipeline,

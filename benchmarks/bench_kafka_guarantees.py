@@ -57,6 +57,7 @@ def one_round(spark, bootstrap: str, source: str, guarantee: str, partitions: in
 
     from airflow_exactly_once.core.config import PipelineConfig
     from airflow_exactly_once.core.ledger import Ledger
+    from airflow_exactly_once.core.planning import plan_batch
     from airflow_exactly_once.core.protocol import BatchCoordinator
     from airflow_exactly_once.sinks import create_sink
     from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
@@ -70,8 +71,8 @@ def one_round(spark, bootstrap: str, source: str, guarantee: str, partitions: in
                             sink={"type": "kafka", "topic": f"{name}-out", "transaction_timeout_ms": 900_000,
                                   "producer_config": {"linger_ms": 20, "batch_size": 256 * 1024}}).validate()
     ledger = Ledger(f"sqlite:///{workdir / name}.db")
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink), lambda: KafkaOffsetSource(bootstrap))
-    batch_id = coordinator.plan("bench").batch.id
+    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
+    batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), "bench").batch.id
     started = time.perf_counter()
     summary = run_write(spark, coordinator, batch_id, transform=passthrough)
     written = time.perf_counter()

@@ -22,6 +22,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.sinks import create_sink
@@ -49,10 +50,9 @@ def exactly_once_batch(spark, work: Path, bootstrap: str, topic: str, n: int) ->
     config = PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
                             sink={"type": "parquet", "path": str(work / f"eo-{n}")}).validate()
     ledger = Ledger(f"sqlite:///{work / 'ledger.db'}")
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink),
-                                   lambda: KafkaOffsetSource(bootstrap))
+    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
     t0 = time.perf_counter()
-    batch = coordinator.plan(f"run-{n}").batch
+    batch = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), f"run-{n}").batch
     t1 = time.perf_counter()
     summary = run_write(spark, coordinator, batch.id)
     t2 = time.perf_counter()

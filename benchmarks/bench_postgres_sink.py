@@ -25,6 +25,7 @@ from airflow_exactly_once.core.states import BatchState
 from devtools.maven import postgres_jdbc_jars, use_prefetched_connector
 from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.spark.runner import run_partition_writers
 from airflow_exactly_once.spark.session import build_spark_session
 
 TABLE = "bench_rows"
@@ -34,8 +35,7 @@ DDL = f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, name text, amount double pr
 def write_exactly_once(sink, df, seq: int) -> None:
     batch = Batch(pipeline_id="bench", seq=seq, run_id=f"bench-{seq}", state=BatchState.PLANNED, epoch=1,
                   ranges=())
-    handles = sink.prepare(df, batch, "e1")
-    sink.commit(batch, handles)
+    sink.commit(batch, sink.stage(df, batch, run_partition_writers))
 
 
 def write_jdbc(df, server: LocalPostgres) -> None:

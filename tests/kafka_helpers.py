@@ -43,9 +43,12 @@ def settled_ends(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[To
         time.sleep(0.2)
 
 
-def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0) -> list[str]:
-    """Every value on `topic` visible under `isolation`, once the topic is settled."""
-    ends = settled_ends(bootstrap, topic, timeout_s)
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0,
+             settle: bool = True) -> list[str]:
+    """Every value on `topic` visible under `isolation`, once the topic is settled (or, with
+    settle=False, what read_committed consumers see right now, open transactions and all)."""
+    ends = (settled_ends(bootstrap, topic, timeout_s) if settle
+            else _ends(bootstrap, partitions_of(bootstrap, topic), "read_committed"))
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
                              consumer_timeout_ms=500)
     values: list[str] = []
@@ -81,9 +84,9 @@ def transaction_state(bootstrap: str, transactional_id: str) -> str:
         admin.close()
 
 
-def wait_transactions_ended(bootstrap: str, handles: dict[str, Any], timeout_s: float = 60.0) -> None:
-    """Wait until the broker has ended (here: timed out) every transaction of a batch's handles."""
-    tids = [w["transaction"]["transactional_id"] for w in handles["writers"] if w["transaction"]["started"]]
+def wait_transactions_ended(bootstrap: str, committable: Any, timeout_s: float = 60.0) -> None:
+    """Wait until the broker has ended (here: timed out) every transaction of a batch's KafkaCommittable."""
+    tids = [r.transactional_id for r in committable.transactions if r.transaction.started]
     deadline = time.monotonic() + timeout_s
     while any(transaction_state(bootstrap, tid) not in ("CompleteAbort", "CompleteCommit") for tid in tids):
         assert time.monotonic() < deadline, f"the broker never ended {tids}"

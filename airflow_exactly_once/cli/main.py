@@ -17,16 +17,23 @@ $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from typing import Any, Sequence
 
-from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.core.kafka_settings import REDACTED, KafkaSettings
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 
@@ -78,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                              "keep: leave it, the range is delivered again")
     rewind.add_argument("--reason", default="", help="recorded in the ledger with the rewind")
     rewind.add_argument("--bootstrap-servers", help="Kafka to ask (default: the pipeline's own)")
+    rewind.add_argument("--kafka-conn-id", help="the kafka connection to ask with (needed when the pipeline's "
+                                                "Kafka settings hold secrets, which the ledger does not store)")
     rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
     return parser
 
@@ -86,10 +95,28 @@ def _ledger_url(args: argparse.Namespace) -> str:
     if args.ledger_url:
         return args.ledger_url
     if args.ledger_conn_id or not os.environ.get(LEDGER_URL_ENV):
-        from airflow_exactly_once.hooks.ledger import LedgerHook
+        from airflow_exactly_once.hooks.ledger import LedgerHook  # Airflow only when asked for
 
         return LedgerHook(ledger_conn_id=args.ledger_conn_id).get_url()
     return os.environ[LEDGER_URL_ENV]
+
+
+def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
+    """The pipeline's Kafka settings from the ledger, or from --kafka-conn-id; --bootstrap-servers on top."""
+
+    if args.kafka_conn_id:
+        from airflow_exactly_once.hooks.kafka import connection_kafka_settings  # Airflow only when asked for
+
+        settings = connection_kafka_settings(args.kafka_conn_id)
+    else:
+        settings = config.kafka()
+        if REDACTED in settings.properties.values():
+            raise ConfigurationError("the pipeline's Kafka settings hold secrets that the ledger does not store: "
+                                     "pass --kafka-conn-id <its kafka connection>")
+    if args.bootstrap_servers:
+        settings = dataclasses.replace(settings, bootstrap_servers=args.bootstrap_servers,
+                                       origin="--bootstrap-servers")
+    return settings
 
 
 # -- reading -------------------------------------------------------------------------
@@ -173,7 +200,6 @@ def cmd_events(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
-    from airflow_exactly_once.core.audit import audit_pipeline
 
     report = audit_pipeline(ledger, _known(ledger, args.pipeline))
     if args.json:
@@ -192,17 +218,12 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
-    from airflow_exactly_once.core.config import PipelineConfig
-    from airflow_exactly_once.core.errors import ConfigurationError
-    from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
-    from airflow_exactly_once.sinks import create_sink
-    from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 
     pid = _known(ledger, args.pipeline)
     config = PipelineConfig.from_dict(ledger.pipeline(pid)["config"])
     positions = ledger.committed_positions(pid)
     tps = sorted(positions)
-    source = KafkaOffsetSource(args.bootstrap_servers or config.bootstrap_servers, config.kafka_config)
+    source = KafkaOffsetSource(_kafka_settings(config, args))
     try:
         log_starts = source.log_start_offsets(tps)
         if args.to_time:
@@ -241,7 +262,6 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _parse_offsets(items: list[str]) -> dict[tuple[str, int], int]:
-    from airflow_exactly_once.core.errors import ConfigurationError
 
     targets = {}
     for item in items:
@@ -258,8 +278,6 @@ def _parse_offsets(items: list[str]) -> dict[tuple[str, int], int]:
 
 def _known(ledger: Ledger, pipeline_id: str) -> str:
     if ledger.pipeline(pipeline_id) is None:
-        from airflow_exactly_once.core.errors import ConfigurationError
-
         known = ", ".join(p["pipeline_id"] for p in ledger.list_pipelines()) or "none"
         raise ConfigurationError(f"no pipeline {pipeline_id!r} in this ledger (known: {known})")
     return pipeline_id

@@ -9,10 +9,11 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.kafka_settings import KafkaSettings, redact_settings, secret_settings
 from airflow_exactly_once.core.model import dumps
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 
@@ -30,27 +31,56 @@ INTERVAL_RERUNS = ("noop", "replace")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
+def argument(default: Any = MISSING, doc: str = "", *, templated: bool = True, factory: Any = MISSING) -> Any:
+    """A pipeline setting: its default and the one sentence the operators' `:param` lines and docs show."""
+    metadata = {"doc": doc, "templated": templated}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class PipelineConfig:
-    pipeline_id: str
-    topics: list[str]
-    sink: dict[str, Any]
-    bootstrap_servers: str = ""
-    startup_mode: str = "earliest"
-    new_partition_start: str = "earliest"
-    max_records_per_partition: int | None = None
-    data_loss_policy: str = "fail"
-    transform: str | None = None
-    kafka_config: dict[str, Any] = field(default_factory=dict)
-    guarantee: str = "EXACTLY_ONCE"
-    # Opt-in: after notify_complete, copy the committed offsets to this consumer group (monitoring only).
-    mirror_consumer_group: str | None = None
-    startup_timestamp: int | str | None = None
-    startup_offsets: dict[str, Any] | None = None
-    startup_group_id: str | None = None
-    startup_fallback: str = "earliest"
-    range_mode: str = "continuation"
-    interval_rerun: str = "noop"
+    """Every pipeline setting, declared once: the operators take these as arguments (see operators.arguments)."""
+
+    pipeline_id: str = argument(doc="Names the pipeline in the ledger, transactions and folders; one per "
+                                    "topics-to-sink flow (letters, digits, '_', '.', '-').")
+    topics: list[str] = argument(doc="The Kafka topic(s) to read (a name or a list).")
+    sink: dict[str, Any] = argument(doc="Where the output goes: a dict with a 'type' (parquet, kafka, postgres) "
+                                        "and that sink's settings; see the sink pages of the docs.")
+    bootstrap_servers: str = argument("", "Kafka servers 'host:port,...'; default: the kafka connection's "
+                                          "'bootstrap.servers'.")
+    startup_mode: str = argument("earliest", "Where a new pipeline starts: earliest, latest, timestamp, "
+                                             "specific_offsets or group_offsets (the ledger always wins later).")
+    new_partition_start: str = argument("earliest", "Where partitions that appear later start: earliest or "
+                                                    "latest.")
+    max_records_per_partition: int | None = argument(None, "Upper bound of offsets per partition in one batch "
+                                                           "(continuation mode); None reads up to the end.")
+    data_loss_policy: str = argument("fail", "What to do when planned offsets are gone (retention, deleted "
+                                             "topic): fail, or skip and record the loss.")
+    transform: str | None = argument(None, "A function DataFrame -> DataFrame, or 'module:function' (needed on "
+                                           "a Spark cluster).", templated=False)
+    kafka_config: dict[str, Any] = argument(doc="Kafka client settings (librdkafka/Java names such as "
+                                                "security.protocol) on top of the kafka connection's extra.",
+                                            factory=dict)
+    guarantee: str | None = argument(None, "Old spelling of the Kafka sink's 'guarantee' (NONE, AT_LEAST_ONCE, "
+                                           "EXACTLY_ONCE); give it in the sink spec instead.")
+    mirror_consumer_group: str | None = argument(None, "Opt-in: after each commit, copy the committed offsets "
+                                                       "to this consumer group (monitoring only).")
+    startup_timestamp: int | str | None = argument(None, "startup_mode='timestamp': epoch ms or ISO-8601 time "
+                                                         "to start from.")
+    startup_offsets: dict[str, Any] | None = argument(None, "startup_mode='specific_offsets': {'topic': "
+                                                            "{partition: offset}}.")
+    startup_group_id: str | None = argument(None, "startup_mode='group_offsets': the consumer group whose "
+                                                  "committed offsets say where to start.")
+    startup_fallback: str = argument("earliest", "startup_mode timestamp/specific_offsets/group_offsets: where "
+                                                 "partitions they say nothing about start.")
+    range_mode: str = argument("continuation", "continuation (each run continues where the last batch ended) or "
+                                               "interval (each run reads its data interval).")
+    interval_rerun: str = argument("noop", "range_mode='interval': re-running a processed interval is a recorded "
+                                           "no-op (noop) or replaces its output (replace).")
+    # Where bootstrap_servers came from, for error messages (set by the operators; not an argument).
+    kafka_origin: str = field(default="bootstrap_servers", metadata={"argument": False})
 
     def validate(self) -> "PipelineConfig":
         if not _PIPELINE_ID.match(self.pipeline_id or ""):
@@ -61,15 +91,11 @@ class PipelineConfig:
             self.topics = [self.topics]
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
             raise ConfigurationError("topics must be a non-empty list of Kafka topic names")
-        if not self.bootstrap_servers:
-            raise ConfigurationError(
-                "no Kafka bootstrap servers: pass bootstrap_servers='host:port' or a kafka connection whose "
-                "extra has {\"bootstrap.servers\": \"host:port\"}")
+        self.kafka().require_servers().check()
         for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
                                      ("new_partition_start", self.new_partition_start, NEW_PARTITION_STARTS),
                                      ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
                                      ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES),
-                                     ("guarantee", self.guarantee, GUARANTEES),
                                      ("range_mode", self.range_mode, RANGE_MODES),
                                      ("interval_rerun", self.interval_rerun, INTERVAL_RERUNS)):
             if value not in allowed:
@@ -79,6 +105,7 @@ class PipelineConfig:
             raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
         if not isinstance(self.sink, dict) or "type" not in self.sink:
             raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
+        self._fold_guarantee()
         if self.mirror_consumer_group is not None and not (isinstance(self.mirror_consumer_group, str)
                                                            and self.mirror_consumer_group.strip()):
             raise ConfigurationError("mirror_consumer_group must be a consumer group id (a non-empty string), "
@@ -86,6 +113,30 @@ class PipelineConfig:
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
+
+    def _fold_guarantee(self) -> None:
+        """`guarantee=` is the old spelling of the sink's own setting: move it into the sink spec.
+
+        Only the Kafka sink has more than one guarantee, so it belongs to the sink; the default
+        (EXACTLY_ONCE) is not written into the spec, so existing pipelines keep their fingerprint.
+        """
+        if self.guarantee is None:
+            return
+        if self.guarantee not in GUARANTEES:
+            raise ConfigurationError(f"guarantee={self.guarantee!r} is not supported; choose one of "
+                                     f"{', '.join(GUARANTEES)}")
+        given = self.sink.get("guarantee")
+        if given is not None and given != self.guarantee:
+            raise ConfigurationError(f"guarantee={self.guarantee!r} contradicts the sink's guarantee={given!r}; "
+                                     "give it once, in the sink spec")
+        if given is None and self.guarantee != "EXACTLY_ONCE":
+            self.sink = {**self.sink, "guarantee": self.guarantee}
+        self.guarantee = None
+
+    def kafka(self) -> KafkaSettings:
+        """The source cluster's client settings."""
+        return KafkaSettings.from_mapping(self.kafka_config, bootstrap_servers=self.bootstrap_servers,
+                                          origin=self.kafka_origin)
 
     def _validate_startup(self) -> None:
         """Check the startup mode's own argument and bring it into its stored form."""
@@ -118,11 +169,35 @@ class PipelineConfig:
         return result
 
     def to_dict(self) -> dict[str, Any]:
+        """Everything, secrets included: what travels to executors and in-process writes."""
         return asdict(self)
+
+    def to_stored_dict(self) -> dict[str, Any]:
+        """What the ledger keeps: secrets (SASL passwords, key passwords) replaced; see secrets()."""
+        stored = asdict(self)
+        stored["kafka_config"] = redact_settings(self.kafka_config)
+        if isinstance(self.sink.get("kafka_config"), dict):
+            stored["sink"] = {**self.sink, "kafka_config": redact_settings(self.sink["kafka_config"])}
+        return stored
+
+    def secrets(self) -> dict[str, Any]:
+        """The parts to_stored_dict() leaves out, for a write that reads its settings from the ledger."""
+        return {"kafka_config": secret_settings(self.kafka_config),
+                "sink.kafka_config": secret_settings(self.sink.get("kafka_config"))}
+
+    def with_secrets(self, secrets: dict[str, Any]) -> "PipelineConfig":
+        """A stored config made whole again with secrets() of the original."""
+        config = PipelineConfig.from_dict(self.to_dict())
+        config.kafka_config = {**config.kafka_config, **secrets.get("kafka_config", {})}
+        if secrets.get("sink.kafka_config"):
+            config.sink = {**config.sink, "kafka_config": {**config.sink.get("kafka_config", {}),
+                                                           **secrets["sink.kafka_config"]}}
+        return config
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def fingerprint(self) -> str:
         """Changes when what the pipeline reads, transforms or writes changes."""

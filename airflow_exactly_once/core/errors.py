@@ -57,3 +57,21 @@ class IntervalNotOverError(ExactlyOnceError):
     """Interval mode: the run's data interval has not ended yet, so its records are not all there."""
 
     retriable = True
+
+
+def error_to_dict(exc: BaseException) -> dict[str, object]:
+    """An error as plain data, to cross a process boundary (executor -> driver, spark-submit job -> task)."""
+    retriable = exc.retriable if isinstance(exc, ExactlyOnceError) else True
+    # A sink's own subclass (e.g. PostgresTransactionError) travels as the class of ours it extends.
+    ours = next((c for c in type(exc).__mro__ if globals().get(c.__name__) is c), type(exc))
+    return {"type": ours.__name__, "retriable": retriable, "message": str(exc)[:4000]}
+
+
+def error_from_dict(data: dict[str, object]) -> ExactlyOnceError:
+    """The error error_to_dict() described: the same class and retriability when it is one of ours."""
+    cls = globals().get(str(data.get("type", "")))
+    message = str(data.get("message", ""))
+    retriable = bool(data.get("retriable", True))
+    if isinstance(cls, type) and issubclass(cls, ExactlyOnceError):
+        return cls(message, retriable=retriable)
+    return ExactlyOnceError(f"{data.get('type')}: {message}", retriable=retriable)

@@ -337,8 +337,12 @@ class Ledger:
         with self.engine.begin() as conn:
             epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
             for seq in supersede:
-                self._set_state(conn, BatchId(pipeline_id, seq), BatchState.PLANNED, BatchState.ABORTED,
-                                error=f"superseded by run {run_id}")
+                try:
+                    self._set_state(conn, BatchId(pipeline_id, seq), BatchState.PLANNED, BatchState.ABORTED,
+                                    error=f"superseded by run {run_id}")
+                except FencedError as exc:
+                    # Its write finished (PREPARED) after this run looked: plan again, recovering it first.
+                    raise FencedError(f"{exc}; planning again", retriable=True) from exc
                 self._event(conn, pipeline_id, seq, "superseded",
                             f"batch {seq} was still PLANNED and was taken over by run {run_id}")
             last = conn.execute(sa.select(sa.func.max(batches.c.batch_seq))

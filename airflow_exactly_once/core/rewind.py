@@ -126,7 +126,7 @@ def finish_retractions(ledger: Ledger, sink: Sink, pipeline_id: str) -> list[str
     """Withdraw the output of RETRACTED batches not yet confirmed withdrawn. Idempotent."""
     done = []
     for batch in ledger.pending_retractions(pipeline_id):
-        message = sink.retract(batch, batch.handles)
+        message = sink.retract(batch, sink.committable(batch.handles))
         ledger.update_details(batch.id, output_retracted=True)
         done.append(f"batch {batch.seq}: {message}")
     return done

@@ -1,49 +1,93 @@
-"""The sink side of the two-phase commit (Flink's TwoPhaseCommitSinkFunction).
+"""The sink side of the two-phase commit, in three small pieces.
 
-`prepare` runs inside the write task and leaves output staged but invisible, returning
-JSON handles; the driver stores them in the ledger when the batch becomes PREPARED.
-`commit` and `abort` run later, often in another process, from those handles alone,
-and must be idempotent because a crash can interrupt them at any point.
+As in Flink's Kafka connector (KafkaWriter, KafkaCommittable, KafkaCommitter) and PySpark's
+Python data sources (DataSourceArrowWriter, WriterCommitMessage):
+
+* a partition writer (`PartitionWriter`) runs on the Spark executors, writes one partition's
+  rows staged and invisible, and returns a small picklable commit message;
+* a committable (`Committable`) is what the driver makes of a batch's commit messages; it is
+  stored in the ledger, as JSON handles, when the batch becomes PREPARED;
+* the committer (`Sink.commit` / `abort` / `retract`) makes a batch's output visible or takes
+  it away again from the committable alone, in any process, idempotently.
+
+The framework owns the executor-to-driver plumbing (airflow_exactly_once.spark.runner runs
+the writers and brings messages and errors back); a sink's `stage` only says what to run.
+Nothing here imports PySpark: a DataFrame reaches `stage` as an object whose methods it calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, ClassVar, Iterator
 
+from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch
-
-if TYPE_CHECKING:
-    from airflow_exactly_once.core.config import PipelineConfig
 
 Handles = dict[str, Any]
 
 
-class Sink(ABC):
-    """One sink type. Instances are built from a JSON spec, so they work after spark-submit."""
+class Committable(ABC):
+    """A batch's staged output, as its committer needs it."""
 
-    type_name: str = ""
-    # The `guarantee=` levels this sink implements; staged-and-published sinks only have one.
-    guarantees: tuple[str, ...] = ("EXACTLY_ONCE",)
+    @abstractmethod
+    def to_handles(self) -> Handles:
+        """JSON for the ledger; `from_handles` must read it back in any later release."""
+
+    @classmethod
+    @abstractmethod
+    def from_handles(cls, handles: Handles) -> "Committable":
+        ...
+
+
+class PartitionWriter(ABC):
+    """Writes one Spark partition on an executor; pickled into the Spark task, so it holds plain settings."""
+
+    @abstractmethod
+    def write(self, partition: int, batches: Iterator[Any]) -> Any | None:
+        """Write the partition's pyarrow RecordBatches staged; return its commit message (None: nothing staged).
+
+        Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: the runner
+        carries it to the driver with its class and `retriable`.
+        """
+
+
+# How a sink gets its partition writers run: (DataFrame, writer) -> one commit message per partition.
+RunWriters = Callable[[Any, PartitionWriter], list[Any]]
+
+
+class Sink(ABC):
+    """One sink type, built from a JSON spec, so it works after spark-submit too."""
+
+    type_name: ClassVar[str] = ""
+    # The guarantees this sink implements; staged-and-published sinks have only one.
+    guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
     # Whether committed output can be withdrawn again (rewinds, interval replacement).
-    supports_retract: bool = False
+    supports_retract: ClassVar[bool] = False
+    committable_type: ClassVar[type[Committable]]
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
-        self.pipeline: "PipelineConfig | None" = None
+        self.pipeline: PipelineConfig | None = None
 
-    def bind(self, config: "PipelineConfig") -> "Sink":
-        """Give the sink the pipeline settings it may share (servers, client settings, guarantee)."""
-        if config.guarantee not in self.guarantees:
-            raise ConfigurationError(
-                f"the {self.type_name or type(self).__name__} sink does not implement guarantee="
-                f"{config.guarantee!r}; choose one of {', '.join(self.guarantees)}")
+    @property
+    def name(self) -> str:
+        return self.type_name or type(self).__name__
+
+    @property
+    def guarantee(self) -> str:
+        return str(self.spec.get("guarantee") or "EXACTLY_ONCE")
+
+    def bind(self, config: PipelineConfig) -> "Sink":
+        """Give the sink the pipeline settings it may share (servers, client settings)."""
+        if self.guarantee not in GUARANTEES or self.guarantee not in self.guarantees:
+            raise ConfigurationError(f"the {self.name} sink does not implement guarantee={self.guarantee!r}; "
+                                     f"choose one of {', '.join(self.guarantees)}")
         self.pipeline = config
         return self
 
     def commit_deadline_ms(self) -> int | None:
-        """How long pre-committed output survives before the sink discards it; None: until aborted.
+        """How long staged output survives before the sink discards it; None: until aborted.
 
         The plan task checks the DAG's retry settings against it (a commit that comes later
         finds the output gone and the batch is processed again).
@@ -53,39 +97,40 @@ class Sink(ABC):
     def check(self, pipeline_id: str) -> None:
         """Plan-time validation against the real system (permissions, server settings)."""
 
-    @abstractmethod
-    def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
-        """Write `data` (a Spark DataFrame) staged and invisible; return commit handles.
+    # -- write (the driver, in the Spark job) --------------------------------------
 
-        On failure it removes what this attempt staged before raising.
+    @abstractmethod
+    def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> Committable:
+        """Write `frame` (a Spark DataFrame) staged and invisible; on failure remove what this attempt staged.
+
+        `batch.epoch` identifies the attempt (each write attempt claims the batch anew).
         """
 
+    # -- the committer (notify_complete, abort, recovery, rewinds) -------------------
+
+    def committable(self, handles: Handles | None) -> Committable | None:
+        return None if handles is None else self.committable_type.from_handles(handles)
+
     @abstractmethod
-    def commit(self, batch: Batch, handles: Handles) -> str:
+    def commit(self, batch: Batch, committable: Committable) -> str:
         """Make the staged output visible. Idempotent. Raises TransactionLostError if it is gone."""
 
     @abstractmethod
-    def abort(self, batch: Batch, handles: Handles | None) -> str:
-        """Discard staged output of every attempt of `batch`. Idempotent."""
+    def abort(self, batch: Batch, committable: Committable | None) -> str:
+        """Discard the staged output of `committable` (one attempt), or of every attempt of `batch` (None)."""
 
-    def count_output(self, handles: Handles) -> int | None:
-        """Records staged, if the sink can tell cheaply."""
-        return handles.get("records")
-
-    # -- withdrawing committed output (optional) ------------------------------------
-
-    def retract(self, batch: Batch, handles: Handles | None) -> str:
+    def retract(self, batch: Batch, committable: Committable | None) -> str:
         """Remove the committed output of `batch` (a rewind, or replaced by a re-run). Idempotent."""
         raise ConfigurationError(
-            f"the {self.type_name or type(self).__name__} sink cannot withdraw committed output: rewind with "
-            "--output keep (the range is delivered again) or re-run intervals with interval_rerun='noop'")
+            f"the {self.name} sink cannot withdraw committed output: rewind with --output keep (the range is "
+            "delivered again) or re-run intervals with interval_rerun='noop'")
 
-    def commit_replacing(self, batch: Batch, handles: Handles, replaced: Batch) -> str:
+    def commit_replacing(self, batch: Batch, committable: Committable, replaced: Batch) -> str:
         """Commit `batch` in place of the committed output of `replaced`. Idempotent.
 
         The default publishes first and withdraws the old output after, so a crash in
         between can show both for a moment but never loses data; sinks that can swap
-        atomically should override it.
+        atomically override it.
         """
-        outcome = self.commit(batch, handles)
-        return f"{outcome}; {self.retract(replaced, replaced.handles)}"
+        outcome = self.commit(batch, committable)
+        return f"{outcome}; {self.retract(replaced, self.committable(replaced.handles))}"

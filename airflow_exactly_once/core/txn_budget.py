@@ -59,10 +59,11 @@ def check_transaction_timeout(transaction_timeout_ms: int, write: RetryBudget | 
     opens new ones), then every notify_complete attempt and the waits between them.
     """
     warnings: list[str] = []
-    for name, task in (("write", write), ("notify_complete", notify)):
+    for name, param, task in (("write", "write_task_id", write), ("notify_complete", "notify_task_id", notify)):
         if task is None:
-            warnings.append(f"no {name} task of this pipeline was found downstream of plan, so its retry "
-                            "settings could not be checked against transaction_timeout_ms")
+            warnings.append(f"plan does not know this pipeline's {name} task (the task group tells it; wired by "
+                            f"hand, give PlanBatchOperator {param}=...), so its retry settings could not be "
+                            "checked against transaction_timeout_ms")
         elif task.execution_timeout_s is None:
             warnings.append(f"task {task.task_id} has no execution_timeout, so how long it runs is unbounded "
                             f"and only its retry delays were checked against transaction_timeout_ms; set "

@@ -8,8 +8,7 @@ its real message and a lost broker is retried, exactly as on the in-process path
 
 from __future__ import annotations
 
-from airflow_exactly_once.core import errors
-from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.errors import ExactlyOnceError, error_from_dict, error_to_dict
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import BatchId
 
@@ -18,9 +17,7 @@ KEY = "write_error"
 
 def record_failure(ledger: Ledger, batch_id: BatchId, exc: BaseException, epoch: int | None) -> None:
     """Report `exc` of the attempt holding `epoch` (None: it failed before claiming the batch)."""
-    retriable = exc.retriable if isinstance(exc, ExactlyOnceError) else True
-    ledger.update_details(batch_id, **{KEY: {"type": type(exc).__name__, "retriable": retriable,
-                                             "message": str(exc)[:4000], "epoch": epoch}})
+    ledger.update_details(batch_id, **{KEY: {**error_to_dict(exc), "epoch": epoch}})
 
 
 def clear_failure(ledger: Ledger, batch_id: BatchId) -> None:
@@ -38,9 +35,4 @@ def recorded_failure(ledger: Ledger, batch_id: BatchId) -> ExactlyOnceError | No
     report = batch.details.get(KEY)
     if not report or report.get("epoch") not in (None, batch.epoch):
         return None
-    cls = getattr(errors, report.get("type", ""), None)
-    message = report.get("message", "")
-    if isinstance(cls, type) and issubclass(cls, ExactlyOnceError):
-        return cls(message, retriable=bool(report.get("retriable")))
-    return ExactlyOnceError(f"the Spark job failed with {report.get('type')}: {message}",
-                            retriable=bool(report.get("retriable", True)))
+    return error_from_dict(report)

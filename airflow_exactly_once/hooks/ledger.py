@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from airflow.sdk import BaseHook
-
+from airflow_exactly_once.compat import BaseHook
 from airflow_exactly_once.core.ledger import Ledger
 
 EMBEDDED_LEDGER_FILE = "exactly_once_ledger.db"

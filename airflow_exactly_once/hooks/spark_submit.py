@@ -8,6 +8,7 @@ them) and a zip of this package and of the transform's module (`--py-files`).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINA
 
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import BatchId
-from airflow_exactly_once.spark.job import LEDGER_URL_ENV
+from airflow_exactly_once.spark.job import LEDGER_URL_ENV, SECRETS_ENV
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.connector import spark_home, with_kafka_connector
 from airflow_exactly_once.spark.shipping import build_bundle
@@ -32,7 +33,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
     """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
-                 spark_conf: dict[str, Any] | None = None) -> None:
+                 spark_conf: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None) -> None:
         conf = {k: str(v) for k, v in with_kafka_connector(spark_conf or {}).items()}
         master = conf.pop("spark.master", None)
         # --jars and --py-files replace spark.jars and spark.submit.pyFiles: merge, never drop the user's.
@@ -43,7 +44,8 @@ class WriteJobSubmitHook(SparkSubmitHook):
         self.transform = transform
         super().__init__(conf=conf, conn_id=spark_conn_id, name=f"exactly-once {batch_id}",
                          jars=user_jars or None,
-                         application_args=["--batch-id", str(batch_id)], env_vars={LEDGER_URL_ENV: ledger_url})
+                         application_args=["--batch-id", str(batch_id)],
+                         env_vars={LEDGER_URL_ENV: ledger_url, SECRETS_ENV: json.dumps(secrets or {})})
         if master and master != self._connection["master"]:
             self.log.warning("spark_conf sets spark.master=%s; the %s connection's master %s is used instead",
                              master, spark_conn_id, self._connection["master"])

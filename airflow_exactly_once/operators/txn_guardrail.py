@@ -1,8 +1,8 @@
 """Reads the write/notify_complete retry settings off the DAG for the transaction timeout guardrail.
 
 The rule itself is pure and lives in airflow_exactly_once.core.txn_budget; this module only
-finds the pipeline's write and notify_complete tasks downstream of `plan` and turns their
-Airflow settings into numbers.
+looks up the pipeline's write and notify_complete tasks (the task group names them to plan)
+and turns their Airflow settings into numbers.
 """
 
 from __future__ import annotations
@@ -32,27 +32,25 @@ def retry_budget(task: Any) -> RetryBudget:
     )
 
 
-def _nearest_downstream(task: Any, cls: type) -> Any | None:
-    """The closest task of type `cls` after `task` (breadth first), so each task group finds its own."""
-    seen, level = set(), list(task.downstream_list)
-    while level:
-        for candidate in level:
-            if isinstance(candidate, cls):
-                return candidate
-        seen.update(t.task_id for t in level)
-        level = [t for c in level for t in c.downstream_list if t.task_id not in seen]
-    return None
+def _task(plan_task: Any, task_id: str | None) -> Any | None:
+    """The task `task_id` of plan's DAG (None if not given or not there)."""
+    dag = getattr(plan_task, "dag", None)
+    if task_id is None or dag is None or not dag.has_task(task_id):
+        return None
+    return dag.get_task(task_id)
 
 
-def check_commit_deadline(plan_task: Any, sink: Sink, log: logging.Logger) -> None:
-    """Fail `plan` when the sink's pre-committed output can expire before notify_complete's last retry."""
-    from airflow_exactly_once.operators.batch import NotifyCompleteOperator, WriteBatchOperator
+def check_commit_deadline(plan_task: Any, sink: Sink, write_task_id: str | None, notify_task_id: str | None,
+                          log: logging.Logger) -> None:
+    """Fail `plan` when the sink's pre-committed output can expire before notify_complete's last retry.
 
+    The task group tells plan which tasks are its write and notify_complete (`write_task_id`,
+    `notify_task_id`); without them the check warns that it could not read their settings.
+    """
     deadline_ms = sink.commit_deadline_ms()
     if deadline_ms is None:
         return
-    write = _nearest_downstream(plan_task, WriteBatchOperator)
-    notify = _nearest_downstream(plan_task, NotifyCompleteOperator)
+    write, notify = _task(plan_task, write_task_id), _task(plan_task, notify_task_id)
     for warning in check_transaction_timeout(deadline_ms, write and retry_budget(write),
                                              notify and retry_budget(notify)):
         log.warning("transaction timeout check: %s", warning)

@@ -1,4 +1,9 @@
-"""Sink adapters, built from a JSON spec such as {"type": "parquet", "path": "/data/out"}."""
+"""Sink types, built from a JSON spec such as {"type": "parquet", "path": "/data/out"}.
+
+Each sink is three small pieces (see core.sink): a partition writer, a committable and the
+committer; a sink package is imported only when a pipeline uses it, so its client library
+(kafka-python, psycopg2) is needed only then.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ from airflow_exactly_once.core.sink import Sink
 
 SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
-    "postgres": "airflow_exactly_once.sinks.postgres:PostgresSink",
-    "kafka": "airflow_exactly_once.sinks.kafka:KafkaSink",
+    "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
+    "kafka": "airflow_exactly_once.sinks.kafka.sink:KafkaSink",
 }
 
 

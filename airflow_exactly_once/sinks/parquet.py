@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Handles, Sink
+from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink
 
 
 def _local_path(path: str) -> Path:
@@ -34,9 +35,28 @@ def _local_path(path: str) -> Path:
     return Path(path)
 
 
+@dataclass(frozen=True)
+class StagedFolder(Committable):
+    """One write attempt's files: where they are staged and where they get published."""
+
+    staging: str
+    final: str
+    files: tuple[str, ...] = ()
+
+    def to_handles(self) -> Handles:
+        return {"staging": self.staging, "final": self.final, "files": list(self.files)}
+
+    @classmethod
+    def from_handles(cls, handles: Handles) -> "StagedFolder":
+        return cls(str(handles["staging"]), str(handles["final"]), tuple(handles.get("files", ())))
+
+
 class ParquetSink(Sink):
+    """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
+
     type_name = "parquet"
     supports_retract = True
+    committable_type = StagedFolder
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
@@ -49,8 +69,9 @@ class ParquetSink(Sink):
     def final_dir(self, batch: Batch) -> Path:
         return self.root / f"batch_seq={batch.seq}"
 
-    def staging_dir(self, batch: Batch, attempt: str) -> Path:
-        return self.root / "_staging" / f"batch-{batch.seq:09d}-{attempt}"
+    def staging_dir(self, batch: Batch) -> Path:
+        """One folder per write attempt (the epoch of its claim)."""
+        return self.root / "_staging" / f"batch-{batch.seq:09d}-e{batch.epoch}"
 
     def manifest_entry(self, batch: Batch) -> Path:
         return self.root / "_manifest" / f"batch-{batch.seq:09d}.json"
@@ -70,18 +91,18 @@ class ParquetSink(Sink):
         except PermissionError as exc:
             raise ConfigurationError(f"cannot write to the parquet sink path {self.root}: {exc}") from exc
 
-    def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
-        staging = self.staging_dir(batch, attempt)
+    def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedFolder:
+        staging = self.staging_dir(batch)
         try:
-            data.write.mode("overwrite").parquet(str(staging))
+            frame.write.mode("overwrite").parquet(str(staging))
         except Exception:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        files = sorted(p.name for p in staging.glob("*.parquet"))
-        return {"staging": str(staging), "final": str(self.final_dir(batch)), "files": files}
+        files = tuple(sorted(p.name for p in staging.glob("*.parquet")))
+        return StagedFolder(str(staging), str(self.final_dir(batch)), files)
 
-    def commit(self, batch: Batch, handles: Handles) -> str:
-        staging, final = Path(handles["staging"]), Path(handles["final"])
+    def commit(self, batch: Batch, committable: StagedFolder) -> str:
+        staging, final = Path(committable.staging), Path(committable.final)
         if final.exists():
             outcome = "output was already published"
         elif staging.exists():
@@ -90,18 +111,18 @@ class ParquetSink(Sink):
         else:
             raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
                                        "published")
-        self._write_manifest(batch, handles)
+        self._write_manifest(batch, committable)
         self._remove_staging(batch)  # leftovers of attempts that were fenced or killed
         return outcome
 
-    def abort(self, batch: Batch, handles: Handles | None) -> str:
-        if handles is not None:
-            shutil.rmtree(handles["staging"], ignore_errors=True)
-            return f"removed {handles['staging']}"
+    def abort(self, batch: Batch, committable: StagedFolder | None) -> str:
+        if committable is not None:
+            shutil.rmtree(committable.staging, ignore_errors=True)
+            return f"removed {committable.staging}"
         removed = self._remove_staging(batch)
         return f"removed {removed} staged attempt(s) of batch {batch.seq}"
 
-    def retract(self, batch: Batch, handles: Handles | None) -> str:
+    def retract(self, batch: Batch, committable: StagedFolder | None) -> str:
         """Withdraw a committed batch: one rename hides it from readers, then it is deleted."""
         final = self.final_dir(batch)
         self.manifest_entry(batch).unlink(missing_ok=True)
@@ -113,14 +134,14 @@ class ParquetSink(Sink):
         shutil.rmtree(trash, ignore_errors=True)
         return f"withdrew {final.name}"
 
-    def commit_replacing(self, batch: Batch, handles: Handles, replaced: Batch) -> str:
+    def commit_replacing(self, batch: Batch, committable: StagedFolder, replaced: Batch) -> str:
         """Hide the old batch, then publish the new one: readers never see both at once."""
-        staging, final = Path(handles["staging"]), Path(handles["final"])
+        staging, final = Path(committable.staging), Path(committable.final)
         if not final.exists() and not staging.exists():
             raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
                                        "published")
-        withdrawn = self.retract(replaced, replaced.handles)
-        return f"{withdrawn}; {self.commit(batch, handles)} in its place"
+        withdrawn = self.retract(replaced, None)
+        return f"{withdrawn}; {self.commit(batch, committable)} in its place"
 
     # -- helpers -------------------------------------------------------------------
 
@@ -131,7 +152,7 @@ class ParquetSink(Sink):
             shutil.rmtree(path, ignore_errors=True)
         return len(leftovers)
 
-    def _write_manifest(self, batch: Batch, handles: Handles) -> None:
+    def _write_manifest(self, batch: Batch, committable: StagedFolder) -> None:
         entry = self.manifest_entry(batch)
         entry.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -139,7 +160,7 @@ class ParquetSink(Sink):
             "batch_seq": batch.seq,
             "run_id": batch.run_id,
             "ranges": [r.__dict__ for r in batch.ranges],
-            "files": handles.get("files", []),
+            "files": list(committable.files),
             "input_records": batch.input_records,
             "output_records": batch.output_records,
             "published_at": datetime.now(timezone.utc).isoformat(),

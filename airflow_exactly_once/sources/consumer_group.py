@@ -16,16 +16,16 @@ from kafka import KafkaAdminClient, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.core.ledger import Ledger
-from airflow_exactly_once.sources.kafka_offsets import consumer_config
 
 log = logging.getLogger(__name__)
 
 
-def _alter(servers: str, settings: dict, group: str, offsets: dict) -> dict:
+def _alter(settings: KafkaSettings, group: str, offsets: dict) -> dict:
     """Per-partition errors of one AlterOffsets attempt (an exception counts for all partitions)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=servers, **settings)
+        admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
         try:
             return {tp: err for tp, err in admin.alter_group_offsets(group, offsets).items()
                     if err is not Errors.NoError}
@@ -43,10 +43,10 @@ def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: 
     positions = ledger.committed_positions(config.pipeline_id)
     offsets = {TopicPartition(t, p): OffsetAndMetadata(o, f"airflow-exactly-once:{config.pipeline_id}", -1)
                for (t, p), o in sorted(positions.items())}
-    settings = {k: v for k, v in consumer_config(config.kafka_config).items() if k in KafkaAdminClient.DEFAULT_CONFIG}
+    settings = config.kafka()
     deadline = time.monotonic() + timeout_s
     while True:
-        errors = _alter(config.bootstrap_servers, settings, group, offsets)
+        errors = _alter(settings, group, offsets)
         retriable = all(getattr(e, "retriable", False) for e in errors.values())
         if not errors or not retriable or time.monotonic() > deadline:
             break

@@ -2,57 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Any
+from kafka import KafkaAdminClient, KafkaConsumer
+from kafka import TopicPartition as KafkaTP
+from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.errors import ConfigurationError, SourceUnavailableError
+from airflow_exactly_once.core.kafka_settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
 
-# Settings that would let a consumer move offsets on its own; the ledger owns offsets.
-_FORBIDDEN = {"enable_auto_commit", "group_id", "isolation_level"}
-# Connection settings an admin client (used to read a group's offsets) understands too.
-_ADMIN_SETTINGS = {"security_protocol", "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password",
-                   "ssl_check_hostname", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
-                   "sasl_kerberos_service_name", "sasl_oauth_token_provider", "client_id"}
-
-
-def consumer_config(kafka_config: dict[str, Any]) -> dict[str, Any]:
-    """kafka-python keyword arguments from user settings (dots or underscores accepted)."""
-    config = {key.replace(".", "_"): value for key, value in (kafka_config or {}).items()}
-    bad = _FORBIDDEN & set(config)
-    if bad:
-        raise ConfigurationError(
-            f"kafka_config must not set {', '.join(sorted(bad))}: the ledger owns offsets and reads are "
-            "always read_committed; remove them")
-    return config
-
 
 class KafkaOffsetSource:
-    def __init__(self, bootstrap_servers: str, kafka_config: dict[str, Any] | None = None,
-                 timeout_ms: int = 15_000) -> None:
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaError
+    """Partitions and offsets of the source topics (read_committed), with the pipeline's client settings."""
 
-        self.bootstrap_servers = bootstrap_servers
-        self.kafka_config = dict(kafka_config or {})
+    def __init__(self, settings: KafkaSettings, timeout_ms: int = 15_000) -> None:
+        self.settings = settings
+        self.bootstrap_servers = settings.bootstrap_servers
         self.timeout_ms = timeout_ms
         try:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=bootstrap_servers,
-                enable_auto_commit=False,
-                isolation_level="read_committed",
-                request_timeout_ms=timeout_ms,
-                **consumer_config(kafka_config or {}),
-            )
+            self._consumer = KafkaConsumer(**{"request_timeout_ms": timeout_ms,
+                                              **settings.kafka_python(KafkaConsumer),
+                                              "enable_auto_commit": False, "isolation_level": "read_committed"})
         except KafkaError as exc:
             raise SourceUnavailableError(
-                f"no Kafka broker answered at {bootstrap_servers!r} ({type(exc).__name__}: {exc}): check that the "
-                "broker is running and that bootstrap_servers (or the kafka connection's 'bootstrap.servers' "
-                "extra) is right") from exc
+                f"no Kafka broker answered at {self.bootstrap_servers!r} ({type(exc).__name__}: {exc}): check that "
+                f"the broker is running and that the servers of {settings.origin} are right") from exc
 
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
-        from kafka.errors import KafkaError
-
         found: list[TopicPartition] = []
         try:
             existing = self._consumer.topics()
@@ -77,9 +53,6 @@ class KafkaOffsetSource:
 
     def offsets_for_times(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
         # Under read_committed the broker only answers offsets below the last stable offset.
-        from kafka import TopicPartition as KafkaTP
-        from kafka.errors import KafkaError
-
         try:
             answer = self._consumer.offsets_for_times({KafkaTP(t, p): int(timestamp_ms) for t, p in tps},
                                                       timeout_ms=self.timeout_ms)
@@ -88,14 +61,9 @@ class KafkaOffsetSource:
         return {(tp.topic, tp.partition): (None if found is None else found.offset) for tp, found in answer.items()}
 
     def group_offsets(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
-        from kafka import KafkaAdminClient
-        from kafka import TopicPartition as KafkaTP
-        from kafka.errors import KafkaError
-
-        settings = {k: v for k, v in consumer_config(self.kafka_config).items() if k in _ADMIN_SETTINGS}
         try:
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=self.timeout_ms,
-                                     **settings)
+            admin = KafkaAdminClient(**{"request_timeout_ms": self.timeout_ms,
+                                        **self.settings.kafka_python(KafkaAdminClient)})
             try:
                 answer = admin.list_group_offsets({group_id: [KafkaTP(t, p) for t, p in tps]})[group_id]
             finally:
@@ -107,9 +75,6 @@ class KafkaOffsetSource:
         return {tp: (found[tp] if found.get(tp, -1) >= 0 else None) for tp in tps}
 
     def _offsets(self, method: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        from kafka import TopicPartition as KafkaTP
-        from kafka.errors import KafkaError
-
         try:
             answer = getattr(self._consumer, method)([KafkaTP(t, p) for t, p in tps], timeout_ms=self.timeout_ms)
         except KafkaError as exc:

@@ -14,7 +14,7 @@ import sys
 from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
-from airflow_exactly_once.core.errors import ExactlyOnceError, SourceUnavailableError, TransformError
+from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, SourceUnavailableError, TransformError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
@@ -22,11 +22,14 @@ from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.parent_death import die_with_parent
+from airflow_exactly_once.spark.runner import run_partition_writers
 
 log = logging.getLogger(__name__)
 
 # The ledger URL may hold a password: spark-submit passes it in the environment, not argv.
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
+# The settings the ledger does not store (PipelineConfig.secrets()), likewise.
+SECRETS_ENV = "AIRFLOW_EXACTLY_ONCE_SECRETS"
 EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 
 
@@ -41,7 +44,7 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end
     options = {
-        "kafka.bootstrap.servers": config.bootstrap_servers,
+        **config.kafka().spark_source_options(),
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),
         "endingOffsets": json.dumps(ending),
@@ -49,8 +52,6 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
         # A planned offset that is gone must fail the batch, never be skipped silently.
         "failOnDataLoss": "true",
     }
-    for key, value in (config.kafka_config or {}).items():
-        options[f"kafka.{key.replace('_', '.')}"] = str(value)
     return options
 
 
@@ -85,7 +86,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     from pyspark.sql import functions as F
 
     config = coordinator.config
-    batch = coordinator.begin_write(batch_id)
+    batch = coordinator.claim(batch_id)
     if batch is None:
         current = coordinator.ledger.get_batch(batch_id)
         return {"batch": str(batch_id), "action": "skipped", "state": current.state.value,
@@ -96,17 +97,15 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     seen_in, seen_out = Observation("input"), Observation("output")
     source = read_batch(spark, batch, config).observe(seen_in, F.count(F.lit(1)).alias("records"))
     output = apply_transform(transform, source).observe(seen_out, F.count(F.lit(1)).alias("records"))
-    attempt = f"e{batch.epoch}"
     try:
-        handles = coordinator.sink.prepare(output, batch, attempt)
+        committable = coordinator.sink.stage(output, batch, run_partition_writers)
     except Exception as exc:
         raise _explain_spark_failure(exc, config) from exc
     input_records = seen_in.get.get("records", 0)
     output_records = seen_out.get.get("records", 0)
-    handles["records"] = output_records
-    prepared = coordinator.finish_write(batch, handles, input_records, output_records)
+    prepared = coordinator.prepare(batch, committable, input_records, output_records)
     return {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
-            "input_records": input_records, "output_records": output_records, "attempt": attempt}
+            "input_records": input_records, "output_records": output_records, "attempt": f"e{batch.epoch}"}
 
 
 def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
@@ -114,8 +113,6 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
     if isinstance(exc, ExactlyOnceError):  # already says what went wrong (e.g. a sink's SinkError)
         return exc
     if "OffsetOutOfRange" in text or "Cannot fetch offset" in text or "data loss" in text.lower():
-        from airflow_exactly_once.core.errors import DataLossError
-
         return DataLossError(f"Spark could not read the planned offsets (deleted by retention or topic "
                              f"recreated since planning): {text[:500]}. Nothing was committed; the next run "
                              "re-plans and applies data_loss_policy.")
@@ -151,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("pipeline %s is not in the ledger at the given URL; was the batch planned there?",
                   batch_id.pipeline_id)
         return EXIT_FOR_GOOD
-    config = PipelineConfig.from_dict(pipeline["config"])
+    config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "{}"))
     coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()
     watch = FenceWatch(ledger, batch_id, on_fenced=lambda _reason: spark.sparkContext.cancelAllJobs())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from kafka import KafkaProducer
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import (
@@ -21,19 +22,15 @@ from airflow_exactly_once.core.errors import (
     TransactionLostError,
     TransformError,
 )
-from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
-from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.kafka_transactions import (
-    TransactionHandle,
-    TransactionLost,
-    commit_transaction,
-    open_transaction,
-)
-from airflow_exactly_once.sinks.kafka_writer import WriterSettings, write_partition
+from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+from airflow_exactly_once.sinks.kafka.transactions import TransactionLost, commit_transaction, open_transaction
+from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.spark.runner import run_partition_writers
+from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, create_topic, produce
 from tests.kafka_helpers import read_all, settled_ends, wait_transactions_ended
 
@@ -57,13 +54,14 @@ def bound_sink(config: PipelineConfig):
     return create_sink(config.sink).bind(config)
 
 
-def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]], timeout_ms: int = 120_000) -> dict:
-    """What the Spark job does, partition by partition, without Spark: the handles of a pre-committed batch."""
-    settings = WriterSettings(config.bootstrap_servers, config.sink["topic"], config.guarantee, config.pipeline_id,
-                              seq, timeout_ms)
-    writers = [write_partition(settings, p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
-    return {"guarantee": config.guarantee, "bootstrap_servers": config.bootstrap_servers,
-            "topic": config.sink["topic"], "writers": writers}
+def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
+                timeout_ms: int = 120_000) -> KafkaCommittable:
+    """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
+    sink = create_sink(config.sink)
+    writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
+                                  config.kafka().kafka_python(KafkaProducer))
+    reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
+    return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 
 
 def fake_batch(config: PipelineConfig, seq: int) -> Batch:
@@ -108,13 +106,14 @@ def test_what_each_guarantee_leaves_on_the_topic_after_the_write(kafka, topics):
     name, source, output = topics
     exactly = pipeline(kafka, f"{name}-eo", source, output)
     handles = write_batch(exactly, 1, {0: values(20, "eo"), 1: values(10, "eo2")})
-    assert [w["records"] for w in handles["writers"]] == [20, 10]
-    assert all(w["transaction"]["started"] and w["first_offsets"] for w in handles["writers"])
+    assert [r.records for r in handles.reports] == [20, 10]
+    assert all(r.transaction.started and r.first_offsets for r in handles.reports)
     at_least = write_batch(pipeline(kafka, f"{name}-alo", source, output, guarantee="AT_LEAST_ONCE"), 1,
                            {0: values(5, "alo")})
-    assert at_least["writers"][0]["transaction"] is None and at_least["writers"][0]["first_offsets"]
+    assert at_least.reports[0].transaction is None and at_least.reports[0].first_offsets
     nothing = write_batch(pipeline(kafka, f"{name}-none", source, output, guarantee="NONE"), 1, {0: values(5, "no")})
-    assert nothing["writers"][0]["first_offsets"] == []  # acks=0: the broker never told us anything
+    assert nothing.reports[0].first_offsets == ()  # acks=0: the broker never told us anything
+    assert KafkaCommittable.from_handles(handles.to_handles()) == handles  # the ledger's JSON, both ways
 
     # EXACTLY_ONCE output is pre-committed: in the log, invisible to read_committed, holding back the LSO.
     with pytest.raises(AssertionError, match="still has open transactions"):
@@ -133,10 +132,10 @@ def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics
     sink = bound_sink(config)
     handles = write_batch(config, 4, {0: values(12)})
     sink.commit(fake_batch(config, 4), handles)
-    tid = handles["writers"][0]["transaction"]["transactional_id"]
-    open_transaction(kafka.bootstrap_servers, tid, 60_000).close()  # bumps the epoch of the id
+    handle = handles.reports[0].transaction
+    open_transaction(kafka.bootstrap_servers, handle.transactional_id, 60_000).close()  # bumps the id's epoch
     with pytest.raises(TransactionLost):  # what the adapter alone would conclude
-        commit_transaction(kafka.bootstrap_servers, TransactionHandle.from_dict(handles["writers"][0]["transaction"]))
+        commit_transaction(kafka.bootstrap_servers, handle)
 
     assert "committed 1 Kafka transaction(s)" in sink.commit(fake_batch(config, 4), handles)
     assert_exactly_once(values(12), read_all(kafka.bootstrap_servers, output))
@@ -145,12 +144,11 @@ def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics
 def test_timed_out_transactions_make_the_batch_aborted(kafka, topics, tmp_path):
     name, source, output = topics
     config = pipeline(kafka, name, source, output)
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
-    ledger.ensure_pipeline(name, config.fingerprint(), config.to_dict())
-    batch = ledger.claim(ledger.create_batch(name, "run-1", [OffsetRange(source, 0, 0, 30)], expected_epoch=0).id)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
+    ledger, coordinator = pipe.ledger, pipe.coordinator
+    batch = pipe.claim(pipe.planted_batch("run-1", [OffsetRange(source, 0, 0, 30)]).id)
     handles = write_batch(config, batch.seq, {0: values(15), 1: values(15, "w")}, timeout_ms=2000)
-    coordinator.finish_write(batch, handles, 30, 30)
+    coordinator.prepare(batch, handles, 30, 30)
     wait_transactions_ended(kafka.bootstrap_servers, handles)  # notify_complete comes too late
 
     with pytest.raises(TransactionLostError) as lost:
@@ -171,7 +169,7 @@ def test_partly_timed_out_batch_is_aborted_as_a_whole(kafka, topics):
     short = write_batch(config, 2, {0: values(10, "short")}, timeout_ms=2000)
     long = write_batch(config, 2, {1: values(10, "long")}, timeout_ms=120_000)
     wait_transactions_ended(kafka.bootstrap_servers, short)
-    handles = {**short, "writers": short["writers"] + long["writers"]}
+    handles = KafkaCommittable(short.guarantee, short.bootstrap_servers, short.topic, short.reports + long.reports)
 
     with pytest.raises(TransactionLostError):
         bound_sink(config).commit(fake_batch(config, 2), handles)
@@ -196,25 +194,15 @@ def test_abort_ends_the_transactions_a_dead_attempt_left_open(kafka, topics):
 # --------------------------------------------------------------------------- with Spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_exactly_once.spark.session import build_spark_session
-
-    session = build_spark_session("kafka-sink-tests", {"spark.master": "local[2]"})
-    yield session
-    session.stop()
-
-
 def upper_value(df):
     return df.selectExpr("key", "upper(CAST(value AS STRING)) AS value")
 
 
-def planned(kafka, name: str, source: str, output: str, tmp_path) -> tuple[BatchCoordinator, object]:
+def planned(kafka, name: str, source: str, output: str, tmp_path) -> tuple[Pipe, object]:
     config = pipeline(kafka, name, source, output)
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink),
-                                   lambda: KafkaOffsetSource(kafka.bootstrap_servers))
-    return coordinator, coordinator.plan("run-1").batch.id
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+                run_writers=run_partition_writers)
+    return pipe, pipe.plan("run-1").batch.id
 
 
 def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, tmp_path):
@@ -222,20 +210,21 @@ def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, 
 
     name, source, output = topics
     sent = produce(kafka.bootstrap_servers, source, 60)
-    coordinator, batch_id = planned(kafka, name, source, output, tmp_path)
+    pipe, batch_id = planned(kafka, name, source, output, tmp_path)
+    coordinator = pipe.coordinator
 
     # Attempt A claims the batch, pre-commits its transactions, then stalls (GC pause, lost worker)...
-    zombie = coordinator.begin_write(batch_id)
-    zombie_handles = coordinator.sink.prepare(upper_value(read_batch(spark, zombie, coordinator.config)), zombie, "a")
+    zombie = pipe.claim(batch_id)
+    zombie_handles = pipe.stage(upper_value(read_batch(spark, zombie, coordinator.config)), zombie)
     # ...so Airflow retries the write: attempt B re-opens the same transactional ids, which fences A.
     assert run_write(spark, coordinator, batch_id, transform=upper_value)["action"] == "prepared"
 
     # A wakes up: the ledger refuses its PREPARED, and the broker refuses its transactions.
     with pytest.raises(FencedError):
-        coordinator.finish_write(zombie, zombie_handles, 60, 60)
-    for writer in zombie_handles["writers"]:
+        coordinator.prepare(zombie, zombie_handles, 60, 60)
+    for report in zombie_handles.transactions:
         with pytest.raises(TransactionLost):
-            commit_transaction(kafka.bootstrap_servers, TransactionHandle.from_dict(writer["transaction"]))
+            commit_transaction(kafka.bootstrap_servers, report.transaction)
     assert coordinator.ledger.get_batch(batch_id).state is BatchState.PREPARED
 
     assert "COMMITTED" in coordinator.commit(batch_id)
@@ -248,7 +237,8 @@ def test_output_without_a_value_column_fails_clearly_and_writes_nothing(kafka, t
 
     name, source, output = topics
     produce(kafka.bootstrap_servers, source, 30)
-    coordinator, batch_id = planned(kafka, name, source, output, tmp_path)
+    pipe, batch_id = planned(kafka, name, source, output, tmp_path)
+    coordinator = pipe.coordinator
 
     def wrong_columns(df):
         return df.selectExpr("CAST(value AS STRING) AS payload")

@@ -24,7 +24,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from devtools.kafka_broker import LocalKafkaBroker
-from airflow_exactly_once.sinks.kafka_transactions import (
+from airflow_exactly_once.sinks.kafka.transactions import (
     KafkaTransactionError,
     TransactionCoordinatorUnavailable,
     TransactionHandle,
@@ -149,7 +149,7 @@ def transaction_state(admin: KafkaAdminClient, transactional_id: str) -> str:
 
 CHILD = textwrap.dedent("""
     import json, sys, time
-    from airflow_exactly_once.sinks.kafka_transactions import open_transaction, pre_commit
+    from airflow_exactly_once.sinks.kafka.transactions import open_transaction, pre_commit
     bootstrap, transactional_id, topic, mode = sys.argv[1:5]
     producer = open_transaction(bootstrap, transactional_id, int(sys.argv[5]))
     for i in range(3):

@@ -20,6 +20,7 @@ from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from tests.harness import FakeSource, MarkerSink, Pipe, pipeline_config
 
 RACERS = 8
 LEDGER_DB = "ledger_tests"
@@ -246,3 +247,32 @@ def test_ledger_hook_reads_an_airflow_postgres_connection(postgres, pg_ledger_ur
     assert [b.run_id for b in Ledger(pg_ledger_url).list_batches(pid)] == ["run-1"]
     with ledger.engine.connect() as conn:
         assert conn.exec_driver_sql("SHOW application_name").scalar() == "eo ledger"
+
+
+def test_a_run_whose_write_finishes_while_another_plans_is_recovered_not_failed(ledger_url, pid, tmp_path,
+                                                                                 monkeypatch):
+    """The interleaving of issue 12: B reads the epoch and the in-flight batches, A's write marks A's batch
+    PREPARED, B records its batch superseding A's (no longer PLANNED). B must plan again (recovering A's
+    batch first) instead of failing for good. Each run has its own ledger connection, as two tasks do."""
+    config = pipeline_config(pid, ["t"], {"type": "parquet", "path": str(tmp_path / "out")})
+    source = FakeSource({("t", 0): 10, ("t", 1): 10})
+    run_a = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink)
+    run_b = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink)
+    a = run_a.plan("a").batch
+    claimed = run_a.claim(a.id)
+    staged = run_a.stage(None, claimed)
+    real_create, forced = run_b.ledger.create_batch, []
+
+    def a_prepares_first(*args, **kwargs):
+        if not forced:
+            forced.append(run_a.coordinator.prepare(claimed, staged, 20, 20))
+        return real_create(*args, **kwargs)
+
+    monkeypatch.setattr(run_b.ledger, "create_batch", a_prepares_first)
+    outcome = run_b.plan("b")
+    assert forced and forced[0].state is BatchState.PREPARED
+    assert run_b.state(a.id) is BatchState.COMMITTED  # recovery first, by B
+    assert outcome.action == "empty"  # A's batch took every offset there was; B found nothing new
+    assert run_b.ledger.committed_positions(pid) == {("t", 0): 10, ("t", 1): 10}
+    for pipe in (run_a, run_b):
+        pipe.ledger.engine.dispose()

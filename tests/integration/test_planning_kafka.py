@@ -13,15 +13,13 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 
-from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, IntervalNotOverError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
-from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import now_ms
-from airflow_exactly_once.sinks.parquet import ParquetSink
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from tests.harness import Pipe, open_ledger, pipeline_config
 
 HOUR = 3_600_000
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR  # a whole hour, long past
@@ -63,16 +61,13 @@ def commit_group_offset(kafka, group: str, topic: str, partition: int, offset: i
         admin.close()
 
 
-def coordinator(kafka, tmp_path, name: str, ledger: Ledger | None = None, **overrides) -> BatchCoordinator:
-    config = PipelineConfig(pipeline_id=name, topics=[name], bootstrap_servers=kafka.bootstrap_servers,
-                            sink={"type": "parquet", "path": str(tmp_path / "out")}, **overrides).validate()
-    ledger = ledger or Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-    ledger.create_schema()
-    return BatchCoordinator(config, ledger, ParquetSink(config.sink),
-                            lambda: KafkaOffsetSource(config.bootstrap_servers, config.kafka_config))
+def coordinator(kafka, tmp_path, name: str, ledger: Ledger | None = None, **overrides) -> Pipe:
+    config = pipeline_config(name, [name], {"type": "parquet", "path": str(tmp_path / "out")},
+                             kafka.bootstrap_servers, **overrides)
+    return Pipe(config, ledger or open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
 
 
-def commit_planned(c: BatchCoordinator, batch) -> None:
+def commit_planned(c: Pipe, batch) -> None:
     """Stand in for write + notify_complete (tested end to end elsewhere): only the ledger moves."""
     claimed = c.ledger.claim(batch.id)
     c.ledger.mark_prepared(batch.id, claimed.epoch, {}, batch.offset_span, batch.offset_span)

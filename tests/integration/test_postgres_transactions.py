@@ -18,7 +18,7 @@ import pytest
 
 from devtools.ports import reserve_port
 from devtools.postgres import LocalPostgres
-from airflow_exactly_once.sinks.postgres_transactions import (
+from airflow_exactly_once.sinks.postgres.transactions import (
     MARKER_TABLE,
     PostgresTransactionError,
     PrepareFailed,
@@ -32,7 +32,7 @@ from airflow_exactly_once.sinks.postgres_transactions import (
     list_prepared,
     make_gid,
     prepare_rows,
-    rollback_orphans,
+    rollback_prepared_matching,
     rollback_prepared,
 )
 
@@ -96,7 +96,7 @@ def child_env() -> dict[str, str]:
 
 PREPARE_IN_CHILD = r"""
 import json, sys, time
-from airflow_exactly_once.sinks import postgres_transactions as pt
+from airflow_exactly_once.sinks.postgres import transactions as pt
 args = json.loads(sys.argv[1])
 if args.pop("hang_after_prepare"):
     def hang(conn):  # runs right after PREPARE TRANSACTION, the session still open
@@ -242,7 +242,7 @@ def test_rollback_prepared_discards_rows(dsn, pipeline):
     assert_no_prepared(dsn, gid_prefix(pipeline))
 
 
-def test_rollback_orphans_keeps_only_keep(dsn, pipeline):
+def test_rolling_back_matching_gids_keeps_the_others(dsn, pipeline):
     table = make_table(dsn, "t_orphans", key=False)
     gids = [make_gid(pipeline, b, p, a) for b in (1, 2) for p in (0, 1) for a in (0, 1)]
     for gid in gids:
@@ -252,13 +252,14 @@ def test_rollback_orphans_keeps_only_keep(dsn, pipeline):
     prepare_rows(dsn, other, table, ["id", "v"], [(2, other)], marker(pipeline + "2", 1, 0))
 
     keep = {gids[0], gids[5]}
-    rolled_back = rollback_orphans(dsn, gid_prefix(pipeline), keep=keep)
+    dead = lambda gid: gid not in keep  # noqa: E731
+    rolled_back = rollback_prepared_matching(dsn, gid_prefix(pipeline), dead)
     assert sorted(rolled_back) == sorted(set(gids) - keep)
     assert sorted(list_prepared(dsn, gid_prefix(pipeline))) == sorted(keep)
     assert list_prepared(dsn, gid_prefix(pipeline + "2")) == [other]
-    assert rollback_orphans(dsn, gid_prefix(pipeline), keep=keep) == []
+    assert rollback_prepared_matching(dsn, gid_prefix(pipeline), dead) == []
     with pytest.raises(ValueError):
-        rollback_orphans(dsn, "", keep=keep)
+        rollback_prepared_matching(dsn, "", dead)
 
     for gid in sorted(keep):
         assert commit_prepared(dsn, gid) == "committed"

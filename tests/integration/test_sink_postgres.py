@@ -10,27 +10,17 @@ import uuid
 
 import pytest
 
-from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
-from airflow_exactly_once.core.ledger import Ledger
-from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.postgres import parse_gid, with_lock_timeout
-from airflow_exactly_once.sinks.postgres_transactions import make_gid, rollback_prepared
+from airflow_exactly_once.sinks.postgres.sink import parse_gid, with_lock_timeout
+from airflow_exactly_once.sinks.postgres.transactions import make_gid, rollback_prepared
+from airflow_exactly_once.spark.runner import run_partition_writers
+from devtools.postgres import LocalPostgres
 from tests.conftest import PG_DATABASE
+from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import pg_query
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from airflow_exactly_once.spark.session import build_spark_session
-
-    session = build_spark_session("postgres-sink-tests", {"spark.master": "local[2]"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture
@@ -53,34 +43,27 @@ def table(dsn) -> str:
     return name
 
 
-class Pipeline:
-    """A ledger (SQLite) + coordinator + PostgreSQL sink: the write and commit steps without Kafka."""
+class Pipeline(Pipe):
+    """The harness on a SQLite ledger with the PostgreSQL sink: the write and commit steps without Kafka."""
 
     def __init__(self, tmp_path, dsn: str, table: str, **sink) -> None:
-        self.id = f"pg-{uuid.uuid4().hex[:8]}"
-        self.config = PipelineConfig(pipeline_id=self.id, topics=["t"], bootstrap_servers="unused:9092",
-                                     sink={"type": "postgres", "url": dsn, "table": table, **sink}).validate()
-        self.ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-        self.sink = create_sink(self.config.sink)
-        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink)
-        self.ledger.ensure_pipeline(self.id, self.config.fingerprint(), self.config.to_dict())
+        config = pipeline_config(f"pg-{uuid.uuid4().hex[:8]}", ["t"],
+                                 {"type": "postgres", "url": dsn, "table": table, **sink})
+        super().__init__(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({}),
+                         run_writers=run_partition_writers)
+        self.id = config.pipeline_id
         self.sink.check(self.id)
         self.offset = 0
 
-    def plan(self, n: int):
-        epoch = self.ledger.pipeline(self.id)["epoch"]
-        batch = self.ledger.create_batch(self.id, f"run-{self.offset}", [OffsetRange("t", 0, self.offset,
-                                                                                    self.offset + n)],
-                                         expected_epoch=epoch)
+    def plan_rows(self, n: int):
+        batch = self.planted_batch(f"run-{self.offset}", [OffsetRange("t", 0, self.offset, self.offset + n)])
         self.offset += n
         return batch
 
-    def write(self, df, batch=None):
-        """What run_write does after reading Kafka: claim, prepare in the sink, mark PREPARED."""
-        batch = batch or self.plan(df.count())
-        claimed = self.coordinator.begin_write(batch.id)
-        handles = self.sink.prepare(df, claimed, f"e{claimed.epoch}")
-        return self.coordinator.finish_write(claimed, handles, df.count(), df.count())
+    def write_frame(self, df, batch=None):
+        """What run_write does after reading Kafka: claim, stage in the sink, mark PREPARED."""
+        batch = batch or self.plan_rows(df.count())
+        return self.write(batch.id, df, records=df.count())
 
 
 def frame(spark, rows, partitions: int = 3):
@@ -102,7 +85,7 @@ def test_prepare_is_invisible_until_commit_and_commit_is_idempotent(spark, dsn, 
     pipe = Pipeline(tmp_path, dsn, table)
     at = datetime(2024, 5, 1, 12, 30, tzinfo=timezone.utc)
     data = [(i, f"v{i}", Decimal("1.25") * i, at, ["a", str(i)], {"k": i}) for i in range(300)]
-    batch = pipe.write(frame(spark, data, partitions=3))
+    batch = pipe.write_frame(frame(spark, data, partitions=3))
     assert batch.state is BatchState.PREPARED
     gids = batch.handles["gids"]
     assert len(gids) == 3 and all(parse_gid(pipe.id, g)[0] == batch.seq for g in gids)
@@ -111,7 +94,7 @@ def test_prepare_is_invisible_until_commit_and_commit_is_idempotent(spark, dsn, 
 
     assert "3 now, 0 already" in pipe.coordinator.commit(batch.id)
     assert "already committed" in pipe.coordinator.commit(batch.id)  # notify_complete twice
-    assert "0 now, 3 already" in pipe.sink.commit(batch, batch.handles)  # even below the ledger
+    assert "0 now, 3 already" in pipe.sink.commit(batch, pipe.sink.committable(batch.handles))  # below the ledger
     assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(300)]
     assert sql(dsn, f"SELECT amount, at, tags, attrs FROM {table} WHERE id = 7") == [
         (Decimal("8.75"), at, ["a", "7"], {"k": 7})]
@@ -131,7 +114,7 @@ def test_plain_columns_are_copied_with_nulls_and_quotes_intact(spark, dsn, table
             for i in range(25)]
     df = spark.createDataFrame(data, "id BIGINT, v STRING, amount DECIMAL(10,2), at TIMESTAMP, note STRING, "
                                      "flag BOOLEAN").repartition(2)
-    batch = pipe.write(df)
+    batch = pipe.write_frame(df)
     assert batch.handles["rows_written"] == 25
     pipe.coordinator.commit(batch.id)
     got = sql(dsn, f"SELECT id, v, amount, at, note, flag FROM {table} ORDER BY id")
@@ -142,12 +125,12 @@ def test_plain_columns_are_copied_with_nulls_and_quotes_intact(spark, dsn, table
 
 def test_upsert_by_primary_key_last_row_wins(spark, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table, mode="upsert", order_by=["amount"])
-    first = pipe.write(frame(spark, [(i, f"old{i}", i, None, None, None) for i in range(10)]))
+    first = pipe.write_frame(frame(spark, [(i, f"old{i}", i, None, None, None) for i in range(10)]))
     pipe.coordinator.commit(first.id)
     # Key 3 comes twice in one batch (in different input partitions); amount orders them.
     update = [(3, "first", 1, None, None, None), (3, "second", 2, None, None, None),
               (5, "new5", 0, None, None, None), (42, "new42", 0, None, None, None)]
-    second = pipe.write(frame(spark, update, partitions=4))
+    second = pipe.write_frame(frame(spark, update, partitions=4))
     pipe.coordinator.commit(second.id)
     expected = {i: f"old{i}" for i in range(10)} | {3: "second", 5: "new5", 42: "new42"}
     assert rows_of(dsn, table) == sorted(expected.items())
@@ -159,12 +142,12 @@ def test_killed_attempts_are_rolled_back_before_the_retry_writes(spark, dsn, tab
     first, attempt 2 would wait on its row locks (insert into a primary key) until lock_timeout."""
     pipe = Pipeline(tmp_path, dsn, table, lock_timeout_ms=5000)
     df = frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(50)])
-    batch = pipe.plan(50)
-    dead = pipe.coordinator.begin_write(batch.id)
-    dead_gids = pipe.sink.prepare(df, dead, "dead")["gids"]  # ... and the task was SIGKILLed here
+    batch = pipe.plan_rows(50)
+    dead = pipe.claim(batch.id)
+    dead_gids = pipe.stage(df, dead).gids  # ... and the task was SIGKILLed here
     assert sorted(prepared(dsn)) == sorted(dead_gids)
 
-    retried = pipe.write(df, batch)  # Airflow's retry: a new claim, a new epoch
+    retried = pipe.write_frame(df, batch)  # Airflow's retry: a new claim, a new epoch
     assert retried.epoch > dead.epoch
     assert not set(dead_gids) & set(prepared(dsn))
     pipe.coordinator.commit(batch.id)
@@ -174,7 +157,7 @@ def test_killed_attempts_are_rolled_back_before_the_retry_writes(spark, dsn, tab
 
 def test_a_gone_gid_aborts_the_batch_and_nothing_is_committed(spark, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table)
-    batch = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(30)]))
+    batch = pipe.write_frame(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(30)]))
     victim = batch.handles["gids"][1]
     assert rollback_prepared(dsn, victim) == "rolled-back"  # e.g. an operator's ROLLBACK PREPARED
     with pytest.raises(TransactionLostError, match="never committed"):
@@ -186,9 +169,8 @@ def test_a_gone_gid_aborts_the_batch_and_nothing_is_committed(spark, dsn, table,
 
 def test_orphans_of_an_aborted_batch_are_rolled_back_by_abort(spark, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table)
-    batch = pipe.plan(20)
-    claimed = pipe.coordinator.begin_write(batch.id)
-    pipe.sink.prepare(frame(spark, [(i, "x", None, None, None, None) for i in range(20)]), claimed, "dying")
+    batch = pipe.plan_rows(20)
+    pipe.stage(frame(spark, [(i, "x", None, None, None, None) for i in range(20)]), pipe.claim(batch.id))
     assert len(prepared(dsn)) == 3
     assert "ABORTED" in pipe.coordinator.abort(batch.id, "write failed for good")
     assert prepared(dsn) == []
@@ -197,12 +179,12 @@ def test_orphans_of_an_aborted_batch_are_rolled_back_by_abort(spark, dsn, table,
 
 def test_a_constraint_violation_fails_the_write_clearly_and_leaves_nothing(spark, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table)
-    good = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(10)]))
+    good = pipe.write_frame(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(10)]))
     pipe.coordinator.commit(good.id)
     bad = [(i, "poison" if i == 17 else f"v{i}", None, None, None, None) for i in range(10, 40)]
-    batch = pipe.plan(30)
+    batch = pipe.plan_rows(30)
     with pytest.raises(SinkError) as failure:
-        pipe.write(frame(spark, bad, partitions=3), batch)
+        pipe.write_frame(frame(spark, bad, partitions=3), batch)
     message = str(failure.value)
     assert failure.value.retriable is False
     assert f"check constraint '{table}_v_check' on {table} was violated" in message
@@ -217,7 +199,7 @@ def test_output_columns_must_exist_in_the_table(spark, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table)
     df = spark.createDataFrame([(1, "a", 2)], "id BIGINT, V STRING, extra INT")
     with pytest.raises(SinkError, match=r"\['V', 'extra'\] that table .* lacks.*'V' -> 'v'"):
-        pipe.write(df)
+        pipe.write_frame(df)
     assert prepared(dsn) == []
 
 
@@ -238,12 +220,11 @@ def test_plan_checks_table_and_upsert_key(dsn, table, tmp_path):
 def test_plan_refuses_a_server_without_prepared_transactions(pg_data_root, tmp_path):
     server = LocalPostgres(pg_data_root / "no2pc", max_prepared_transactions=0).start()
     try:
-        sink = {"type": "postgres", "url": server.dsn(), "table": "t"}
-        config = PipelineConfig(pipeline_id="no2pc", topics=["t"], bootstrap_servers="unused:9092", sink=sink)
-        ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
-        coordinator = BatchCoordinator(config.validate(), ledger, create_sink(sink))
+        config = pipeline_config("no2pc", ["t"], {"type": "postgres", "url": server.dsn(), "table": "t"})
+        pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 5}))
+        ledger = pipe.ledger
         with pytest.raises(ConfigurationError) as refused:
-            coordinator.plan("run-1")
+            pipe.plan("run-1")
         assert "max_prepared_transactions = 0" in str(refused.value)
         assert "ALTER SYSTEM SET max_prepared_transactions" in str(refused.value)
         assert refused.value.retriable is False
@@ -254,7 +235,7 @@ def test_plan_refuses_a_server_without_prepared_transactions(pg_data_root, tmp_p
 
 def test_commit_while_the_server_is_down_is_retried_later(spark, postgres, dsn, table, tmp_path):
     pipe = Pipeline(tmp_path, dsn, table)
-    batch = pipe.write(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(40)]))
+    batch = pipe.write_frame(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(40)]))
     postgres.stop(mode="immediate")
     try:
         with pytest.raises(SinkError) as down:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -23,10 +23,9 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import to_epoch_ms
-from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, read_parquet, staging_leftovers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +33,6 @@ CONTINUATION = "eo_ops_continuation"
 INTERVAL = "eo_ops_interval"
 DAY = "2024-01-01T"
 
-
-def ledger_of(airflow) -> Ledger:
-    return Ledger(f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}")
 
 
 def make_topic(kafka, name: str, partitions: int) -> None:
@@ -139,7 +135,7 @@ def asset_events(airflow, dag: str, run_id: str | None = None) -> list[dict]:
 def cli(airflow, *args: str) -> subprocess.CompletedProcess:
     """The console script, as an operator would run it on the Airflow host."""
     command = [sys.executable, "-m", "airflow_exactly_once.cli", "--ledger-url",
-               f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}", *args]
+               str(airflow_ledger(airflow).engine.url), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
                           env={**airflow.env(), "PYTHONPATH": str(REPO)})
 
@@ -174,7 +170,7 @@ def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, uniq
     ends = [datetime.fromisoformat(run["end_date"]) for run in finished.values()]
     assert max(starts) < min(ends), "the three interval runs never overlapped"
 
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     by_batch = values_by_batch(output)
     batches = {hour: ledger.interval_batches(name, (at(f"{hour}:00"), at(f"{int(hour) + 1:02d}:00")))
                for hour in runs}
@@ -246,7 +242,7 @@ def test_startup_timestamp_empty_run_rewind_and_new_partition(kafka, airflow, tm
     assert airflow.run(CONTINUATION, f"{name}-2", conf) == "success"
     assert task_states(airflow, CONTINUATION, f"{name}-2") == {
         "plan": "skipped", "write": "skipped", "notify_complete": "skipped", "abort": "skipped"}
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     assert [b.state for b in ledger.list_batches(name, newest_first=False)] == [
         BatchState.COMMITTED, BatchState.EMPTY]
     listing = cli(airflow, "batches", name)
@@ -303,7 +299,7 @@ def test_topic_recreated_fails_loudly_then_skip_is_recorded(kafka, airflow, tmp_
     conf = {"pipeline_id": name, "topic": name, "output": str(output), "startup_mode": "latest"}
     airflow.wait_for_dag(CONTINUATION)
     assert airflow.run(CONTINUATION, f"{name}-1", conf) == "success"  # latest: nothing yet, position 30
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     assert [b.state for b in ledger.list_batches(name)] == [BatchState.EMPTY]
 
     delete_topic(kafka, name)

@@ -12,18 +12,14 @@ from __future__ import annotations
 import json
 
 from airflow_exactly_once.core.faults import arm
-from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from tests.conftest import K2K_INPUT, K2K_OUTPUT
+from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
 from tests.kafka_helpers import group_offsets, read_all, settled_ends, wait_transactions_ended
 
 TEST_DAG = "eo_kafka_test"
 
-
-def ledger_of(airflow) -> Ledger:
-    return Ledger(f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}")
 
 
 def new_pipeline(kafka, name: str, records: int, **params) -> tuple[dict, list[str]]:
@@ -48,7 +44,7 @@ def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka,
     assert {e["id"]: (e["name"], e["amount_cents"]) for e in out} == {
         i: (f"ITEM-{i}", i * 50) for i in range(600)}  # the transform, applied once to each record
     assert {e["source"].split(":")[0] for e in out} == {K2K_INPUT}
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     committed = ledger.list_batches("kafka_to_kafka", [BatchState.COMMITTED], newest_first=False)
     assert [b.output_records for b in committed] == [450, 150]
     assert [len(b.handles["writers"]) for b in committed] == [3, 3]  # one transaction per Spark partition
@@ -101,7 +97,7 @@ def test_write_killed_after_prepare_then_notify_commits_twice(kafka, airflow, fa
     assert_exactly_once(expected, read_all(kafka.bootstrap_servers, conf["output_topic"]))
     # Nothing was rewritten: the records in the log are exactly the committed ones.
     assert sorted(read_all(kafka.bootstrap_servers, conf["output_topic"], "read_uncommitted")) == sorted(expected)
-    [batch] = ledger_of(airflow).list_batches(name)
+    [batch] = airflow_ledger(airflow).list_batches(name)
     assert batch.state is BatchState.COMMITTED
 
 
@@ -112,7 +108,7 @@ def test_transaction_timeout_aborts_the_batch_and_the_range_is_processed_again(k
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails for good
     airflow.run(TEST_DAG, f"{name}-1", conf)
     assert airflow.task_states(TEST_DAG, f"{name}-1")["notify_complete"] == ("failed", 3)
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     [first] = ledger.list_batches(name)
     assert first.state is BatchState.PREPARED  # abort leaves pre-committed output to the next run
     wait_transactions_ended(kafka.bootstrap_servers, first.handles)  # ...which comes after the timeout
@@ -137,5 +133,5 @@ def test_retry_schedule_longer_than_the_transaction_timeout_is_refused_at_plan(k
     assert "5 x retry_delay 180 s" in log and "Raise the sink's transaction_timeout_ms above 900000" in log
     assert "lower exactly_once.notify_complete's retries, retry_delay or execution_timeout" in log
     assert airflow.task_states(dag, f"{name}-1")["plan"] == ("failed", 1)  # not retried: retrying cannot help
-    assert ledger_of(airflow).list_batches(name) == []
+    assert airflow_ledger(airflow).list_batches(name) == []
     assert set(settled_ends(kafka.bootstrap_servers, conf["output_topic"]).values()) == {0}

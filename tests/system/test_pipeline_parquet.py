@@ -7,17 +7,15 @@ steps; Airflow notices and retries, as it would for a dying worker.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from airflow_exactly_once.core.faults import arm
-from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from tests.conftest import EXAMPLE_TOPIC
+from tests.harness import airflow_ledger
 from tests.helpers import (
     assert_exactly_once,
     assert_ranges_tile,
@@ -29,9 +27,6 @@ from tests.helpers import (
 
 TEST_DAG = "eo_parquet_test"
 
-
-def ledger_of(airflow) -> Ledger:
-    return Ledger(f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}")
 
 
 def values_of(output: Path) -> list[str]:
@@ -55,7 +50,7 @@ def test_example_dag_three_batches_then_an_empty_run(kafka, airflow, example_out
     assert {r["name"] for r in rows} == {f"item-{i}" for i in range(1200)}
     assert len(sent) == 1200
 
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     committed = ledger.list_batches("kafka_to_parquet", [BatchState.COMMITTED], newest_first=False)
     assert [b.input_records for b in committed] == [450, 450, 300]
     assert [b.output_records for b in committed] == [450, 450, 300]
@@ -93,7 +88,7 @@ def test_worker_killed_at_protocol_step(kafka, airflow, faults, tmp_path, unique
     assert airflow.run(TEST_DAG, f"{name}-3", conf) == "success"
     assert_exactly_once(sent, values_of(output))
     assert staging_leftovers(output) == []
-    assert_ranges_tile(ledger_of(airflow), name)
+    assert_ranges_tile(airflow_ledger(airflow), name)
 
 
 def test_spark_job_dies_mid_write(kafka, airflow, faults, tmp_path, unique):
@@ -122,7 +117,7 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails for good
     conf = pipeline_conf(kafka, tmp_path, name)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "failed"
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     [batch] = ledger.list_batches(name)
     assert batch.state is BatchState.PREPARED  # abort left the pre-committed output alone
     output = tmp_path / name
@@ -146,7 +141,7 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
 def test_clearing_a_committed_run_does_not_duplicate(kafka, airflow, tmp_path, unique):
     name = f"replay-{unique}"
     create_topic(kafka.bootstrap_servers, name)
-    sent = produce(kafka.bootstrap_servers, name, 150)
+    produce(kafka.bootstrap_servers, name, 150)
     airflow.wait_for_dag(TEST_DAG)
     conf = pipeline_conf(kafka, tmp_path, name, max_records=30)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
@@ -158,7 +153,7 @@ def test_clearing_a_committed_run_does_not_duplicate(kafka, airflow, tmp_path, u
     airflow.clear(TEST_DAG, f"{name}-1")
     assert airflow.wait_run(TEST_DAG, f"{name}-1") == "success"
     assert sorted(values_of(output)) == sorted(first)
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     assert len(ledger.list_batches(name)) == 1
     assert any(e["kind"] == "replay-noop" for e in ledger.list_events(name))
     assert "already committed" in airflow.task_log(TEST_DAG, f"{name}-1", "plan")
@@ -177,7 +172,7 @@ def test_overlapping_runs_are_fenced(kafka, airflow, tmp_path, unique):
     while airflow.task_states(dag, f"{name}-a").get("write", (None,))[0] != "running":
         assert time.monotonic() < deadline, "run A never started writing"
         time.sleep(0.5)
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
 
     def claimed_by_a():  # A's write has claimed its batch (a new epoch); its Spark job runs slowly
         batch = ledger.latest_batch_for_run(name, f"{name}-a")
@@ -217,7 +212,7 @@ def test_bad_input_fails_clearly_and_changes_nothing(kafka, airflow, tmp_path, u
     assert airflow.run(dag, f"{name}-1", conf) == "failed"
     failed_step = "plan" if case in ("unreachable", "no-topic") else "write"
     assert expected in airflow.task_log(dag, f"{name}-1", failed_step)
-    ledger = ledger_of(airflow)
+    ledger = airflow_ledger(airflow)
     assert ledger.list_batches(name, [BatchState.COMMITTED, BatchState.PREPARED, BatchState.PLANNED]) == []
     assert values_of(tmp_path / name) == []
     assert staging_leftovers(tmp_path / name) == []
@@ -237,5 +232,5 @@ def test_broker_crash_between_write_and_notify_complete(kafka, airflow, faults, 
     for n in (2, 3):  # recovery commits batch 1, then two more batches drain the topic
         assert airflow.run(TEST_DAG, f"{name}-{n}", conf) == "success"
     assert_exactly_once(sent, values_of(tmp_path / name))
-    assert_ranges_tile(ledger_of(airflow), name)
+    assert_ranges_tile(airflow_ledger(airflow), name)
     assert staging_leftovers(tmp_path / name) == []

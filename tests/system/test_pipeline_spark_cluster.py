@@ -17,13 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
 from devtools.spark_cluster import LocalSparkCluster
-from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from tests.conftest import SPARK_EXAMPLE_TOPIC
 from tests.dags.eo_cluster_transforms import HOLD, STARTED
 from tests.dags.exactly_once_cluster_test_dag import SPARK_CONN_ID
+from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet, staging_leftovers
 
 HELD_DAG = "eo_cluster_test_held"
@@ -45,9 +44,6 @@ def cluster_airflow(airflow, spark_cluster):
         airflow.put_connection(conn_id, spark_cluster.connection("client"))
     return airflow
 
-
-def ledger_of(airflow) -> Ledger:
-    return Ledger(f"sqlite:///{airflow.home / EMBEDDED_LEDGER_FILE}")
 
 
 def values_of(output: Path) -> list[str]:
@@ -94,7 +90,7 @@ def test_example_dag_on_the_cluster(kafka, cluster_airflow, spark_cluster, examp
 
     rows = read_parquet(example_spark_output)
     assert_exactly_once([str(i) for i in range(450)], [str(r["id"]) for r in rows])
-    [batch] = ledger_of(cluster_airflow).list_batches("kafka_to_parquet_on_spark")
+    [batch] = airflow_ledger(cluster_airflow).list_batches("kafka_to_parquet_on_spark")
     assert batch.state is BatchState.COMMITTED and batch.input_records == batch.output_records == 450
     [app] = spark_cluster.applications(f"exactly-once {batch.id}")
     assert app["state"] == "FINISHED"
@@ -113,7 +109,7 @@ def test_killed_task_driver_and_executor_never_change_the_range(kafka, cluster_a
     name = f"cluster-kills-{unique}"
     output = tmp_path / name
     sent = start_held_run(kafka, cluster_airflow, faults, output, name, 240)
-    ledger = ledger_of(cluster_airflow)
+    ledger = airflow_ledger(cluster_airflow)
     [planned] = ledger.list_batches(name)  # already claimed by attempt 1
 
     first = wait_for(lambda: spark_submit_of(name), "the spark-submit of attempt 1")

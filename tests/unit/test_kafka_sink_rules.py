@@ -11,7 +11,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maximum, check_transaction_timeout
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.kafka_writer import transactional_id, transactional_id_pattern
+from airflow_exactly_once.sinks.kafka.writer import transactional_id, transactional_id_pattern
 
 
 def budget(task_id: str, retries: int = 0, delay: float = 0, timeout: float | None = 60, **kw) -> RetryBudget:
@@ -45,7 +45,8 @@ def test_unbounded_tasks_are_checked_as_far_as_possible_and_warned_about():
     warnings = check_transaction_timeout(60_000, budget("w", timeout=None), budget("n", retries=2, delay=5,
                                                                                     timeout=None))
     assert len(warnings) == 2 and all("execution_timeout" in w for w in warnings)
-    assert "no write task" in check_transaction_timeout(60_000, None, budget("n", timeout=None))[0]
+    assert "does not know this pipeline's write task" in check_transaction_timeout(60_000, None,
+                                                                                  budget("n", timeout=None))[0]
 
 
 def test_broker_maximum():
@@ -63,15 +64,17 @@ def pipeline(**overrides) -> PipelineConfig:
 
 
 def test_guarantee_and_mirror_group_are_validated():
-    assert pipeline().validate().guarantee == "EXACTLY_ONCE"
+    assert create_sink(pipeline().validate().sink).guarantee == "EXACTLY_ONCE"
     with pytest.raises(ConfigurationError, match="guarantee='exactly-once' is not supported; choose one of NONE, "
                                                  "AT_LEAST_ONCE, EXACTLY_ONCE"):
         pipeline(guarantee="exactly-once").validate()
+    with pytest.raises(ConfigurationError, match="kafka sink does not implement guarantee='exactly-once'"):
+        create_sink({"type": "kafka", "topic": "out", "guarantee": "exactly-once"}).bind(pipeline().validate())
     with pytest.raises(ConfigurationError, match="mirror_consumer_group"):
         pipeline(mirror_consumer_group="  ").validate()
     # Older ledger rows have neither field: they load with the defaults.
     legacy = {k: v for k, v in pipeline().to_dict().items() if k not in ("guarantee", "mirror_consumer_group")}
-    assert PipelineConfig.from_dict(legacy).guarantee == "EXACTLY_ONCE"
+    assert create_sink(PipelineConfig.from_dict(legacy).validate().sink).guarantee == "EXACTLY_ONCE"
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -88,17 +91,18 @@ def test_bad_sink_specs_fail_clearly(spec, expected):
 
 
 def test_sink_binds_to_the_pipeline():
-    sink = create_sink({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": 5}})
-    sink.bind(pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
-                                                                "fetch.max.bytes": 1}).validate())
-    assert sink.bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger_ms": 5}
+    config = pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
+                                                               "fetch.max.bytes": 1}).validate()
+    sink = create_sink({**config.sink, "producer_config": {"linger.ms": 5}}).bind(config)
+    assert sink.client_settings().bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger_ms": 5}
     assert sink.commit_deadline_ms() is None  # no transaction: nothing to time out
-    sink.bind(pipeline().validate())
-    assert sink.commit_deadline_ms() == 600_000
-    # Sinks that only stage and publish implement EXACTLY_ONCE alone.
-    parquet = create_sink({"type": "parquet", "path": "/tmp/never-written"})
-    with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
-        parquet.bind(pipeline(guarantee="NONE").validate())
+    exactly = pipeline().validate()
+    assert create_sink(exactly.sink).bind(exactly).commit_deadline_ms() == 600_000
+    # The output cluster's own servers and settings, when the sink names them.
+    own = create_sink({"type": "kafka", "topic": "out", "bootstrap_servers": "out:9092",
+                       "kafka_config": {"client.id": "w"}}).bind(exactly)
+    assert own.client_settings().bootstrap_servers == "out:9092" and own.client_settings().properties == {
+        "client.id": "w"}
 
 
 def test_transactional_ids_of_a_batch_never_match_another_batch_or_pipeline():

@@ -13,23 +13,19 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from airflow_exactly_once.sinks.kafka_transactions import TransactionHandle
-
-
-def config_for(client_class: type, settings: dict[str, Any]) -> dict[str, Any]:
-    """The part of shared client settings (security, timeouts) that `client_class` understands."""
-    return {k: v for k, v in settings.items() if k in client_class.DEFAULT_CONFIG and k != "bootstrap_servers"}
+from airflow_exactly_once.core.kafka_settings import KafkaSettings
+from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
 
 
 @contextlib.contextmanager
-def admin_client(servers: str, settings: dict[str, Any]) -> Iterator[KafkaAdminClient]:
-    admin = KafkaAdminClient(bootstrap_servers=servers, **config_for(KafkaAdminClient, settings))
+def admin_client(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
     try:
         yield admin
     finally:
@@ -102,7 +98,7 @@ def open_transactions(admin: KafkaAdminClient, id_pattern: str) -> list[Transact
     return handles
 
 
-def record_visible(servers: str, settings: dict[str, Any], topic: str, partition: int, offset: int,
+def record_visible(settings: KafkaSettings, topic: str, partition: int, offset: int,
                    timeout_s: float = 30.0) -> bool | None:
     """Is the record at `offset` visible under read_committed? None: cannot tell within `timeout_s`.
 
@@ -111,8 +107,8 @@ def record_visible(servers: str, settings: dict[str, Any], topic: str, partition
     at exactly that offset, an aborted one is skipped.
     """
     tp = TopicPartition(topic, partition)
-    consumer = KafkaConsumer(bootstrap_servers=servers, isolation_level="read_committed", enable_auto_commit=False,
-                             group_id=None, **config_for(KafkaConsumer, settings))
+    consumer = KafkaConsumer(isolation_level="read_committed", enable_auto_commit=False, group_id=None,
+                             **settings.kafka_python(KafkaConsumer))
     deadline = time.monotonic() + timeout_s
     try:
         consumer.assign([tp])

@@ -17,7 +17,6 @@ Spec: {"type": "postgres", "conn_id": "<airflow postgres connection>" | "url": "
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
@@ -25,9 +24,10 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Handles, Sink
-from airflow_exactly_once.sinks import postgres_transactions as pgx
-from airflow_exactly_once.sinks.postgres_writer import PartitionWriter, sink_error_from_spark
+from airflow_exactly_once.core.sink import RunWriters, Sink
+from airflow_exactly_once.sinks.postgres import transactions as pgx
+from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
+from airflow_exactly_once.sinks.postgres.writer import PostgresPartitionWriter
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
 
 class PostgresSink(Sink):
     type_name = "postgres"
+    committable_type = PostgresCommittable
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
@@ -133,13 +134,13 @@ class PostgresSink(Sink):
 
     # -- write ---------------------------------------------------------------------
 
-    def prepare(self, data: Any, batch: Batch, attempt: str) -> Handles:
+    def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> PostgresCommittable:
         """Prepare one transaction per non-empty Spark partition; roll them all back on failure."""
-        epoch = batch.epoch  # `attempt` is "e<epoch>": the epoch is what the gids carry
+        epoch = batch.epoch  # the write attempt: its gids carry it
         try:
             self._rollback_dead_attempts(batch, keep_epoch=epoch)
             pgx.ensure_marker_table(self.dsn, self.marker_schema)
-            columns = self._writable_columns(list(data.columns))
+            columns = self._writable_columns(list(frame.columns))
             keys = self._upsert_key()
             slots = self._free_slots()
         except pgx.PostgresTransactionError as exc:
@@ -147,33 +148,28 @@ class PostgresSink(Sink):
         if self.mode == "upsert":
             # Rows of one key must meet in one transaction: across two prepared transactions the
             # second would wait for the first's row lock until commit, which never comes.
-            data = data.repartition(self.writers, *keys) if self.writers else data.repartition(*keys)
+            frame = frame.repartition(self.writers, *keys) if self.writers else frame.repartition(*keys)
         elif self.writers:
-            data = data.repartition(self.writers)
-        data = data.coalesce(slots)  # never more transactions than free prepared slots (keys stay together)
+            frame = frame.repartition(self.writers)
+        frame = frame.coalesce(slots)  # never more transactions than free prepared slots (keys stay together)
         if self.order_by:
-            data = data.sortWithinPartitions(*self.order_by)  # upsert: the last row of a key wins
-        writer = PartitionWriter(
+            frame = frame.sortWithinPartitions(*self.order_by)  # upsert: the last row of a key wins
+        writer = PostgresPartitionWriter(
             dsn=with_lock_timeout(self.dsn, self.lock_timeout_ms), pipeline_id=batch.pipeline_id,
             batch_seq=batch.seq, attempt=epoch, table=self.table, columns=tuple(columns), mode=self.mode,
             key_columns=keys, marker_schema=self.marker_schema, page_size=self.page_size)
         try:
-            rows = data.mapInArrow(writer, "handle string").collect()  # columns: data.columns, in order
-        except Exception as exc:
+            parts = run_writers(frame, writer)  # columns: frame.columns, in order
+        except Exception:
             self._rollback_attempt(batch, epoch)
-            error = sink_error_from_spark(exc)
-            if error is None:
-                raise
-            raise error from None
-        parts = sorted((json.loads(r["handle"]) for r in rows), key=lambda h: h["partition"])
-        return {"table": self.table, "mode": self.mode, "epoch": epoch, "gids": [p["gid"] for p in parts],
-                "rows_written": sum(p["rows"] for p in parts)}
+            raise
+        return PostgresCommittable.of(self.table, self.mode, epoch, parts)
 
     # -- notify_complete / abort ---------------------------------------------------
 
-    def commit(self, batch: Batch, handles: Handles) -> str:
+    def commit(self, batch: Batch, committable: PostgresCommittable) -> str:
         """COMMIT PREPARED every gid; all-or-nothing when one is found lost before any commit."""
-        gids = list(handles.get("gids", []))
+        gids = list(committable.gids)
         try:
             prepared = set(pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq)))
             committed = {m["gid"] for m in pgx.list_markers(self.dsn, batch.pipeline_id, batch.seq,
@@ -192,12 +188,12 @@ class PostgresSink(Sink):
         return (f"committed {len(gids)} prepared transaction(s) into {self.table} ({now} now, {len(gids) - now} "
                 f"already){f'; rolled back {len(orphans)} orphan(s)' if orphans else ''}")
 
-    def abort(self, batch: Batch, handles: Handles | None) -> str:
-        """Roll back `handles` (a fenced attempt's), or every attempt of the batch when None."""
+    def abort(self, batch: Batch, committable: PostgresCommittable | None) -> str:
+        """Roll back `committable` (a fenced attempt's), or every attempt of the batch when None."""
         try:
-            if handles is not None:
+            if committable is not None:
                 results = [pgx.rollback_prepared(self.dsn, g, marker_schema=self.marker_schema)
-                           for g in handles.get("gids", [])]
+                           for g in committable.gids]
                 return f"rolled back {results.count('rolled-back')} prepared transaction(s) of this attempt"
             orphans = self._rollback_dead_attempts(batch, keep=())
         except pgx.PostgresTransactionError as exc:
@@ -227,46 +223,32 @@ class PostgresSink(Sink):
         and gids of this batch not in `keep` and not of the live attempt `keep_epoch`.
         Gids of newer batches are never touched.
         """
-        dead = []
-        for gid in pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id)):
+        def dead(gid: str) -> bool:
             parsed = parse_gid(batch.pipeline_id, gid)
             if parsed is None:
-                continue
+                return False
             seq, _, epoch = parsed
-            if seq < batch.seq or (seq == batch.seq and gid not in keep and epoch != keep_epoch):
-                dead.append(gid)
-        for gid in dead:
-            pgx.rollback_prepared(self.dsn, gid, marker_schema=self.marker_schema)
-        if dead:
-            log.info("rolled back %d prepared transaction(s) of dead attempts: %s", len(dead), dead)
-        return dead
+            return seq < batch.seq or (seq == batch.seq and gid not in keep and epoch != keep_epoch)
+
+        rolled_back = pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(batch.pipeline_id), dead)
+        if rolled_back:
+            log.info("rolled back %d prepared transaction(s) of dead attempts: %s", len(rolled_back), rolled_back)
+        return rolled_back
 
     def _rollback_attempt(self, batch: Batch, epoch: int) -> None:
         """After a failed write, what this attempt's partitions prepared before the failure."""
+        def of_this_attempt(gid: str) -> bool:
+            parsed = parse_gid(batch.pipeline_id, gid)
+            return parsed is not None and parsed[2] == epoch
+
         try:
-            for gid in pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq)):
-                parsed = parse_gid(batch.pipeline_id, gid)
-                if parsed is not None and parsed[2] == epoch:
-                    pgx.rollback_prepared(self.dsn, gid, marker_schema=self.marker_schema)
+            pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq), of_this_attempt)
         except pgx.PostgresTransactionError as exc:
             log.warning("could not roll back this attempt's prepared transactions (%s); the next write, commit "
                         "or abort of the pipeline does", exc)
 
     def _query(self, statement: str, params: tuple = ()) -> list[tuple]:
-        conn = pgx._connect(self.dsn)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(statement, params)
-                return cur.fetchall()
-        except Exception as exc:
-            import psycopg2
-
-            if isinstance(exc, psycopg2.Error):
-                raise pgx.PostgresTransactionError(f"{pgx._describe(self.dsn)}: {pgx._server_message(exc)}",
-                                                   retriable=pgx._is_retriable(exc)) from exc
-            raise
-        finally:
-            conn.close()
+        return pgx.query(self.dsn, statement, params)
 
     def _table_columns(self) -> list[str]:
         rows = self._query(
@@ -276,7 +258,7 @@ class PostgresSink(Sink):
             exists = self._query("SELECT to_regclass(%s) IS NOT NULL", (self._regclass(),))[0][0]
             if not exists:
                 raise ConfigurationError(
-                    f"table {self.table} does not exist in {pgx._describe(self.dsn)}; create it first (the sink "
+                    f"table {self.table} does not exist in {pgx.describe_dsn(self.dsn)}; create it first (the sink "
                     "never creates tables: their column types and keys are yours to choose), or correct 'table'")
         return [r[0] for r in rows]
 
@@ -321,9 +303,9 @@ class PostgresSink(Sink):
         limit, used = self._query("SELECT current_setting('max_prepared_transactions')::int, "
                                   "(SELECT count(*) FROM pg_prepared_xacts)")[0]
         if limit <= 0:
-            raise ConfigurationError(str(pgx._two_phase_error(pgx._describe(self.dsn), limit)))
+            raise ConfigurationError(str(pgx.two_phase_error(pgx.describe_dsn(self.dsn), limit)))
         if limit - used < 1:
-            raise SinkError(f"all {limit} prepared-transaction slots of {pgx._describe(self.dsn)} are in use; "
+            raise SinkError(f"all {limit} prepared-transaction slots of {pgx.describe_dsn(self.dsn)} are in use; "
                             "commit or roll back the ones left behind (SELECT * FROM pg_prepared_xacts) or raise "
                             "max_prepared_transactions", retriable=True)
         return limit - used

@@ -12,7 +12,7 @@ The protocol, per micro-batch:
    but whose marker row exists was committed before (``"already-committed"``); a GID
    that is gone without a marker was rolled back, and :class:`TransactionLost` says so.
 3. GIDs of attempts that lost (failed or speculative tasks) are removed with
-   :func:`rollback_orphans`.
+   :func:`rollback_prepared_matching`.
 
 Only psycopg2 is needed. The server must have ``max_prepared_transactions > 0``
 (:func:`check_two_phase_supported`). A prepared transaction holds its row locks until
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import psycopg2
@@ -48,7 +48,11 @@ __all__ = [
     "commit_prepared",
     "rollback_prepared",
     "list_prepared",
-    "rollback_orphans",
+    "rollback_prepared_matching",
+    "query",
+    "connect",
+    "describe_dsn",
+    "two_phase_error",
     "list_markers",
 ]
 
@@ -146,7 +150,7 @@ def _libpq_dsn(dsn: str) -> str:
     return re.sub(r"^postgres(?:ql)?\+\w+://", "postgresql://", dsn)
 
 
-def _describe(dsn: str) -> str:
+def describe_dsn(dsn: str) -> str:
     """``user@host:port/dbname`` without the password, for error messages."""
     try:
         params = psycopg2.extensions.parse_dsn(_libpq_dsn(dsn))
@@ -156,21 +160,21 @@ def _describe(dsn: str) -> str:
             f"/{params.get('dbname', '')}")
 
 
-def _connect(dsn: str) -> psycopg2.extensions.connection:
+def connect(dsn: str) -> psycopg2.extensions.connection:
     libpq = _libpq_dsn(dsn)
     extra = {} if "connect_timeout" in libpq else {"connect_timeout": 10}
     try:
         conn = psycopg2.connect(libpq, **extra)
     except psycopg2.OperationalError as exc:
         raise PostgresTransactionError(
-            f"Could not connect to PostgreSQL at {_describe(dsn)}: {str(exc).strip()}",
+            f"Could not connect to PostgreSQL at {describe_dsn(dsn)}: {str(exc).strip()}",
             retriable=True,
         ) from exc
     conn.autocommit = True  # transactions are begun explicitly, so PREPARE/COMMIT PREPARED can run
     return conn
 
 
-def _is_retriable(exc: psycopg2.Error) -> bool:
+def is_retriable(exc: psycopg2.Error) -> bool:
     code = exc.pgcode
     if code is None:  # no server reply: the connection failed
         return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError))
@@ -179,7 +183,7 @@ def _is_retriable(exc: psycopg2.Error) -> bool:
     return code in _RETRIABLE_STATES or code[:2] in _RETRIABLE_CLASSES
 
 
-def _server_message(exc: psycopg2.Error) -> str:
+def server_message(exc: psycopg2.Error) -> str:
     text = (exc.pgerror or str(exc)).strip()
     return re.sub(r"\s+", " ", text)
 
@@ -202,7 +206,7 @@ def _close_quietly(conn: psycopg2.extensions.connection) -> None:
 def _with_cursor(conn_or_dsn, fn):
     """Run ``fn(cursor)`` on a connection we open and close, or on the caller's connection."""
     if isinstance(conn_or_dsn, str):
-        conn = _connect(conn_or_dsn)
+        conn = connect(conn_or_dsn)
         try:
             with conn.cursor() as cur:
                 return fn(cur)
@@ -217,7 +221,7 @@ def _with_cursor(conn_or_dsn, fn):
     return result
 
 
-def _two_phase_error(where: str, setting: int | str = 0) -> TwoPhaseNotSupported:
+def two_phase_error(where: str, setting: int | str = 0) -> TwoPhaseNotSupported:
     return TwoPhaseNotSupported(
         f"PostgreSQL at {where} has max_prepared_transactions = {setting}, so PREPARE TRANSACTION "
         "(two-phase commit) is disabled and exactly-once writes are impossible. Fix: set "
@@ -240,7 +244,7 @@ def check_two_phase_supported(conn_or_dsn) -> int:
 
     value, where = _with_cursor(conn_or_dsn, show)
     if value <= 0:
-        raise _two_phase_error(where if not isinstance(conn_or_dsn, str) else _describe(conn_or_dsn), value)
+        raise two_phase_error(where if not isinstance(conn_or_dsn, str) else describe_dsn(conn_or_dsn), value)
     return value
 
 
@@ -344,7 +348,7 @@ def _prepare_failure(exc: psycopg2.Error, *, gid: str, table: str, mode: str, ke
     diag = exc.diag
     constraint = diag.constraint_name if exc.pgcode else None
     column = diag.column_name if exc.pgcode else None
-    server = _server_message(exc)
+    server = server_message(exc)
     detail = f" ({diag.message_detail.rstrip('.')})" if exc.pgcode and diag.message_detail else ""
     what, fix = server, "see the server's message above."
     marker = f"{marker_schema}.{MARKER_TABLE}"
@@ -389,23 +393,23 @@ def _prepare_failure(exc: psycopg2.Error, *, gid: str, table: str, mode: str, ke
         what = f"a value does not fit its column in {table}: {server}"
         fix = "convert the values to the columns' types (or widen the column types) before writing."
     elif code == "55000" and "prepared transactions are disabled" in server:
-        return _two_phase_error(where)
+        return two_phase_error(where)
     elif code == "53200":
         what = "the server's limit of prepared transactions (max_prepared_transactions) is reached"
-        fix = ("commit or roll back prepared transactions left behind (rollback_orphans), or raise "
+        fix = ("commit or roll back prepared transactions left behind (rollback_prepared_matching), or raise "
                "max_prepared_transactions in postgresql.conf above the number of partitions written at once "
                "and restart the server.")
     elif code == "42501":
         what = f"permission denied: {server}"
         fix = f"grant the writer's role INSERT (and UPDATE for upserts) on {table} and on {marker}."
-    elif _is_retriable(exc):
+    elif is_retriable(exc):
         what = f"the server or connection failed: {server}"
         fix = "retry the task (its GID is rolled back first if it was left prepared)."
 
     return PrepareFailed(
         f"Writing {n_rows} rows to {table} (mode={mode}) in prepared transaction {gid!r} on {where} failed: "
         f"{what}. The transaction was rolled back; nothing is prepared. Fix: {fix}",
-        retriable=_is_retriable(exc),
+        retriable=is_retriable(exc),
         sqlstate=exc.pgcode,
     )
 
@@ -486,8 +490,8 @@ def prepare_rows(
                    "partition_id": int(marker["partition_id"]), "row_count": row_count},
         "state": "prepared",
     }
-    where = _describe(dsn)
-    conn = _connect(dsn)
+    where = describe_dsn(dsn)
+    conn = connect(dsn)
     reached_prepare = False
     try:
         with conn.cursor() as cur:
@@ -495,7 +499,7 @@ def prepare_rows(
                         "(SELECT database FROM pg_prepared_xacts WHERE gid = %s), current_database()", (gid,))
             max_prepared, leftover_db, this_db = cur.fetchone()
             if max_prepared <= 0:
-                raise _two_phase_error(where, max_prepared)
+                raise two_phase_error(where, max_prepared)
             if leftover_db is not None:
                 if leftover_db != this_db:
                     raise PrepareFailed(
@@ -540,7 +544,7 @@ def _best_effort_rollback(dsn: str, gid: str) -> None:
     try:
         rollback_prepared(dsn, gid)
     except PostgresTransactionError:
-        pass  # the server is unreachable: a retry with this GID, or rollback_orphans, cleans up
+        pass  # the server is unreachable: a retry with this GID, or rollback_prepared_matching, cleans up
 
 
 def _rollback_prepared_if_present(cur, gid: str) -> bool:
@@ -560,17 +564,17 @@ def _marker_exists(cur, gid: str, marker_schema: str) -> bool:
 
 
 def _finish_error(exc: psycopg2.Error, action: str, gid: str, where: str) -> PostgresTransactionError:
-    server = _server_message(exc)
+    server = server_message(exc)
     if exc.pgcode == "0A000":  # prepared transaction belongs to another database
         fix = "connect to the database the transaction was prepared in (pg_prepared_xacts.database)."
     elif exc.pgcode == "42501":
         fix = "connect as the role that prepared it, or as a superuser."
-    elif _is_retriable(exc):
+    elif is_retriable(exc):
         fix = "retry; the prepared transaction is still on the server unless the message says otherwise."
     else:
         fix = "see the server's message."
     return PostgresTransactionError(f"{action} {gid!r} on {where} failed: {server}. Fix: {fix}",
-                                    retriable=_is_retriable(exc), sqlstate=exc.pgcode)
+                                    retriable=is_retriable(exc), sqlstate=exc.pgcode)
 
 
 def commit_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> str:
@@ -582,8 +586,8 @@ def commit_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> str
     failures) otherwise.
     """
     _check_gid(gid)
-    where = _describe(dsn)
-    conn = _connect(dsn)
+    where = describe_dsn(dsn)
+    conn = connect(dsn)
     try:
         with conn.cursor() as cur:
             try:
@@ -598,7 +602,7 @@ def commit_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> str
                 pass
             raise TransactionLost(
                 f"Prepared transaction {gid!r} on {where} is gone and no marker row for it exists in "
-                f"{marker_schema}.{MARKER_TABLE}: it was rolled back (by rollback_prepared/rollback_orphans, "
+                f"{marker_schema}.{MARKER_TABLE}: it was rolled back (by rollback_prepared, "
                 f"an operator, or never prepared), so its rows are not in the table. Fix: re-run the batch "
                 f"from its source offsets; committing cannot succeed.",
                 retriable=False,
@@ -617,8 +621,8 @@ def rollback_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> s
     too late to roll back).
     """
     _check_gid(gid)
-    where = _describe(dsn)
-    conn = _connect(dsn)
+    where = describe_dsn(dsn)
+    conn = connect(dsn)
     try:
         with conn.cursor() as cur:
             if _rollback_prepared_if_present(cur, gid):
@@ -647,33 +651,45 @@ def list_prepared(dsn: str, prefix: str = "", *, all_databases: bool = False) ->
     try:
         return _with_cursor(dsn, fetch)
     except psycopg2.Error as exc:
-        raise PostgresTransactionError(f"Listing prepared transactions on {_describe(dsn)} failed: "
-                                       f"{_server_message(exc)}", retriable=_is_retriable(exc)) from exc
+        raise PostgresTransactionError(f"Listing prepared transactions on {describe_dsn(dsn)} failed: "
+                                       f"{server_message(exc)}", retriable=is_retriable(exc)) from exc
 
 
-def rollback_orphans(dsn: str, prefix: str, keep: Iterable[str] = ()) -> list[str]:
-    """Roll back every prepared GID starting with ``prefix`` except those in ``keep``.
+def rollback_prepared_matching(dsn: str, prefix: str, dead: Callable[[str], bool]) -> list[str]:
+    """Roll back every prepared GID of this database that starts with ``prefix`` and that ``dead(gid)`` accepts.
 
-    Returns the GIDs rolled back. ``prefix`` must be non-empty (use :func:`gid_prefix`),
-    so other applications' prepared transactions are never touched.
+    Returns the GIDs rolled back. ``prefix`` must be non-empty (use :func:`gid_prefix`), so
+    other applications' prepared transactions are never touched.
     """
     if not prefix:
-        raise ValueError("rollback_orphans needs a non-empty prefix, e.g. gid_prefix(pipeline_id)")
-    keep = set(keep)
-    where = _describe(dsn)
+        raise ValueError("rollback_prepared_matching needs a non-empty prefix, e.g. gid_prefix(pipeline_id)")
+    where = describe_dsn(dsn)
     rolled_back = []
-    conn = _connect(dsn)
+    conn = connect(dsn)
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT gid FROM pg_prepared_xacts WHERE left(gid, length(%s)) = %s "
                         "AND database = current_database() ORDER BY prepared, gid", (prefix, prefix))
             for (gid,) in cur.fetchall():
-                if gid not in keep and _rollback_prepared_if_present(cur, gid):
+                if dead(gid) and _rollback_prepared_if_present(cur, gid):
                     rolled_back.append(gid)
     except psycopg2.Error as exc:
         raise PostgresTransactionError(
-            f"Rolling back orphaned prepared transactions {prefix!r}* on {where} failed after "
-            f"{len(rolled_back)} of them: {_server_message(exc)}", retriable=_is_retriable(exc)) from exc
+            f"Rolling back prepared transactions {prefix!r}* on {where} failed after {len(rolled_back)} of them: "
+            f"{server_message(exc)}", retriable=is_retriable(exc)) from exc
     finally:
         _close_quietly(conn)
     return rolled_back
+
+
+def query(dsn: str, statement: str, params: tuple = ()) -> list[tuple]:
+    """One statement in its own connection; its rows. Errors say which server and whether a retry can help."""
+    def run(cur) -> list[tuple]:
+        cur.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+    try:
+        return _with_cursor(dsn, run)
+    except psycopg2.Error as exc:
+        raise PostgresTransactionError(f"{describe_dsn(dsn)}: {server_message(exc)}",
+                                       retriable=is_retriable(exc)) from exc

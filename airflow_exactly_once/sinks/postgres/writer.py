@@ -1,39 +1,17 @@
-"""The executor side of the PostgreSQL sink: one Spark partition, one prepared transaction.
+"""The PostgreSQL sink's partition writer: one Spark partition, one prepared transaction, on an executor.
 
-`PartitionWriter` is what `mapInArrow` runs for every partition (PySpark's DataSource
-writer pattern: write on the executor, return a small commit message to the driver).
-It turns Arrow batches into rows, writes them and a marker row in one transaction, ends
-it with `PREPARE TRANSACTION <gid>` and yields the handle as one JSON row. Errors cross
-the JVM boundary as text, so they are wrapped in a tagged JSON envelope that the driver
-turns back into a SinkError with the same message and retriability.
+It turns Arrow batches into rows, writes them and a marker row in one transaction and ends
+it with `PREPARE TRANSACTION <gid>`; the GID is the partition's commit message.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from airflow_exactly_once.core.errors import SinkError
-
-_ENVELOPE = re.compile(r"AEO-SINK-ERROR(\{.*?\})AEO-END", re.DOTALL)
-
-
-class PartitionWriteError(RuntimeError):
-    """Raised on an executor; its text carries the sink error through Spark to the driver."""
-
-    def __init__(self, message: str, retriable: bool) -> None:
-        super().__init__("AEO-SINK-ERROR" + json.dumps({"message": message, "retriable": retriable}) + "AEO-END")
-
-
-def sink_error_from_spark(exc: BaseException) -> SinkError | None:
-    """The SinkError an executor raised, recovered from Spark's exception text (or None)."""
-    match = _ENVELOPE.search(str(exc))
-    if match is None:
-        return None
-    payload = json.loads(match.group(1))
-    return SinkError(payload["message"], retriable=bool(payload["retriable"]))
+from airflow_exactly_once.core.sink import PartitionWriter
+from airflow_exactly_once.sinks.postgres.committable import PreparedPartition
+from airflow_exactly_once.sinks.postgres.transactions import PostgresTransactionError, make_gid, prepare_rows
 
 
 def _copyable(arrow_type) -> bool:
@@ -72,7 +50,7 @@ def _column_values(column) -> list[Any]:
 
 
 @dataclass(frozen=True)
-class PartitionWriter:
+class PostgresPartitionWriter(PartitionWriter):
     """Everything a partition needs, pickled to the executors (the DSN may hold a password)."""
 
     dsn: str
@@ -86,20 +64,10 @@ class PartitionWriter:
     marker_schema: str
     page_size: int
 
-    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        from airflow_exactly_once.sinks.postgres_transactions import (
-            PostgresTransactionError,
-            make_gid,
-            prepare_rows,
-        )
-
+    def write(self, partition: int, batches: Iterator[Any]) -> PreparedPartition | None:
         arrow = [b for b in batches if b.num_rows]
         if not arrow:
-            return  # an empty partition holds no prepared transaction
-        partition = TaskContext.get().partitionId()
+            return None  # an empty partition holds no prepared transaction
         gid = make_gid(self.pipeline_id, self.batch_seq, partition, self.attempt)
         marker = {"pipeline_id": self.pipeline_id, "batch_seq": self.batch_seq, "partition_id": partition}
         rows: list[tuple] = []
@@ -114,6 +82,5 @@ class PartitionWriter:
                                   self.key_columns or None, marker_schema=self.marker_schema,
                                   page_size=self.page_size, copy_csv=csv)
         except PostgresTransactionError as exc:
-            raise PartitionWriteError(f"Spark partition {partition}: {exc}", exc.retriable) from None
-        small = {"gid": gid, "partition": partition, "rows": handle["rows_written"], "state": handle["state"]}
-        yield pa.RecordBatch.from_pylist([{"handle": json.dumps(small)}])
+            raise PostgresTransactionError(f"Spark partition {partition}: {exc}", retriable=exc.retriable) from None
+        return PreparedPartition(gid, partition, handle["rows_written"])

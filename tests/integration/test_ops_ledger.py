@@ -16,13 +16,14 @@ from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError, FencedError, IllegalTransitionError
-from airflow_exactly_once.core.intervals import interval_ranges
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.ranges import interval_ranges
 from airflow_exactly_once.core.rewind import apply_rewind, finish_retractions, plan_rewind
 from airflow_exactly_once.core.states import BatchState, check_transition
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.sinks.parquet import ParquetSink
+from tests.harness import FakeSource, Pipe
 
 TP = ("t", 0)
 
@@ -242,15 +243,13 @@ def test_cli_lists_shows_and_checks(ledger, tmp_path, capsys):
 
 
 def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path):
-    from airflow_exactly_once.core.protocol import BatchCoordinator
-
     sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
-    config = PipelineConfig("p", ["t"], sink.spec, "k:1")
+    config = PipelineConfig("p", ["t"], sink.spec, "k:1").validate()
     commit(ledger, two(0, 10, 0, 10))
     aborted = ledger.create_batch("p", "run-2", two(10, 20, 10, 20), expected_epoch=ledger.pipeline("p")["epoch"])
     ledger.mark_aborted(aborted.id, "write failed for good")
     apply_rewind(ledger, sink, plan_rewind(ledger, "p", {TP: 5}, output="keep"), "reprocess")
     # Replaying run-2's old range now would skip t[0] 5..9; the cleared run writes nothing instead.
-    outcome = BatchCoordinator(config, ledger, sink).plan("run-2")
+    outcome = Pipe(config, ledger, lambda: FakeSource({TP: 20, ("t", 1): 20}), sink_factory=ParquetSink).plan("run-2")
     assert outcome.action == "superseded" and "has moved from 10 to 5" in outcome.message
     assert ledger.committed_positions("p") == {TP: 5, ("t", 1): 10}

@@ -1,0 +1,294 @@
+"""Kafka client settings: read once, from the official `kafka` connection, and translated for every client.
+
+The official Kafka provider keeps a connection's client settings in its extra as librdkafka
+properties ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username",
+"sasl.password", "ssl.ca.location", ...) and hands them to confluent-kafka as they are. A
+pipeline's `kafka_config` adds to them, in the same spelling (kafka-python's underscored
+names are accepted too). Three kinds of client then need the same settings in their own
+words, and this module is the only place that speaks them:
+
+* kafka-python (planning on the driver, the Kafka sink's probes, committer and writers):
+  keyword arguments such as `sasl_plain_username` or `ssl_cafile`;
+* Kafka's Java client inside Spark (the Kafka source reads with `kafka.`-prefixed options):
+  `sasl.jaas.config`, PEM trust and key stores;
+* librdkafka (confluent-kafka), whose property names are the connection's own.
+
+Certificates are files in PEM (what librdkafka and Python's ssl module read); Java's client
+reads PEM as well, so a JKS trust store is refused with the setting to use instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from airflow_exactly_once.core.errors import ConfigurationError
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# What would let a client move offsets or read uncommitted records: the ledger owns offsets.
+FORBIDDEN = ("enable.auto.commit", "group.id", "isolation.level", "auto.offset.reset")
+SECRETS = ("sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.keystore.password",
+           "ssl.truststore.password", "ssl.keystore.key", "sasl.oauthbearer.client.secret")
+REDACTED = "***"
+
+# kafka-python's names of settings whose librdkafka/Java name is not just dots for underscores.
+_KAFKA_PYTHON_NAMES = {
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "ssl.crl.location": "ssl_crlfile",
+}
+_CANONICAL_OF_KAFKA_PYTHON = {v: k for k, v in _KAFKA_PYTHON_NAMES.items()}
+_ALIASES = {"sasl.mechanisms": "sasl.mechanism", "metadata.broker.list": "bootstrap.servers"}
+# librdkafka properties that Java's client spells differently (translated in java()).
+_LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.certificate.location",
+                    "ssl.key.location", "ssl.crl.location", "enable.ssl.certificate.verification",
+                    "socket.timeout.ms", "bootstrap.timeout.ms")
+# Java-only properties (they have a librdkafka spelling, translated in librdkafka()).
+_JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password",
+              "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
+              "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates")
+_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_JAAS_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+}
+
+
+def canonical_name(key: str) -> str:
+    """The librdkafka/Java spelling of a setting given either way ('security_protocol' -> 'security.protocol')."""
+    key = str(key).strip()
+    if "." not in key:
+        key = _CANONICAL_OF_KAFKA_PYTHON.get(key, key.replace("_", "."))
+    return _ALIASES.get(key, key)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """Bootstrap servers, where they came from (for error messages), and the other client properties."""
+
+    bootstrap_servers: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+    origin: str = "bootstrap_servers"
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, Any] | None, *, bootstrap_servers: str | None = None,
+                     origin: str = "kafka_config") -> "KafkaSettings":
+        """Settings in either spelling; `bootstrap_servers` wins over a 'bootstrap.servers' entry."""
+        properties: dict[str, str] = {}
+        for key, value in (settings or {}).items():
+            if value is None:
+                continue
+            name = canonical_name(key)
+            properties[name] = _text(value)
+        servers = bootstrap_servers or properties.pop("bootstrap.servers", "")
+        properties.pop("bootstrap.servers", None)
+        forbidden = sorted(set(FORBIDDEN) & set(properties))
+        if forbidden:
+            raise ConfigurationError(
+                f"{origin} must not set {', '.join(forbidden)}: the ledger owns offsets and reads are always "
+                "read_committed; remove them")
+        return cls(str(servers).strip(), properties, origin if servers else "")
+
+    def merged(self, overrides: Mapping[str, Any] | None, origin: str = "kafka_config") -> "KafkaSettings":
+        """These settings with `overrides` on top (a pipeline's kafka_config over its connection)."""
+        if not overrides:
+            return self
+        extra = KafkaSettings.from_mapping(overrides, origin=origin)
+        servers = extra.bootstrap_servers or self.bootstrap_servers
+        return KafkaSettings(servers, {**self.properties, **extra.properties},
+                             extra.origin if extra.bootstrap_servers else self.origin)
+
+    def require_servers(self) -> "KafkaSettings":
+        if not self.bootstrap_servers:
+            raise ConfigurationError(
+                "no Kafka bootstrap servers: give the pipeline a kafka connection whose extra has "
+                '{"bootstrap.servers": "host:port"} (kafka_conn_id=...), or pass bootstrap_servers="host:port"')
+        return self
+
+    # -- security, checked once ----------------------------------------------------
+
+    @property
+    def security_protocol(self) -> str:
+        return self.properties.get("security.protocol", "PLAINTEXT").upper()
+
+    def check(self) -> "KafkaSettings":
+        """Refuse combinations no client can use, naming the setting to change."""
+        protocol = self.security_protocol
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ConfigurationError(f"security.protocol={protocol!r} ({self.origin}) is not one of "
+                                     f"{', '.join(SECURITY_PROTOCOLS)}")
+        if protocol.startswith("SASL"):
+            mechanism = self.properties.get("sasl.mechanism", "").upper()
+            if mechanism not in SASL_MECHANISMS:
+                raise ConfigurationError(
+                    f"security.protocol={protocol} needs sasl.mechanism set to one of {', '.join(SASL_MECHANISMS)} "
+                    f"({self.origin} has {mechanism or 'none'})")
+            username, password = self.sasl_credentials()
+            if not username or password is None:
+                raise ConfigurationError(
+                    f"security.protocol={protocol} needs credentials: set sasl.username and sasl.password (or "
+                    f"sasl.jaas.config) in {self.origin}")
+        truststore = self.properties.get("ssl.truststore.location")
+        if truststore and self.properties.get("ssl.truststore.type", "JKS").upper() != "PEM" \
+                and "ssl.ca.location" not in self.properties:
+            raise ConfigurationError(
+                f"ssl.truststore.location={truststore} ({self.origin}) is a Java key store, which the Python "
+                "clients (planning, the Kafka sink) cannot read: give the CA certificate as PEM in ssl.ca.location")
+        if "ssl.keystore.location" in self.properties and "ssl.certificate.location" not in self.properties:
+            raise ConfigurationError(
+                f"ssl.keystore.location ({self.origin}) is a Java key store, which the Python clients cannot read: "
+                "give the client certificate and key as PEM files in ssl.certificate.location and ssl.key.location")
+        return self
+
+    def sasl_credentials(self) -> tuple[str | None, str | None]:
+        """(username, password) from sasl.username/password, else parsed out of sasl.jaas.config."""
+        username, password = self.properties.get("sasl.username"), self.properties.get("sasl.password")
+        jaas = self.properties.get("sasl.jaas.config")
+        if jaas and (username is None or password is None):
+            options = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(jaas)}
+            username = username if username is not None else options.get("username")
+            password = password if password is not None else options.get("password")
+        return username, password
+
+    def _ca_file(self) -> str | None:
+        if "ssl.ca.location" in self.properties:
+            return self.properties["ssl.ca.location"]
+        if self.properties.get("ssl.truststore.type", "").upper() == "PEM":
+            return self.properties.get("ssl.truststore.location")
+        return None
+
+    def _check_hostname(self) -> bool:
+        return self.properties.get("ssl.endpoint.identification.algorithm", "https").lower() not in ("", "none")
+
+    # -- kafka-python ----------------------------------------------------------------
+
+    def kafka_python(self, client: type) -> dict[str, Any]:
+        """Keyword arguments for a kafka-python client class (KafkaConsumer, KafkaProducer, KafkaAdminClient).
+
+        Settings the class does not know are left out (a consumer-only setting never reaches a
+        producer); `bootstrap_servers` is included.
+        """
+        known = client.DEFAULT_CONFIG
+        kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
+        for name, value in self.properties.items():
+            if name in _JAVA_ONLY or name in ("ssl.endpoint.identification.algorithm",):
+                continue
+            argument = _KAFKA_PYTHON_NAMES.get(name, name.replace(".", "_"))
+            if argument in known:
+                kwargs[argument] = _typed(value, known[argument])
+        if self.security_protocol != "PLAINTEXT":
+            kwargs["security_protocol"] = self.security_protocol
+        if self.security_protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.properties.get("sasl.mechanism", "").upper()
+            kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = self.sasl_credentials()
+        if self.security_protocol.endswith("SSL"):
+            if self._ca_file():
+                kwargs["ssl_cafile"] = self._ca_file()
+            kwargs["ssl_check_hostname"] = self._check_hostname()
+        return {k: v for k, v in kwargs.items() if k in known or k == "bootstrap_servers"}
+
+    # -- Kafka's Java client (Spark) ---------------------------------------------------
+
+    def java(self) -> dict[str, str]:
+        """Properties for Kafka's Java client, e.g. Spark's Kafka source (prefix them with 'kafka.')."""
+        props = {k: v for k, v in self.properties.items() if k not in _LIBRDKAFKA_ONLY}
+        props["bootstrap.servers"] = self.bootstrap_servers
+        protocol = self.security_protocol
+        if protocol.startswith("SASL") and "sasl.jaas.config" not in props:
+            username, password = self.sasl_credentials()
+            module = _JAAS_MODULES[self.properties.get("sasl.mechanism", "").upper()]
+            props["sasl.jaas.config"] = (f'{module} required username="{_jaas_quote(username)}" '
+                                         f'password="{_jaas_quote(password)}";')
+        if protocol.endswith("SSL"):
+            if "ssl.ca.location" in self.properties:
+                props["ssl.truststore.type"] = "PEM"
+                props["ssl.truststore.location"] = self.properties["ssl.ca.location"]
+            if "ssl.certificate.location" in self.properties:
+                # Inline PEM: executors on other machines need no copy of the files.
+                props["ssl.keystore.type"] = "PEM"
+                props["ssl.keystore.certificate.chain"] = _read(self.properties["ssl.certificate.location"])
+                props["ssl.keystore.key"] = _read(self.properties.get("ssl.key.location",
+                                                                      self.properties["ssl.certificate.location"]))
+            if not self._check_hostname():
+                props["ssl.endpoint.identification.algorithm"] = ""
+        return props
+
+    def spark_source_options(self) -> dict[str, str]:
+        """The same, as options of Spark's Kafka source."""
+        return {f"kafka.{k}": v for k, v in self.java().items()}
+
+    # -- librdkafka (confluent-kafka) --------------------------------------------------
+
+    def librdkafka(self) -> dict[str, str]:
+        """Properties for confluent-kafka clients."""
+        props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY}
+        props["bootstrap.servers"] = self.bootstrap_servers
+        if self.security_protocol.startswith("SASL"):
+            props["sasl.username"], props["sasl.password"] = self.sasl_credentials()
+        ca = self._ca_file()
+        if ca:
+            props["ssl.ca.location"] = ca
+        if self.security_protocol.endswith("SSL") and not self._check_hostname():
+            props["ssl.endpoint.identification.algorithm"] = "none"
+        return props
+
+    # -- storage and transport ---------------------------------------------------------
+
+    def redacted(self) -> dict[str, str]:
+        """For logs and the ledger: secrets replaced."""
+        return {k: (REDACTED if k in SECRETS else v) for k, v in self.properties.items()}
+
+    def secrets(self) -> dict[str, str]:
+        return {k: v for k, v in self.properties.items() if k in SECRETS}
+
+
+def _typed(value: str, default: Any) -> Any:
+    """A string from a connection extra as the type kafka-python expects (its default's type)."""
+    if isinstance(default, bool):
+        return value.lower() in ("1", "true", "yes") if isinstance(value, str) else bool(value)
+    if isinstance(default, int) and not isinstance(default, bool):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            return value
+    if isinstance(default, float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
+def _jaas_quote(value: str | None) -> str:
+    return (value or "").replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the PEM file {path} named in the Kafka settings: {exc}") from exc
+
+
+def redact_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A settings dict in either spelling with its secrets replaced (what the ledger may store)."""
+    return {k: (REDACTED if canonical_name(k) in SECRETS else v) for k, v in (settings or {}).items()}
+
+
+def secret_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Only the secret entries of a settings dict (what travels to a spark-submit job in its environment)."""
+    return {k: v for k, v in (settings or {}).items() if canonical_name(k) in SECRETS}

@@ -1,0 +1,287 @@
+"""The plan step: recovery first, then this run's offset range, in one of two strategies.
+
+Both strategies share the frame (Flink's initializeState + open): the pipeline row, the
+guard against switching range modes, the sink's plan-time check, and planning again when
+another run took the pipeline over meanwhile (a retriable FencedError from the ledger's
+compare-and-set). What differs is how a range is fixed:
+
+* `ContinuationPlanner`: each run continues where the last committed batch ended; a run
+  that planned before replays exactly its range (or nothing), never newer data;
+* `IntervalPlanner`: each run reads the records of its Airflow data interval, between
+  boundary offsets fixed in the ledger the first time an interval needs them, so runs of
+  different intervals are independent and tile every partition in any order. Recovery
+  first and fencing apply per interval; re-running a processed interval is a recorded
+  no-op (interval_rerun="noop") or replaces its output (interval_rerun="replace").
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from airflow_exactly_once.core.errors import ConfigurationError, FencedError, IntervalNotOverError
+from airflow_exactly_once.core.faults import fault_point
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.ranges import Interval, continuation_ranges, interval_ranges, label
+from airflow_exactly_once.core.source import OffsetSource
+from airflow_exactly_once.core.startup import startup_positions
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.core.timestamps import iso, now_ms
+
+log = logging.getLogger(__name__)
+
+MAX_PLAN_ATTEMPTS = 5
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """What `plan` decided. `needs_commit` says whether the later steps have work.
+
+    `batch` is the batch the decision is about (an EMPTY one for "empty", the committed one
+    for "already-committed"), or None when the run was superseded.
+    """
+
+    action: str  # planned | replay | replanned | already-committed | superseded | empty
+    batch: Batch | None
+    message: str
+
+    @property
+    def needs_commit(self) -> bool:
+        return self.batch is not None and self.batch.state in (BatchState.PLANNED, BatchState.PREPARED)
+
+
+class Planner(ABC):
+    """The frame both strategies share."""
+
+    range_mode: ClassVar[str]
+
+    def __init__(self, coordinator: BatchCoordinator, source_factory: Callable[[], OffsetSource]) -> None:
+        self.coordinator = coordinator
+        self.ledger = coordinator.ledger
+        self.config = coordinator.config
+        self.source_factory = source_factory
+
+    @property
+    def pipeline_id(self) -> str:
+        return self.config.pipeline_id
+
+    def plan(self, run_id: str, interval: Interval | None = None) -> PlanOutcome:
+        """Fix this run's batch (or find it fixed before). `interval` is the run's data interval, epoch ms."""
+        interval = self._check_run(run_id, interval)
+        self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
+        if self.ledger.count_batches(self.pipeline_id, with_interval=self.range_mode != "interval"):
+            other = "continuation" if self.range_mode == "interval" else "interval"
+            raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned in {other} mode; it cannot "
+                                     f"switch to range_mode={self.range_mode!r}: give the new pipeline its own "
+                                     "pipeline_id")
+        settled = self._settled(run_id, interval)
+        if settled is not None:
+            return settled
+        self._check_sink()
+        for _ in range(MAX_PLAN_ATTEMPTS):
+            try:
+                return self._plan_once(run_id, interval)
+            except FencedError as exc:
+                if not exc.retriable:
+                    raise
+                log.info("planning raced with another run (%s); planning again", exc)
+        raise FencedError(f"could not plan pipeline {self.pipeline_id}: other runs kept taking it over",
+                          retriable=True)
+
+    def _check_run(self, run_id: str, interval: Interval | None) -> Interval | None:
+        return interval
+
+    def _check_sink(self) -> None:
+        self.coordinator.sink.check(self.pipeline_id)
+
+    @abstractmethod
+    def _settled(self, run_id: str, interval: Interval | None) -> PlanOutcome | None:
+        """The outcome when this run's batch needs no planning (it planned or finished before), else None."""
+
+    @abstractmethod
+    def _plan_once(self, run_id: str, interval: Interval | None) -> PlanOutcome:
+        """Recover, then fix a range; raises a retriable FencedError when another run interfered."""
+
+    def _epoch(self) -> int:
+        pipeline = self.ledger.pipeline(self.pipeline_id)
+        return 0 if pipeline is None else pipeline["epoch"]
+
+    def _record_skipped(self, skipped: list[str]) -> None:
+        for note in skipped:
+            log.warning("data loss accepted by data_loss_policy='skip': %s", note)
+            self.ledger.record_event(self.pipeline_id, None, "data-loss-skipped", note)
+
+
+class ContinuationPlanner(Planner):
+    range_mode = "continuation"
+
+    def _settled(self, run_id: str, interval: Interval | None) -> PlanOutcome | None:
+        own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
+        if own is not None and own.state in (BatchState.PLANNED, BatchState.PREPARED):
+            return PlanOutcome("replay", own, f"run {run_id} already planned {own.describe()}; reusing it")
+        if own is not None and own.state in (BatchState.COMMITTED, BatchState.EMPTY, BatchState.RETRACTED):
+            done = {BatchState.COMMITTED: "already committed", BatchState.EMPTY: "already found nothing new in",
+                    BatchState.RETRACTED: "committed and a rewind later retracted"}[own.state]
+            message = f"run {run_id} {done} {own.describe()}; nothing to do (a re-run never takes newer data)"
+            self.ledger.record_event(self.pipeline_id, own.seq, "replay-noop", message)
+            return PlanOutcome("already-committed", own, message)
+        return None
+
+    def _plan_once(self, run_id: str, interval: Interval | None) -> PlanOutcome:
+        self.coordinator.recover()
+        own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
+        if own is not None and own.state is BatchState.ABORTED:  # replay exactly its range, or nothing
+            return self._replan(own, run_id)
+        epoch = self._epoch()  # before reading the batches: see IntervalPlanner._plan_once
+        in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED, BatchState.PREPARED])
+        if any(b.state is BatchState.PREPARED for b in in_flight):
+            raise FencedError("a batch became PREPARED while planning", retriable=True)
+        positions = self.ledger.committed_positions(self.pipeline_id)
+        source = self.source_factory()
+        try:
+            tps = source.partitions(self.config.topics)
+            log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
+            starts = startup_positions(self.config, source, [tp for tp in tps if tp not in positions],
+                                       log_starts, ends, first_run=not positions)
+        finally:
+            source.close()
+        plan = continuation_ranges(self.config, positions, tps, log_starts, ends, starts)
+        self.ledger.register_partitions(self.pipeline_id, plan.new_partitions)
+        for (topic, partition), (offset, origin) in sorted(plan.new_partitions.items()):
+            log.info("plan: %s[%d] is new to the ledger; it starts at offset %d (%s)", topic, partition, offset, origin)
+        self._record_skipped(plan.skipped)
+        details = {"skipped": plan.skipped} if plan.skipped else None
+        if plan.is_empty:  # recorded, so the ledger shows the run; it takes nothing over
+            batch = self.ledger.create_batch(self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
+                                             details=details, state=BatchState.EMPTY, resets=plan.resets)
+            return PlanOutcome("empty", batch, f"no new committed records in {', '.join(self.config.topics)}: "
+                               f"recorded {batch.describe()}; nothing to write")
+        batch = self.ledger.create_batch(
+            self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
+            supersede=[b.seq for b in in_flight], details=details, resets=plan.resets)
+        fault_point("plan.after_ledger")
+        return PlanOutcome("planned", batch, f"planned {batch.describe()}")
+
+    def _replan(self, aborted: Batch, run_id: str) -> PlanOutcome:
+        later = [b for b in self.ledger.list_batches(self.pipeline_id, [BatchState.COMMITTED], limit=1)
+                 if b.seq > aborted.seq]
+        if later:
+            message = (f"run {run_id}'s batch {aborted.seq} was aborted and its range was processed again by "
+                       f"batch {later[0].seq}; this run writes nothing (it never takes newer data)")
+            self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
+            return PlanOutcome("superseded", None, message)
+        positions = self.ledger.committed_positions(self.pipeline_id)
+        moved = [r for r in aborted.ranges if r.size and positions.get((r.topic, r.partition)) != r.start]
+        if moved:  # a rewind or accepted data loss moved the position since: replaying would leave a gap
+            r = moved[0]
+            message = (f"run {run_id}'s batch {aborted.seq} was aborted, and {r.topic}[{r.partition}] has moved from "
+                       f"{r.start} to {positions.get((r.topic, r.partition))} since (see the events); this run "
+                       "writes nothing, the next runs continue from there")
+            self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
+            return PlanOutcome("superseded", None, message)
+        epoch = self._epoch()
+        in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED])
+        batch = self.ledger.create_batch(self.pipeline_id, run_id, aborted.ranges, expected_epoch=epoch,
+                                         supersede=[b.seq for b in in_flight],
+                                         details={"replays": aborted.seq})
+        return PlanOutcome("replanned", batch, f"replaying the range of aborted batch {aborted.seq}: {batch.describe()}")
+
+
+class IntervalPlanner(Planner):
+    range_mode = "interval"
+
+    def _check_run(self, run_id: str, interval: Interval | None) -> Interval:
+        if interval is None or interval[1] <= interval[0]:
+            shown = "none" if interval is None else label(interval)
+            raise ConfigurationError(
+                f"range_mode='interval' reads the run's data interval, and run {run_id} has an empty one ({shown}). "
+                "Give the DAG a schedule with data intervals: CronDataIntervalTimetable('@hourly', timezone='UTC'), "
+                "DeltaDataIntervalTimetable(timedelta(hours=1)) or CronTriggerTimetable(..., "
+                "interval=timedelta(hours=1)) (in Airflow 3 a plain cron string or timedelta triggers at points in "
+                "time, with empty intervals). Or use range_mode='continuation'.")
+        if interval[1] > now_ms():
+            raise IntervalNotOverError(f"the data interval {label(interval)} of run {run_id} has not ended yet, so "
+                                       "its records are not all in Kafka; the run is retried later")
+        return int(interval[0]), int(interval[1])
+
+    def _check_sink(self) -> None:
+        if self.config.interval_rerun == "replace" and not self.coordinator.sink.supports_retract:
+            raise ConfigurationError(f"interval_rerun='replace' needs a sink that can withdraw committed output, and "
+                                     f"the {self.coordinator.sink.name} sink cannot; use interval_rerun='noop'")
+        super()._check_sink()
+
+    def _settled(self, run_id: str, interval: Interval | None) -> PlanOutcome | None:
+        return None  # decided per interval, after recovery (_plan_once)
+
+    def _plan_once(self, run_id: str, interval: Interval | None) -> PlanOutcome:
+        assert interval is not None
+        # The epoch is read before the batches: if another run changes them after this read, the
+        # compare-and-set of create_batch fails and this run plans again.
+        epoch = self._epoch()
+        batches = self.ledger.interval_batches(self.pipeline_id, interval)
+        for batch in batches:
+            if batch.run_id == run_id and batch.state in (BatchState.PLANNED, BatchState.PREPARED):
+                return PlanOutcome("replay", batch, f"run {run_id} already planned {batch.describe()}; reusing it")
+        prepared = sorted((b for b in batches if b.state is BatchState.PREPARED), key=lambda b: b.seq)
+        if prepared:  # recovery first, for this interval: another run's pre-committed output
+            self.coordinator.recover(prepared)
+            epoch = self._epoch()
+            batches = self.ledger.interval_batches(self.pipeline_id, interval)
+        done = next((b for b in batches if b.state in (BatchState.COMMITTED, BatchState.EMPTY)), None)
+        if done is not None and self.config.interval_rerun == "noop":
+            message = (f"interval {label(interval)} was already processed by {done.describe()} (run {done.run_id}); "
+                       "interval_rerun='noop': nothing to do")
+            self.ledger.record_event(self.pipeline_id, done.seq, "interval-rerun-noop", f"run {run_id}: {message}")
+            return PlanOutcome("already-committed", done, message)
+        ranges, skipped = self._ranges(interval)
+        self._record_skipped(skipped)
+        details: dict = {"interval": list(interval)}
+        replaces = done.seq if done is not None and done.state is BatchState.COMMITTED else None
+        if replaces is not None:
+            details["replaces"] = replaces
+        if skipped:
+            details["skipped"] = skipped
+        empty = all(r.size == 0 for r in ranges)
+        batch = self.ledger.create_batch(
+            self.pipeline_id, run_id, ranges, expected_epoch=epoch, details=details, interval=interval,
+            supersede=[b.seq for b in batches if b.state is BatchState.PLANNED],
+            state=BatchState.EMPTY if empty else BatchState.PLANNED)
+        if empty:
+            return PlanOutcome("empty", batch, f"no records in interval {label(interval)}: recorded {batch.describe()}; "
+                               "nothing to write")
+        fault_point("plan.after_ledger")
+        what = f"interval {label(interval)}" + (f", replacing batch {replaces}" if replaces is not None else "")
+        return PlanOutcome("planned", batch, f"planned {what}: {batch.describe()}")
+
+    def _ranges(self, interval: Interval):
+        source = self.source_factory()
+        try:
+            tps = source.partitions(self.config.topics)
+            log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
+            wanted = {}
+            for at in interval:
+                for tp, offset in source.offsets_for_times(tps, at).items():
+                    if offset is None or offset > ends[tp]:
+                        wanted[(tp, at)] = (ends[tp], f"no record at or after {iso(at)} yet: end of the log")
+                    else:
+                        wanted[(tp, at)] = (offset, f"first record at or after {iso(at)}")
+        finally:
+            source.close()
+        fixed = self.ledger.fix_boundaries(self.pipeline_id, wanted)
+        for tp in sorted(tps):
+            log.info("plan: %s[%d] interval %s is offsets %d..%d", tp[0], tp[1], label(interval),
+                     fixed[(tp, interval[0])], fixed[(tp, interval[1])])
+        return interval_ranges(self.config, tps, fixed, interval, log_starts, ends)
+
+
+PLANNERS: dict[str, type[Planner]] = {p.range_mode: p for p in (ContinuationPlanner, IntervalPlanner)}
+
+
+def plan_batch(coordinator: BatchCoordinator, source_factory: Callable[[], OffsetSource], run_id: str,
+               interval: Interval | None = None) -> PlanOutcome:
+    """The plan step of `coordinator`'s pipeline, with the planner of its range_mode."""
+    return PLANNERS[coordinator.config.range_mode](coordinator, source_factory).plan(run_id, interval)

@@ -1,0 +1,94 @@
+"""The operators' pipeline arguments, derived from one declaration.
+
+Every pipeline setting is a field of `PipelineConfig` (core.config) with its default and one
+sentence of documentation; the few settings that only say where things run (connections,
+Spark) are `TASK_ARGUMENTS` below. The operators' keyword arguments, their signature (which
+Airflow's `default_args` reads), their `template_fields` and their `:param` lines are all
+made from these two lists, so an argument is added in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from airflow_exactly_once.core.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class Argument:
+    name: str
+    default: Any
+    doc: str
+    templated: bool = True
+    required: bool = False
+
+
+TASK_ARGUMENTS = (
+    Argument("kafka_conn_id", "kafka_default", "The official `kafka` connection: bootstrap servers and client "
+                                               "security settings (librdkafka names) in its extra."),
+    Argument("ledger_conn_id", None, "Connection of the offset ledger (postgres, sqlite or exactly_once_ledger); "
+                                     "default: the embedded SQLite file in AIRFLOW_HOME."),
+    Argument("ledger_url", None, "SQLAlchemy URL of the ledger, instead of ledger_conn_id."),
+    Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*].",
+             templated=False),
+    Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster instead of "
+                                    "running it in the task."),
+)
+
+
+def _pipeline_arguments() -> tuple[Argument, ...]:
+    found = []
+    for f in fields(PipelineConfig):
+        if not f.metadata.get("argument", True):
+            continue
+        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory
+                                                             is not MISSING else None)
+        required = f.default is MISSING and f.default_factory is MISSING
+        found.append(Argument(f.name, default, f.metadata.get("doc", ""), f.metadata.get("templated", True),
+                              required))
+    return tuple(found)
+
+
+PIPELINE_ARGUMENTS = _pipeline_arguments()
+ARGUMENTS: tuple[Argument, ...] = PIPELINE_ARGUMENTS + TASK_ARGUMENTS
+TEMPLATE_FIELDS: tuple[str, ...] = tuple(a.name for a in ARGUMENTS if a.templated)
+
+
+def take_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the pipeline arguments out of an operator's keyword arguments, defaults filled in."""
+    missing = [a.name for a in ARGUMENTS if a.required and a.name not in kwargs]
+    if missing:
+        raise TypeError(f"missing required pipeline argument(s): {', '.join(missing)}")
+    return {a.name: kwargs.pop(a.name) if a.name in kwargs else copy.copy(a.default) for a in ARGUMENTS}
+
+
+def signature(extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+    """`(self, *, <arguments>, **kwargs)`: what `inspect.signature` (and so `default_args`) sees."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
+                                 default=inspect.Parameter.empty if a.required else a.default) for a in ARGUMENTS]
+    params += list(extra)
+    params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(params)
+
+
+def param_docs() -> str:
+    """The `:param` lines of every argument, for the operators' docstrings."""
+    return "\n".join(f"    :param {a.name}: {a.doc}" for a in ARGUMENTS)
+
+
+def markdown_table() -> str:
+    """The arguments as the Markdown table of the docs (tests/unit/test_arguments.py keeps the docs in step)."""
+    rows = ["| argument | default | what it is |", "|---|---|---|"]
+    for a in ARGUMENTS:
+        default = "required" if a.required else f"`{a.default!r}`"
+        rows.append(f"| `{a.name}` | {default} | {a.doc} |")
+    return "\n".join(rows)
+
+
+def keyword(name: str, default: Any) -> inspect.Parameter:
+    """A keyword-only parameter of one operator, for `signature(extra=...)`."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)

@@ -1,0 +1,1 @@
+"""The Kafka sink: transactional writer, committable and committer (see sink.py)."""

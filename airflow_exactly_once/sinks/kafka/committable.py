@@ -1,0 +1,70 @@
+"""What the Kafka sink's writers report and what its committer works from.
+
+One `PartitionReport` per Spark partition (the commit message): how many records it sent,
+the first acknowledged offset per output partition (the evidence that decides "committed or
+aborted" once the broker has forgotten a transaction), and, under EXACTLY_ONCE, the open
+transaction's handle. `KafkaCommittable` is the batch's reports plus where they went; its
+JSON form is the ledger's handles, unchanged since the first release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_exactly_once.core.sink import Committable, Handles
+from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
+
+FirstOffset = tuple[str, int, int]  # output topic, partition, offset
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    partition: int
+    records: int
+    first_offsets: tuple[FirstOffset, ...] = ()
+    transaction: TransactionHandle | None = None
+
+    @property
+    def transactional_id(self) -> str | None:
+        return None if self.transaction is None else self.transaction.transactional_id
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partition": self.partition, "records": self.records,
+                "first_offsets": [list(o) for o in self.first_offsets],
+                "transaction": None if self.transaction is None else self.transaction.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PartitionReport":
+        handle = data.get("transaction")
+        return cls(int(data["partition"]), int(data.get("records", 0)),
+                   tuple((str(t), int(p), int(o)) for t, p, o in data.get("first_offsets", ())),
+                   None if handle is None else TransactionHandle.from_dict(handle))
+
+
+@dataclass(frozen=True)
+class KafkaCommittable(Committable):
+    guarantee: str
+    bootstrap_servers: str
+    topic: str
+    reports: tuple[PartitionReport, ...] = field(default=())
+
+    @property
+    def records(self) -> int:
+        return sum(r.records for r in self.reports)
+
+    @property
+    def transactions(self) -> list[PartitionReport]:
+        """The reports that hold a transaction (EXACTLY_ONCE)."""
+        return [r for r in self.reports if r.transaction is not None]
+
+    def to_handles(self) -> Handles:
+        return {"guarantee": self.guarantee, "bootstrap_servers": self.bootstrap_servers, "topic": self.topic,
+                "writers": [r.to_dict() for r in self.reports]}
+
+    @classmethod
+    def from_handles(cls, handles: Handles) -> "KafkaCommittable":
+        return cls(str(handles.get("guarantee", "EXACTLY_ONCE")), str(handles.get("bootstrap_servers", "")),
+                   str(handles.get("topic", "")),
+                   tuple(sorted((PartitionReport.from_dict(w) for w in handles.get("writers", ())),
+                                key=lambda r: r.partition)))

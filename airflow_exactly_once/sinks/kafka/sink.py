@@ -1,0 +1,285 @@
+"""Kafka as the sink: Flink's two-phase commit on Kafka transactions.
+
+Spec: {"type": "kafka", "topic": "out"} plus optional "guarantee" (NONE, AT_LEAST_ONCE,
+EXACTLY_ONCE: the default), "bootstrap_servers" (default: the pipeline's),
+"transaction_timeout_ms", "transactional_id_prefix" (default: the pipeline id),
+"kafka_config" (client settings of the output cluster, default: the pipeline's) and
+"producer_config" (producer-only settings such as linger_ms or compression_type).
+
+The transformed DataFrame must have a `value` column (STRING or BINARY) and may have a
+`key` column; other columns are ignored. Under the sink's guarantee:
+
+- EXACTLY_ONCE: every Spark partition writes into its own transaction and pre-commits it
+  (writer.py); `commit` resumes and commits every transaction; a transaction the broker no
+  longer has is judged by reading the output under read_committed, and a batch whose
+  output was aborted is reported lost (the coordinator marks it ABORTED and the range is
+  processed again).
+- AT_LEAST_ONCE: records are flushed and acknowledged before the batch becomes PREPARED;
+  `commit` has nothing left to do and `abort` cannot take anything back.
+- NONE: records are sent with acks=0 and nobody waits for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from kafka import KafkaProducer
+
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError, TransformError
+from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.sink import RunWriters, Sink
+from airflow_exactly_once.core.txn_budget import check_broker_maximum
+from airflow_exactly_once.sinks.kafka import probe
+from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
+from airflow_exactly_once.sinks.kafka.transactions import (
+    KafkaTransactionError,
+    TransactionLost,
+    abort_transaction,
+    commit_transaction,
+)
+from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transactional_id_pattern
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+# Set by the sink itself; a user value would break the protocol.
+_RESERVED_PRODUCER_KEYS = {"bootstrap_servers", "transactional_id", "transaction_timeout_ms", "key_serializer",
+                           "value_serializer"}
+_SPEC_KEYS = {"type", "topic", "guarantee", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
+              "kafka_config", "producer_config"}
+# What the broker says of a batch's transaction before committing.
+_OPEN, _COMMITTED, _ABORTED = "open", "committed", "aborted"
+
+
+class KafkaSink(Sink):
+    type_name = "kafka"
+    guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
+    committable_type = KafkaCommittable
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        unknown = set(spec) - _SPEC_KEYS
+        if unknown:
+            raise ConfigurationError(f"kafka sink: unknown setting(s) {', '.join(sorted(unknown))}; "
+                                     f"known: {', '.join(sorted(_SPEC_KEYS - {'type'}))}")
+        if not isinstance(spec.get("topic"), str) or not spec["topic"]:
+            raise ConfigurationError("the kafka sink needs an output 'topic', e.g. {'type': 'kafka', 'topic': 'out'}")
+        self.topic: str = spec["topic"]
+        try:
+            self.transaction_timeout_ms = int(spec.get("transaction_timeout_ms") or DEFAULT_TRANSACTION_TIMEOUT_MS)
+        except (TypeError, ValueError):
+            raise ConfigurationError(f"kafka sink: transaction_timeout_ms={spec['transaction_timeout_ms']!r} is "
+                                     "not a number of milliseconds") from None
+        if self.transaction_timeout_ms <= 0:
+            raise ConfigurationError("kafka sink: transaction_timeout_ms must be a positive number of milliseconds")
+        self.producer_config = {canonical_name(k).replace(".", "_"): v
+                                for k, v in (spec.get("producer_config") or {}).items()}
+        bad = set(self.producer_config) & _RESERVED_PRODUCER_KEYS
+        if bad:
+            raise ConfigurationError(f"kafka sink: producer_config must not set {', '.join(sorted(bad))}; the sink "
+                                     "sets them (records are written as bytes); remove them")
+        unknown = set(self.producer_config) - set(KafkaProducer.DEFAULT_CONFIG)
+        if unknown:
+            raise ConfigurationError(f"kafka sink: producer_config has settings kafka-python's KafkaProducer does "
+                                     f"not know: {', '.join(sorted(unknown))}")
+
+    # -- settings ------------------------------------------------------------------
+
+    def client_settings(self, bootstrap_servers: str | None = None) -> KafkaSettings:
+        """The output cluster: the sink's own servers and client settings, else the pipeline's."""
+        if "kafka_config" in self.spec:
+            settings = KafkaSettings.from_mapping(self.spec["kafka_config"], origin="the kafka sink's kafka_config")
+        elif self.pipeline is not None:
+            settings = self.pipeline.kafka()
+        else:
+            settings = KafkaSettings("")
+        servers = bootstrap_servers or self.spec.get("bootstrap_servers")
+        if servers:
+            settings = dataclasses.replace(settings, bootstrap_servers=str(servers),
+                                           origin="the kafka sink's bootstrap_servers")
+        if not settings.bootstrap_servers:
+            raise ConfigurationError("kafka sink: no bootstrap servers; give the sink 'bootstrap_servers' or the "
+                                     "pipeline a kafka connection")
+        return settings.check()
+
+    def _producer_settings(self, settings: KafkaSettings) -> dict[str, Any]:
+        return {k: v for k, v in settings.kafka_python(KafkaProducer).items() if k != "bootstrap_servers"}
+
+    @property
+    def id_prefix(self) -> str:
+        return self.spec.get("transactional_id_prefix") or (self.pipeline.pipeline_id if self.pipeline else "")
+
+    def commit_deadline_ms(self) -> int | None:
+        return self.transaction_timeout_ms if self.guarantee == "EXACTLY_ONCE" else None
+
+    # -- plan ----------------------------------------------------------------------
+
+    def check(self, pipeline_id: str) -> None:
+        if self.pipeline is not None and self.topic in self.pipeline.topics:
+            raise ConfigurationError(f"the kafka sink topic {self.topic!r} is also an input topic: every batch would "
+                                     "read its own output; write to another topic")
+        settings = self.client_settings()
+        try:
+            with probe.admin_client(settings) as admin:
+                if not probe.topic_partitions(admin, self.topic):
+                    raise ConfigurationError(f"the kafka sink topic {self.topic!r} does not exist on "
+                                             f"{settings.bootstrap_servers}: create it (the sink never creates topics)")
+                if self.guarantee == "EXACTLY_ONCE":
+                    check_broker_maximum(self.transaction_timeout_ms, probe.broker_max_transaction_timeout_ms(admin))
+        except ConfigurationError:
+            raise
+        except Exception as exc:
+            raise SinkError(f"cannot check the kafka sink on {settings.bootstrap_servers} ({type(exc).__name__}: "
+                            f"{exc}); is the output cluster reachable?", retriable=True) from exc
+
+    # -- write ---------------------------------------------------------------------
+
+    def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> KafkaCommittable:
+        settings = self.client_settings()
+        writer = KafkaPartitionWriter(
+            topic=self.topic, guarantee=self.guarantee, transactional_id_prefix=self.id_prefix, batch_seq=batch.seq,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            producer_config={**settings.kafka_python(KafkaProducer), **self.producer_config})
+        try:
+            reports = run_writers(self._key_value(frame), writer)
+        except Exception:
+            if self.guarantee == "EXACTLY_ONCE":
+                log.warning("the write failed; aborting the transactions its partitions left open")
+                self.abort(batch, None)
+            raise
+        return KafkaCommittable(self.guarantee, settings.bootstrap_servers, self.topic,
+                                tuple(sorted(reports, key=lambda r: r.partition)))
+
+    @staticmethod
+    def _key_value(frame: Any) -> Any:
+        """The `key` and `value` columns as bytes, or a TransformError that says what is missing."""
+        types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
+        for name in ("value", "key"):
+            if name in types and types[name] not in ("string", "binary"):
+                raise TransformError(
+                    f"the kafka sink writes the {name!r} column as bytes, but the transform returned it as "
+                    f"{types[name]}; return STRING or BINARY (e.g. to_json(struct(...)) AS {name})")
+        if "value" not in types:
+            raise TransformError(
+                f"the kafka sink needs a 'value' column (STRING or BINARY) and optionally 'key'; the transform "
+                f"returned columns {', '.join(types) or 'none'}")
+        columns = ["CAST(key AS BINARY) AS key"] if "key" in types else []
+        return frame.selectExpr(*columns, "CAST(value AS BINARY) AS value")
+
+    # -- notify_complete -----------------------------------------------------------
+
+    def commit(self, batch: Batch, committable: KafkaCommittable) -> str:
+        if committable.guarantee != "EXACTLY_ONCE":
+            return (f"{committable.records} records were written to {committable.topic!r} by the write task under "
+                    f"{committable.guarantee}; nothing to commit")
+        settings = self.client_settings(committable.bootstrap_servers)
+        reports = {r.transactional_id: r for r in committable.transactions}
+        status = self._states_before_commit(settings, list(reports.values()))
+        for tid in [t for t, s in status.items() if s == _OPEN]:
+            if _ABORTED in status.values():  # commit nothing more: the batch is lost or partial
+                break
+            status[tid] = self._commit_one(settings, reports[tid])
+        aborted = sorted(t for t, s in status.items() if s == _ABORTED)
+        if aborted:
+            self._lost(batch, settings, reports, status, aborted)
+        return (f"committed {len(reports)} Kafka transaction(s) of batch {batch.seq} ({committable.records} records) "
+                f"to {committable.topic!r}")
+
+    def _states_before_commit(self, settings: KafkaSettings, reports: list[PartitionReport]) -> dict[str, str]:
+        """Open / committed / aborted per transaction, before committing any: a batch whose
+        transactions partly timed out is then aborted as a whole instead of half committed."""
+        started = [r for r in reports if r.transaction.started]
+        status = {r.transactional_id: _COMMITTED for r in reports if not r.transaction.started}
+        try:
+            with probe.admin_client(settings) as admin:
+                seen = probe.transaction_states(admin, [r.transactional_id for r in started])
+        except Exception as exc:  # e.g. no DESCRIBE permission: fall back to committing and judging failures
+            log.warning("cannot describe the batch's transactions (%s); committing them one by one", exc)
+            seen = {}
+        for report in started:
+            handle = report.transaction
+            state = seen.get(handle.transactional_id,
+                             probe.TransactionState("Ongoing", handle.producer_id, handle.epoch))
+            same = state is not None and (state.producer_id, state.epoch) == (handle.producer_id, handle.epoch)
+            if same and state.state == "Ongoing":
+                status[handle.transactional_id] = _OPEN
+            elif same and state.state in ("PrepareCommit", "CompleteCommit"):
+                status[handle.transactional_id] = _COMMITTED
+            else:  # ended by someone else (timeout, fencing) or forgotten: the output decides
+                status[handle.transactional_id] = self._judge(settings, report)
+        return status
+
+    def _commit_one(self, settings: KafkaSettings, report: PartitionReport) -> str:
+        handle = report.transaction
+        try:
+            commit_transaction(settings.bootstrap_servers, handle, **self._producer_settings(settings))
+        except TransactionLost as lost:
+            log.warning("%s; reading the output to see whether it was committed", lost)
+            return self._judge(settings, report)
+        except KafkaTransactionError as exc:
+            raise SinkError(f"committing {handle.transactional_id!r} failed: {exc}", retriable=exc.retriable) from exc
+        return _COMMITTED
+
+    def _judge(self, settings: KafkaSettings, report: PartitionReport) -> str:
+        """Committed or aborted, from the first record the transaction wrote (read_committed)."""
+        if not report.first_offsets:
+            return _ABORTED  # records were sent but none acknowledged: nothing can be visible
+        topic, partition, offset = report.first_offsets[0]
+        try:
+            visible = probe.record_visible(settings, topic, partition, offset)
+        except LookupError as exc:
+            raise SinkError(f"cannot tell whether transaction {report.transactional_id!r} was committed: {exc}. The "
+                            "output was deleted by retention before the commit could be checked.") from exc
+        if visible is None:
+            raise SinkError(f"cannot tell yet whether transaction {report.transactional_id!r} was committed: the last "
+                            f"stable offset of {topic}[{partition}] has not passed offset {offset} (another open "
+                            "transaction holds it back); retrying later decides it", retriable=True)
+        return _COMMITTED if visible else _ABORTED
+
+    def _lost(self, batch: Batch, settings: KafkaSettings, reports: dict[str, PartitionReport],
+              status: dict[str, str], aborted: list[str]) -> None:
+        committed = sorted(t for t, s in status.items() if s == _COMMITTED and reports[t].transaction.started)
+        lost_records = sum(reports[t].records for t in aborted)
+        if committed:
+            raise SinkError(
+                f"PARTIAL COMMIT of batch {batch.seq}: transactions {', '.join(committed)} are committed but "
+                f"{', '.join(aborted)} ({lost_records} records) were aborted by the broker before notify_complete "
+                f"could commit them (transaction_timeout_ms={self.transaction_timeout_ms}). Processing the range "
+                "again would duplicate the committed part, so the batch is left PREPARED: decide by hand, and "
+                "raise transaction_timeout_ms so that notify_complete always comes in time.")
+        for tid in [t for t, s in status.items() if s == _OPEN]:
+            try:
+                abort_transaction(settings.bootstrap_servers, reports[tid].transaction,
+                                  **self._producer_settings(settings))
+            except KafkaTransactionError as exc:  # never committed: the broker's timeout aborts it
+                log.warning("could not abort %s now (%s); it times out on its own", tid, exc)
+        raise TransactionLostError(
+            f"the Kafka transactions of batch {batch.seq} were aborted before notify_complete committed them "
+            f"({', '.join(aborted)}: timed out after transaction_timeout_ms={self.transaction_timeout_ms}, or "
+            f"fenced); read_committed consumers never saw their {lost_records} records")
+
+    # -- abort ---------------------------------------------------------------------
+
+    def abort(self, batch: Batch, committable: KafkaCommittable | None) -> str:
+        """Abort this attempt's transactions (committable) or every open one of the batch (None). Best effort:
+        a transaction that cannot be reached now is aborted by the broker's timeout anyway."""
+        guarantee = committable.guarantee if committable is not None else self.guarantee
+        if guarantee != "EXACTLY_ONCE":
+            return f"records written under {guarantee} cannot be taken back"
+        try:
+            settings = self.client_settings(committable.bootstrap_servers if committable is not None else None)
+            if committable is not None:
+                targets = [r.transaction for r in committable.transactions]
+            else:
+                with probe.admin_client(settings) as admin:
+                    targets = probe.open_transactions(admin, transactional_id_pattern(self.id_prefix, batch.seq))
+            aborted = sum(abort_transaction(settings.bootstrap_servers, h, **self._producer_settings(settings))
+                          for h in targets)
+        except Exception as exc:
+            log.warning("could not abort the open transactions of batch %s (%s); the broker aborts them after "
+                        "transaction_timeout_ms", batch.seq, exc)
+            return f"could not abort the transactions of batch {batch.seq} now: {exc}"
+        return f"aborted {aborted} open Kafka transaction(s) of batch {batch.seq}"

@@ -1,0 +1,136 @@
+"""Driving batches through the protocol without Airflow: one harness for every tier.
+
+`Pipe` is a pipeline on a real ledger: `plan` (core.planning with the given offset source),
+`write` (claim, the sink stages a DataFrame, prepare: what the Spark job does), `commit`
+(notify_complete) and `abort`. Unit tests give it a fake source and a sink that needs no
+Spark; integration tests give it real Kafka, Spark and sinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
+from airflow_exactly_once.core.planning import PlanOutcome, plan_batch
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.sink import Committable, RunWriters
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.parquet import ParquetSink, StagedFolder
+
+
+def open_ledger(url_or_path: str | Path) -> Ledger:
+    """A ledger at a SQLAlchemy URL or a SQLite file path, schema created."""
+    url = str(url_or_path) if "://" in str(url_or_path) else f"sqlite:///{url_or_path}"
+    ledger = Ledger(url)
+    ledger.create_schema()
+    return ledger
+
+
+def airflow_ledger(stack: Any) -> Ledger:
+    """The embedded ledger of a devtools AirflowStack (the SQLite file in its AIRFLOW_HOME)."""
+    from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+
+    return Ledger(f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}")
+
+
+def pipeline_config(pipeline_id: str, topics: list[str], sink: dict[str, Any], bootstrap: str = "127.0.0.1:9",
+                    **overrides: Any) -> PipelineConfig:
+    return PipelineConfig(pipeline_id=pipeline_id, topics=topics, sink=sink, bootstrap_servers=bootstrap,
+                          **overrides).validate()
+
+
+class FakeSource:
+    """Answers like Kafka would for partitions holding offsets up to `ends`."""
+
+    def __init__(self, ends: dict[tuple[str, int], int], starts: dict[tuple[str, int], int] | None = None):
+        self.ends = ends
+        self.starts = starts or {tp: 0 for tp in ends}
+
+    def partitions(self, topics):
+        return [tp for tp in self.ends if tp[0] in topics]
+
+    def log_start_offsets(self, tps):
+        return {tp: self.starts[tp] for tp in tps}
+
+    def end_offsets(self, tps):
+        return {tp: self.ends[tp] for tp in tps}
+
+    def offsets_for_times(self, tps, timestamp_ms):
+        return {tp: None for tp in tps}
+
+    def group_offsets(self, group_id, tps):
+        return {tp: None for tp in tps}
+
+    def close(self):
+        pass
+
+
+class MarkerSink(ParquetSink):
+    """A Parquet sink whose stage writes a marker file instead of running Spark (unit tests)."""
+
+    def stage(self, frame, batch, run_writers):
+        staging = self.staging_dir(batch)
+        staging.mkdir(parents=True)
+        (staging / "part-0.parquet").write_text(repr(batch.ranges))
+        return StagedFolder(str(staging), str(self.final_dir(batch)), ("part-0.parquet",))
+
+
+def no_spark(frame: Any, writer: Any) -> list[Any]:
+    raise AssertionError("this sink was not expected to run partition writers")
+
+
+@dataclass
+class Pipe:
+    config: PipelineConfig
+    ledger: Ledger
+    source_factory: Callable[[], Any]
+    run_writers: RunWriters = no_spark
+    sink_factory: Callable[[dict], Any] = create_sink
+    coordinator: BatchCoordinator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config.sink))
+
+    @property
+    def sink(self):
+        return self.coordinator.sink
+
+    def new_coordinator(self) -> BatchCoordinator:
+        """Another process's view (a retried task, the next run): same ledger, new sink object."""
+        return BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config.sink))
+
+    def plan(self, run_id: str, interval: tuple[int, int] | None = None) -> PlanOutcome:
+        return plan_batch(self.coordinator, self.source_factory, run_id, interval)
+
+    def claim(self, batch_id: BatchId) -> Batch:
+        return self.coordinator.claim(batch_id)
+
+    def stage(self, frame: Any, batch: Batch) -> Committable:
+        return self.sink.stage(frame, batch, self.run_writers)
+
+    def write(self, batch_id: BatchId, frame: Any = None, records: int | None = None) -> Batch:
+        """The write task: claim, stage, prepare. `records` is what the counts say (default: the offsets)."""
+        claimed = self.claim(batch_id)
+        committable = self.stage(frame, claimed)
+        count = claimed.offset_span if records is None else records
+        return self.coordinator.prepare(claimed, committable, count, count)
+
+    def commit(self, batch_id: BatchId) -> str:
+        return self.coordinator.commit(batch_id)
+
+    def abort(self, batch_id: BatchId, reason: str = "the run failed") -> str:
+        return self.coordinator.abort(batch_id, reason)
+
+    def state(self, batch_id: BatchId) -> BatchState:
+        return self.ledger.get_batch(batch_id).state
+
+    def planted_batch(self, run_id: str, ranges: list[OffsetRange]) -> Batch:
+        """A PLANNED batch of `ranges`, recorded directly (sink tests that need no planning)."""
+        self.ledger.ensure_pipeline(self.config.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
+        epoch = self.ledger.pipeline(self.config.pipeline_id)["epoch"]
+        return self.ledger.create_batch(self.config.pipeline_id, run_id, ranges, expected_epoch=epoch)

@@ -1,0 +1,142 @@
+"""The contract every sink keeps, run against each sink on its real system with real Spark.
+
+Output is invisible until commit; commit is idempotent; abort removes staged output; a
+prepare that vanished behind the sink's back is reported lost (the batch goes back to the
+next run); the output of a fenced write attempt never becomes visible. A new sink gets its
+adapter here and passes the same tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_exactly_once.core.errors import FencedError, TransactionLostError
+from airflow_exactly_once.core.model import OffsetRange
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
+from airflow_exactly_once.sinks.postgres.transactions import rollback_prepared
+from airflow_exactly_once.spark.runner import run_partition_writers
+from tests.conftest import PG_DATABASE
+from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
+from tests.helpers import create_topic, pg_query, read_parquet
+from tests.kafka_helpers import read_all
+
+
+class ParquetUnderTest:
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.root = tmp_path / "out"
+        self.spec = {"type": "parquet", "path": str(self.root)}
+
+    def visible(self) -> list[str]:
+        return sorted(row["value"] for row in read_parquet(self.root))
+
+    def lose(self, committable) -> None:
+        shutil.rmtree(committable.staging)  # e.g. a cleanup job emptied _staging
+
+
+class KafkaUnderTest:
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.kafka = request.getfixturevalue("kafka")
+        self.topic = f"contract-{uuid.uuid4().hex[:8]}"
+        create_topic(self.kafka.bootstrap_servers, self.topic, partitions=2)
+        self.spec = {"type": "kafka", "topic": self.topic, "bootstrap_servers": self.kafka.bootstrap_servers}
+
+    def visible(self) -> list[str]:
+        return sorted(read_all(self.kafka.bootstrap_servers, self.topic, settle=False))
+
+    def lose(self, committable) -> None:
+        for report in committable.transactions:  # e.g. the broker timed them out
+            abort_transaction(self.kafka.bootstrap_servers, report.transaction)
+
+
+class PostgresUnderTest:
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.dsn = request.getfixturevalue("postgres").dsn(PG_DATABASE)
+        self.table = f"contract_{uuid.uuid4().hex[:8]}"
+        pg_query(self.dsn, f"CREATE TABLE {self.table} (key text, value text)")
+        self.spec = {"type": "postgres", "url": self.dsn, "table": self.table}
+
+    def visible(self) -> list[str]:
+        return sorted(r[0] for r in pg_query(self.dsn, f"SELECT value FROM {self.table}"))
+
+    def lose(self, committable) -> None:
+        for gid in committable.gids:  # e.g. an operator's ROLLBACK PREPARED
+            rollback_prepared(self.dsn, gid)
+
+
+SINKS = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest, "postgres": PostgresUnderTest}
+
+
+@pytest.fixture(params=sorted(SINKS))
+def sink(request, tmp_path):
+    return SINKS[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def pipe(sink, tmp_path) -> Pipe:
+    config = pipeline_config(f"contract-{uuid.uuid4().hex[:8]}", ["in"], sink.spec)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("in", 0): 100}),
+                run_writers=run_partition_writers)
+    pipe.sink.check(config.pipeline_id)
+    return pipe
+
+
+def rows(spark, prefix: str, n: int = 12):
+    """What a transform hands the sink: `key` and `value` strings over three Spark partitions."""
+    values = [f"{prefix}-{i}" for i in range(n)]
+    return spark.createDataFrame([(v, v) for v in values], "key STRING, value STRING").repartition(3), values
+
+
+def batch(pipe: Pipe):
+    return pipe.planted_batch("run-1", [OffsetRange("in", 0, 0, 12)])
+
+
+def test_output_is_invisible_until_commit_and_commit_is_idempotent(spark, sink, pipe):
+    frame, values = rows(spark, "a")
+    prepared = pipe.write(batch(pipe).id, frame)
+    assert prepared.state is BatchState.PREPARED
+    assert sink.visible() == []
+    pipe.commit(prepared.id)
+    assert sink.visible() == sorted(values)
+    assert "already" in pipe.commit(prepared.id)
+    pipe.sink.commit(prepared, pipe.sink.committable(prepared.handles))  # again, below the ledger
+    assert sink.visible() == sorted(values)
+
+
+def test_abort_removes_the_staged_output(spark, sink, pipe):
+    frame, _ = rows(spark, "b")
+    planned = batch(pipe)
+    staged = pipe.stage(frame, pipe.claim(planned.id))  # the write attempt died here
+    pipe.abort(planned.id)
+    assert pipe.state(planned.id) is BatchState.ABORTED
+    with pytest.raises(TransactionLostError):
+        pipe.sink.commit(pipe.ledger.get_batch(planned.id), staged)  # nothing left to publish
+    assert sink.visible() == []
+
+
+def test_a_lost_prepare_is_reported_and_the_range_freed(spark, sink, pipe):
+    frame, _ = rows(spark, "c")
+    prepared = pipe.write(batch(pipe).id, frame)
+    sink.lose(pipe.sink.committable(prepared.handles))
+    with pytest.raises(TransactionLostError, match="processed again"):
+        pipe.commit(prepared.id)
+    assert pipe.state(prepared.id) is BatchState.ABORTED
+    assert sink.visible() == []
+
+
+def test_a_fenced_attempt_never_becomes_visible(spark, sink, pipe):
+    planned = batch(pipe)
+    zombie = pipe.claim(planned.id)
+    zombie_output = pipe.stage(rows(spark, "zombie")[0], zombie)  # then it stalled...
+    retry = pipe.claim(planned.id)  # ...and Airflow's retry claimed the batch anew
+    frame, values = rows(spark, "retry")
+    retry_output = pipe.stage(frame, retry)
+    with pytest.raises(FencedError):
+        pipe.coordinator.prepare(zombie, zombie_output, 12, 12)
+    pipe.coordinator.prepare(retry, retry_output, 12, 12)
+    pipe.commit(planned.id)
+    assert sink.visible() == sorted(values)

@@ -1,0 +1,61 @@
+"""The operators' arguments, template fields and :param lines come from one declaration."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import fields
+from datetime import datetime
+
+from airflow_exactly_once.compat import BaseOperator
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.operators import arguments
+from airflow_exactly_once.operators.batch import (
+    AbortBatchOperator,
+    NotifyCompleteOperator,
+    PlanBatchOperator,
+    WriteBatchOperator,
+)
+from airflow_exactly_once.task_group import exactly_once_batch
+
+OPERATORS = (PlanBatchOperator, WriteBatchOperator, NotifyCompleteOperator, AbortBatchOperator)
+SINK = {"type": "parquet", "path": "/tmp/out"}
+
+
+def test_every_pipeline_setting_is_an_argument_with_its_doc():
+    settings = {f.name for f in fields(PipelineConfig) if f.metadata.get("argument", True)}
+    assert settings == {a.name for a in arguments.PIPELINE_ARGUMENTS}
+    for operator in OPERATORS:
+        params = inspect.signature(operator.__init__).parameters
+        doc = inspect.getdoc(operator.__mro__[-len(BaseOperator.__mro__) - 1])
+        for argument in arguments.ARGUMENTS:
+            assert argument.name in params, (operator.__name__, argument.name)
+            assert f":param {argument.name}: {argument.doc}" in doc
+        assert set(operator.template_fields) >= {a.name for a in arguments.ARGUMENTS if a.templated}
+        assert "transform" not in operator.template_fields  # Airflow would call a callable found there
+
+
+def test_operators_store_arguments_and_fill_defaults(tmp_path):
+    plan = PlanBatchOperator(task_id="plan", pipeline_id="p", topics="t", sink=SINK, max_records_per_partition=7)
+    assert plan.max_records_per_partition == 7 and plan.kafka_conn_id == "kafka_default"
+    assert plan.startup_mode == "earliest" and plan.kafka_config == {}
+    other = PlanBatchOperator(task_id="plan2", pipeline_id="p", topics="t", sink=SINK)
+    assert other.kafka_config is not plan.kafka_config  # no shared mutable default
+
+
+def test_default_args_reach_pipeline_arguments():
+    from airflow.sdk import DAG
+
+    with DAG("args_test", schedule=None, start_date=datetime(2024, 1, 1),
+             default_args={"kafka_conn_id": "kafka_prod", "ledger_conn_id": "ledger_pg", "retries": 4}):
+        group = exactly_once_batch(pipeline_id="p", topics="t", sink=SINK)
+    tasks = {t.task_id.rpartition(".")[2]: t for t in group}
+    assert {t.kafka_conn_id for t in tasks.values()} == {"kafka_prod"}
+    assert {t.ledger_conn_id for t in tasks.values()} == {"ledger_pg"}
+    assert tasks["plan"].write_task_id == tasks["write"].task_id
+    assert tasks["plan"].notify_task_id == tasks["notify_complete"].task_id
+
+
+def test_the_docs_table_is_generated_from_the_same_declaration():
+    table = arguments.markdown_table()
+    for argument in arguments.ARGUMENTS:
+        assert f"| `{argument.name}` |" in table

@@ -1,0 +1,81 @@
+"""Pipeline settings: validation, the guarantee's new home, secrets kept out of the ledger."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.sinks.parquet import ParquetSink
+from tests.harness import pipeline_config
+
+
+def config(**overrides) -> PipelineConfig:
+    values = dict(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/tmp/x"},
+                  bootstrap_servers="127.0.0.1:9092")
+    values.update(overrides)
+    return PipelineConfig(**values).validate()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"pipeline_id": "has space"}, "pipeline_id"),
+    ({"topics": []}, "topics"),
+    ({"bootstrap_servers": ""}, "bootstrap"),
+    ({"startup_mode": "beginning"}, "startup_mode"),
+    ({"max_records_per_partition": 0}, "max_records_per_partition"),
+    ({"sink": {"path": "/x"}}, "sink must be a dict with a 'type'"),
+    ({"guarantee": "MAYBE"}, "guarantee='MAYBE' is not supported"),
+    ({"kafka_config": {"group.id": "g"}}, "must not set group.id"),
+])
+def test_bad_configuration_names_the_setting(overrides, message):
+    with pytest.raises(ConfigurationError, match=message):
+        config(**overrides)
+
+
+def test_guarantee_moves_into_the_sink_spec_and_the_old_spelling_keeps_working():
+    old = config(sink={"type": "kafka", "topic": "out"}, guarantee="AT_LEAST_ONCE")
+    assert old.sink == {"type": "kafka", "topic": "out", "guarantee": "AT_LEAST_ONCE"} and old.guarantee is None
+    new = config(sink={"type": "kafka", "topic": "out", "guarantee": "AT_LEAST_ONCE"})
+    assert new.fingerprint() == old.fingerprint()
+    # The default is not written into the spec: existing pipelines keep their fingerprint.
+    assert config(sink={"type": "kafka", "topic": "out"}, guarantee="EXACTLY_ONCE").sink == {"type": "kafka",
+                                                                                            "topic": "out"}
+    with pytest.raises(ConfigurationError, match="contradicts"):
+        config(sink={"type": "kafka", "topic": "out", "guarantee": "NONE"}, guarantee="AT_LEAST_ONCE")
+
+
+def test_secrets_stay_out_of_the_ledger_and_travel_separately():
+    cfg = config(kafka_config={"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                               "sasl.username": "app", "sasl.password": "s3cr3t", "ssl.ca.location": "/ca.pem"},
+                 sink={"type": "kafka", "topic": "out", "kafka_config": {"sasl_plain_password": "other"}})
+    stored = cfg.to_stored_dict()
+    assert "s3cr3t" not in repr(stored) and "other" not in repr(stored)
+    assert stored["kafka_config"]["sasl.username"] == "app"
+    restored = PipelineConfig.from_dict(stored).with_secrets(cfg.secrets())
+    assert restored.kafka_config == cfg.kafka_config and restored.sink == cfg.sink
+    assert PipelineConfig.from_dict({**stored, "a_field_of_a_later_release": 1}).pipeline_id == "p"
+
+
+def test_transform_references():
+    assert resolve_transform("json:dumps")([1]) == "[1]"
+    with pytest.raises(ConfigurationError, match="cannot be imported"):
+        resolve_transform("no_such_module_xyz:f")
+    with pytest.raises(ConfigurationError, match="has no function"):
+        resolve_transform("json:no_such_function")
+    with pytest.raises(ConfigurationError, match="must look like"):
+        resolve_transform("json.dumps")
+
+
+def test_parquet_sink_rejects_unsafe_paths():
+    with pytest.raises(ConfigurationError, match="absolute"):
+        ParquetSink({"type": "parquet", "path": "relative/out"})
+    with pytest.raises(ConfigurationError, match="atomic rename"):
+        ParquetSink({"type": "parquet", "path": "s3a://bucket/out"})
+
+
+def test_a_staged_sink_implements_exactly_once_only():
+    from airflow_exactly_once.sinks import create_sink
+
+    cfg = pipeline_config("p", ["t"], {"type": "parquet", "path": "/tmp/never"}, guarantee="NONE")
+    with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
+        create_sink(cfg.sink).bind(cfg)

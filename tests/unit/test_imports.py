@@ -1,0 +1,93 @@
+"""The package's import graph: no cycles (function-local imports included), no dev tooling,
+and a protocol core free of Airflow and PySpark."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "airflow_exactly_once"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module `path` imports, anywhere in it (function-local imports count)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def internal_graph() -> dict[str, set[str]]:
+    graph = {}
+    for name, path in MODULES.items():
+        targets = {t for t in imports_of(path) if t in MODULES and t != name}
+        # Importing a.b.c runs a/__init__ and a/b/__init__ too; only our own modules count as edges.
+        graph[name] = {t for t in targets if not name.startswith(t + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    assert cycles(internal_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_production_code_never_imports_dev_tooling_or_tests():
+    offenders = {name: sorted(t for t in imports_of(path) if t.split(".")[0] in ("devtools", "tests", "benchmarks"))
+                 for name, path in MODULES.items()}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_protocol_core_imports_neither_airflow_nor_pyspark():
+    core = {name: sorted(t for t in imports_of(path) if t.split(".")[0] in ("airflow", "pyspark"))
+            for name, path in MODULES.items() if name.startswith("airflow_exactly_once.core")}
+    assert {k: v for k, v in core.items() if v} == {}

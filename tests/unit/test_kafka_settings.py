@@ -1,0 +1,86 @@
+"""One translation of the official kafka connection's settings, for every client that needs them."""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
+
+SCRAM = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+         "sasl.username": "app", "sasl.password": 'pa"ss\\word', "ssl.ca.location": "/etc/kafka/ca.pem",
+         "client.id": "eo", "fetch.max.bytes": "1048576", "linger.ms": 5}
+
+
+def test_connection_extra_in_librdkafka_names_reaches_kafka_python():
+    settings = KafkaSettings.from_mapping(SCRAM, origin="connection 'kafka_default'").check()
+    assert settings.bootstrap_servers == "b1:9093,b2:9093" and settings.origin == "connection 'kafka_default'"
+    consumer = settings.kafka_python(KafkaConsumer)
+    assert consumer == {"bootstrap_servers": "b1:9093,b2:9093", "security_protocol": "SASL_SSL",
+                        "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "app",
+                        "sasl_plain_password": 'pa"ss\\word', "ssl_cafile": "/etc/kafka/ca.pem",
+                        "ssl_check_hostname": True, "client_id": "eo", "fetch_max_bytes": 1048576}
+    producer = settings.kafka_python(KafkaProducer)
+    assert "fetch_max_bytes" not in producer and producer["linger_ms"] == 5  # each client gets its own
+    assert "linger_ms" not in settings.kafka_python(KafkaAdminClient)
+
+
+def test_the_same_settings_for_sparks_java_client():
+    java = KafkaSettings.from_mapping(SCRAM).java()
+    assert java["sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                        'username="app" password="pa\\"ss\\\\word";')
+    assert java["ssl.truststore.type"] == "PEM" and java["ssl.truststore.location"] == "/etc/kafka/ca.pem"
+    assert "sasl.password" not in java and "ssl.ca.location" not in java
+    options = KafkaSettings.from_mapping(SCRAM).spark_source_options()
+    assert options["kafka.bootstrap.servers"] == "b1:9093,b2:9093" and options["kafka.security.protocol"] == "SASL_SSL"
+
+
+def test_a_java_style_jaas_config_also_serves_the_python_clients():
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u1" password="p w";'
+    settings = KafkaSettings.from_mapping({"bootstrap.servers": "b:9092", "security.protocol": "SASL_PLAINTEXT",
+                                           "sasl.mechanism": "PLAIN", "sasl.jaas.config": jaas}).check()
+    assert settings.sasl_credentials() == ("u1", "p w")
+    assert settings.kafka_python(KafkaAdminClient)["sasl_plain_password"] == "p w"
+    assert settings.java()["sasl.jaas.config"] == jaas
+    assert settings.librdkafka()["sasl.username"] == "u1" and "sasl.jaas.config" not in settings.librdkafka()
+
+
+def test_client_certificates_go_inline_to_java(tmp_path):
+    (tmp_path / "client.pem").write_text("-----BEGIN CERTIFICATE-----\nabc\n")
+    (tmp_path / "client.key").write_text("-----BEGIN PRIVATE KEY-----\nxyz\n")
+    settings = KafkaSettings.from_mapping({"bootstrap.servers": "b:9093", "security.protocol": "SSL",
+                                           "ssl.ca.location": "/ca.pem",
+                                           "ssl.certificate.location": str(tmp_path / "client.pem"),
+                                           "ssl.key.location": str(tmp_path / "client.key"),
+                                           "ssl.key.password": "kp",
+                                           "ssl.endpoint.identification.algorithm": "none"}).check()
+    python = settings.kafka_python(KafkaProducer)
+    assert python["ssl_certfile"].endswith("client.pem") and python["ssl_keyfile"].endswith("client.key")
+    assert python["ssl_password"] == "kp" and python["ssl_check_hostname"] is False
+    java = settings.java()
+    assert java["ssl.keystore.type"] == "PEM" and "abc" in java["ssl.keystore.certificate.chain"]
+    assert "xyz" in java["ssl.keystore.key"] and java["ssl.endpoint.identification.algorithm"] == ""
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism set to one of"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}, "needs credentials"),
+    ({"security.protocol": "TLS"}, "security.protocol='TLS'"),
+    ({"security.protocol": "SSL", "ssl.truststore.location": "/ts.jks"}, "give the CA certificate as PEM"),
+    ({"enable.auto.commit": "true"}, "must not set enable.auto.commit"),
+])
+def test_settings_no_client_can_use_are_refused_with_the_fix(settings, message):
+    with pytest.raises(ConfigurationError, match=message):
+        KafkaSettings.from_mapping({"bootstrap.servers": "b:9092", **settings}, origin="connection 'k'").check()
+
+
+def test_kafka_python_spellings_are_accepted_and_overrides_win():
+    assert canonical_name("sasl_plain_username") == "sasl.username" and canonical_name("ssl_cafile") == "ssl.ca.location"
+    assert canonical_name("sasl.mechanisms") == "sasl.mechanism"
+    base = KafkaSettings.from_mapping({"bootstrap.servers": "a:1", "client.id": "x"}, origin="connection 'k'")
+    merged = base.merged({"client_id": "y", "security_protocol": "SSL"})
+    assert merged.properties == {"client.id": "y", "security.protocol": "SSL"} and merged.origin == "connection 'k'"
+    assert KafkaSettings.from_mapping({}).bootstrap_servers == ""
+    with pytest.raises(ConfigurationError, match="no Kafka bootstrap servers"):
+        KafkaSettings.from_mapping({}).require_servers()
