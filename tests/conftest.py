@@ -45,8 +45,14 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(tier)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
     os.environ[SESSION_MARK] = uuid.uuid4().hex
+    # A temporary folder of this session's own: pytest's shared /tmp/pytest-of-<user> is reset to
+    # mode 0700 by every session that starts, after which a PostgreSQL server running as another
+    # user under it (a parallel session's) can no longer open its files.
+    if config.option.basetemp is None:
+        config.option.basetemp = config.own_basetemp = tempfile.mkdtemp(prefix="aeo-pytest-")
     # Every Spark driver of the session (in-process, Airflow tasks, spark-submit) loads the Kafka
     # connector fetched in advance; tests/integration/test_spark_connector.py covers the resolution
     # that runs when a user names no connector.
@@ -70,6 +76,9 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         else:
             print(message)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    own = getattr(session.config, "own_basetemp", None)
+    if own and session.exitstatus == pytest.ExitCode.OK:  # kept after a failure, for its logs
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,21 +3,36 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import UnknownTopicOrPartitionError
 
 from airflow_exactly_once.core.ledger import Ledger
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int = 3) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int = 3, timeout_s: float = 30.0) -> None:
+    """Create `topic` and return once its partitions show in the cluster's metadata (creation is asynchronous:
+    a client asking right after could be told the topic does not exist)."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         admin.create_topics([NewTopic(topic, partitions, 1)])
+        deadline = time.monotonic() + timeout_s
+        while len(_described_partitions(admin, topic)) < partitions:
+            assert time.monotonic() < deadline, f"topic {topic} never showed its {partitions} partitions"
+            time.sleep(0.1)
     finally:
         admin.close()
+
+
+def _described_partitions(admin: KafkaAdminClient, topic: str) -> list:
+    try:
+        return admin.describe_topics([topic])[0].get("partitions") or []
+    except UnknownTopicOrPartitionError:
+        return []
 
 
 def produce(bootstrap: str, topic: str, count: int, partitions: int = 3, start: int = 0,

@@ -109,7 +109,8 @@ class Sink(ABC):
     # -- the committer (notify_complete, abort, recovery, rewinds) -------------------
 
     def committable(self, handles: Handles | None) -> Committable | None:
-        return None if handles is None else self.committable_type.from_handles(handles)
+        """The committable stored as a batch's handles (None when the batch recorded none)."""
+        return self.committable_type.from_handles(handles) if handles else None
 
     @abstractmethod
     def commit(self, batch: Batch, committable: Committable) -> str:

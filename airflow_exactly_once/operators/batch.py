@@ -27,7 +27,7 @@ from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.session import build_spark_session
+from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 
 
 class ExactlyOnceBaseOperator(BaseOperator):
@@ -198,7 +198,7 @@ class WriteBatchOperator(_BatchStepOperator):
             try:
                 summary = run_write(spark, coordinator, batch_id, transform=self.transform)
             finally:
-                spark.stop()
+                stop_spark(spark)
         self.log.info("write: %s", json.dumps(summary))
         return summary
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -30,3 +31,30 @@ def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None,
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_spark(spark, timeout_s: float = 30.0) -> None:
+    """Stop the session and the driver JVM that pyspark started for it.
+
+    `SparkSession.stop()` leaves pyspark's gateway JVM (and its Python workers) running until
+    the Python process exits; a write task stops it at once, so nothing of the task outlives it.
+    The JVM exits when its stdin closes (pyspark opens that pipe for this).
+    """
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if process is not None:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

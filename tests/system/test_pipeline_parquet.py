@@ -123,7 +123,7 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
     output = tmp_path / name
     assert len(staging_leftovers(output)) == 1
 
-    from airflow_exactly_once.spark.session import build_spark_session
+    from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 
     spark = build_spark_session("reader", {"spark.master": "local[1]"})
     try:
@@ -134,7 +134,7 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
     assert airflow.run(TEST_DAG, f"{name}-2", conf) == "success"
     assert ledger.get_batch(batch.id).state is BatchState.COMMITTED
     assert spark.read.parquet(str(output)).count() == 90
-    spark.stop()
+    stop_spark(spark)
     assert_exactly_once(sent, values_of(output))
 
 
