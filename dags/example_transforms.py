@@ -2,7 +2,7 @@
 write can import them: a DAG file's functions cannot travel to another process.
 
 The DAG folder is on the Python path of Airflow's tasks; the write task ships this module to
-the Spark driver and executors with the job (see the README, "Running the write on a Spark
+the Spark driver and executors with the job (see docs/cluster.md, "Running the write on a Spark
 cluster").
 """
 

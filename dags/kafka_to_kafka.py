@@ -48,6 +48,7 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=5)},
     tags=["exactly-once", "example"],
 ):
+    # [START kafka_to_kafka]
     exactly_once_batch(
         pipeline_id="kafka_to_kafka",
         topics=[INPUT_TOPIC],
@@ -55,12 +56,12 @@ with DAG(
         sink={
             "type": "kafka",
             "topic": OUTPUT_TOPIC,  # must exist; consumers read it with isolation.level=read_committed
-            # Must outlive write + every notify_complete retry (checked at plan time, see README),
+            # Must outlive write + every notify_complete retry (checked at plan time: docs/sinks/kafka.md),
             # and stay within the brokers' transaction.max.timeout.ms (15 min by default).
             "transaction_timeout_ms": 900_000,
             "producer_config": {"linger_ms": 20},
+            "guarantee": "EXACTLY_ONCE",  # or AT_LEAST_ONCE / NONE (cheaper, weaker: docs/sinks/kafka.md)
         },
-        guarantee="EXACTLY_ONCE",  # or AT_LEAST_ONCE / NONE (cheaper, weaker; README has the table)
         mirror_consumer_group="kafka_to_kafka",  # committed offsets for lag dashboards (monitoring only)
         transform=enrich_events,
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
@@ -69,3 +70,4 @@ with DAG(
         write_kwargs={"execution_timeout": timedelta(minutes=8)},
         notify_kwargs={"execution_timeout": timedelta(minutes=1), "retries": 3},
     )
+    # [END kafka_to_kafka]

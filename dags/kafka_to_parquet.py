@@ -22,6 +22,7 @@ OUTPUT = os.environ.get(
 )
 
 
+# [START kafka_to_parquet]
 with DAG(
     dag_id="kafka_to_parquet",
     description="Kafka -> Parquet, exactly once",
@@ -41,3 +42,4 @@ with DAG(
         startup_mode="earliest",
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )
+# [END kafka_to_parquet]

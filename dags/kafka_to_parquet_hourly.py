@@ -32,6 +32,7 @@ def with_event_time(df):
                          "timestamp AS event_time", "partition", "offset")
 
 
+# [START kafka_to_parquet_hourly]
 with DAG(
     dag_id="kafka_to_parquet_hourly",
     description="Kafka -> Parquet, exactly once, one batch per hour of record time",
@@ -53,3 +54,4 @@ with DAG(
         range_mode="interval",
         interval_rerun="replace",
     )
+# [END kafka_to_parquet_hourly]

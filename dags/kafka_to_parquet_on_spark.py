@@ -39,6 +39,7 @@ with DAG(
     default_args={"retries": 3, "retry_delay": timedelta(seconds=5)},
     tags=["exactly-once", "example", "spark-cluster"],
 ):
+    # [START kafka_to_parquet_on_spark]
     exactly_once_batch(
         pipeline_id="kafka_to_parquet_on_spark",
         topics=[os.environ.get("EXACTLY_ONCE_SPARK_DEMO_TOPIC", "events")],
@@ -50,3 +51,4 @@ with DAG(
         transform="example_transforms:parse_events",  # dags/example_transforms.py
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )
+    # [END kafka_to_parquet_on_spark]

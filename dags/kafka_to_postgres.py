@@ -67,6 +67,7 @@ with DAG(
                 PRIMARY KEY (topic, "partition", "offset")
             )""",
     )
+    # [START kafka_to_postgres]
     batch = exactly_once_batch(
         pipeline_id="kafka_to_postgres",
         topics=[os.environ.get("EXACTLY_ONCE_DEMO_PG_TOPIC", "events")],
@@ -78,3 +79,4 @@ with DAG(
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )
     create_table >> batch
+    # [END kafka_to_postgres]

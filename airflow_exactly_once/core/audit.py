@@ -1,4 +1,6 @@
-"""The tiling check of invariant 1, on the ledger alone: committed ranges leave no gap and no overlap.
+"""The tiling check of invariant 1 (docs/protocol.md), on the ledger alone.
+
+Committed ranges leave no gap and no overlap.
 
 Continuation pipelines: walking batches in order, each committed range of a partition
 starts where the previous one ended, or where a recorded position reset (a rewind, data

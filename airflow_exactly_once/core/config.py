@@ -22,7 +22,7 @@ from airflow_exactly_once.core.timestamps import to_epoch_ms
 STARTUP_MODES = ("earliest", "latest", "timestamp", "specific_offsets", "group_offsets")
 NEW_PARTITION_STARTS = ("earliest", "latest")
 DATA_LOSS_POLICIES = ("fail", "skip")
-# Flink's FlinkKafkaProducer.Semantic; what each one costs and promises is in the README.
+# Flink's FlinkKafkaProducer.Semantic; what each one costs and promises: docs/sinks/kafka.md.
 GUARANTEES = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 # continuation: each run continues where the last committed batch ended.
 # interval: each run reads the records of its Airflow data interval (by record timestamp).

@@ -1,4 +1,4 @@
-"""Batch states and the only transitions between them (DESIGN section 2)."""
+"""Batch states and the only transitions between them (docs/protocol.md, "Batch states")."""
 
 from __future__ import annotations
 
