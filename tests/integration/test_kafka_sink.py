@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from kafka import KafkaProducer
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import (
@@ -59,7 +58,7 @@ def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
     """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
     sink = create_sink(config.sink)
     writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
-                                  config.kafka().kafka_python(KafkaProducer))
+                                  config.kafka())
     reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
     return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 

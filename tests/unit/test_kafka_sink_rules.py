@@ -80,8 +80,9 @@ def test_guarantee_and_mirror_group_are_validated():
 @pytest.mark.parametrize("spec, expected", [
     ({"type": "kafka"}, "needs an output 'topic'"),
     ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "not a number of milliseconds"),
-    ({"type": "kafka", "topic": "out", "producer_config": {"transactional.id": "x"}}, "must not set transactional_id"),
-    ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not know: lingerms"),
+    ({"type": "kafka", "topic": "out", "producer_config": {"transactional_id": "x"}}, "must not set transactional.id"),
+    ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not accept: lingerms"),
+    ({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": "soon"}}, "does not accept: linger.ms"),
     ({"type": "kafka", "topic": "out", "partitioner": "x"}, "unknown setting(s) partitioner"),
 ])
 def test_bad_sink_specs_fail_clearly(spec, expected):
@@ -93,8 +94,8 @@ def test_bad_sink_specs_fail_clearly(spec, expected):
 def test_sink_binds_to_the_pipeline():
     config = pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
                                                                "fetch.max.bytes": 1}).validate()
-    sink = create_sink({**config.sink, "producer_config": {"linger.ms": 5}}).bind(config)
-    assert sink.client_settings().bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger_ms": 5}
+    sink = create_sink({**config.sink, "producer_config": {"linger_ms": 5}}).bind(config)  # kafka-python's name
+    assert sink.client_settings().bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger.ms": 5}
     assert sink.commit_deadline_ms() is None  # no transaction: nothing to time out
     exactly = pipeline().validate()
     assert create_sink(exactly.sink).bind(exactly).commit_deadline_ms() == 600_000

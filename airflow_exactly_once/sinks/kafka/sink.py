@@ -32,7 +32,7 @@ from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_na
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
-from airflow_exactly_once.sinks.kafka import probe
+from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import (
     KafkaTransactionError,
@@ -45,9 +45,6 @@ from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transa
 log = logging.getLogger(__name__)
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
-# Set by the sink itself; a user value would break the protocol.
-_RESERVED_PRODUCER_KEYS = {"bootstrap_servers", "transactional_id", "transaction_timeout_ms", "key_serializer",
-                           "value_serializer"}
 _SPEC_KEYS = {"type", "topic", "guarantee", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
               "kafka_config", "producer_config"}
 # What the broker says of a batch's transaction before committing.
@@ -75,16 +72,17 @@ class KafkaSink(Sink):
                                      "not a number of milliseconds") from None
         if self.transaction_timeout_ms <= 0:
             raise ConfigurationError("kafka sink: transaction_timeout_ms must be a positive number of milliseconds")
-        self.producer_config = {canonical_name(k).replace(".", "_"): v
-                                for k, v in (spec.get("producer_config") or {}).items()}
-        bad = set(self.producer_config) & _RESERVED_PRODUCER_KEYS
+        # librdkafka properties; kafka-python's spelling of the same names (linger_ms) is accepted.
+        self.producer_config = {canonical_name(k): v for k, v in (spec.get("producer_config") or {}).items()}
+        bad = set(self.producer_config) & set(librdkafka.RESERVED)
         if bad:
             raise ConfigurationError(f"kafka sink: producer_config must not set {', '.join(sorted(bad))}; the sink "
-                                     "sets them (records are written as bytes); remove them")
-        unknown = set(self.producer_config) - set(KafkaProducer.DEFAULT_CONFIG)
-        if unknown:
-            raise ConfigurationError(f"kafka sink: producer_config has settings kafka-python's KafkaProducer does "
-                                     f"not know: {', '.join(sorted(unknown))}")
+                                     "sets them from its guarantee and the pipeline; remove them")
+        try:
+            librdkafka.check_producer_config(self.producer_config)
+        except ValueError as exc:
+            raise ConfigurationError(f"kafka sink: producer_config has settings librdkafka (the producer) does not "
+                                     f"accept: {exc}") from None
 
     # -- settings ------------------------------------------------------------------
 
@@ -141,8 +139,7 @@ class KafkaSink(Sink):
         settings = self.client_settings()
         writer = KafkaPartitionWriter(
             topic=self.topic, guarantee=self.guarantee, transactional_id_prefix=self.id_prefix, batch_seq=batch.seq,
-            transaction_timeout_ms=self.transaction_timeout_ms,
-            producer_config={**settings.kafka_python(KafkaProducer), **self.producer_config})
+            transaction_timeout_ms=self.transaction_timeout_ms, settings=settings, producer_config=self.producer_config)
         try:
             reports = run_writers(self._key_value(frame), writer)
         except Exception:

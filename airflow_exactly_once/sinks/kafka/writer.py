@@ -3,7 +3,9 @@
 Under EXACTLY_ONCE the producer uses the transactional id (prefix, batch_seq, partition):
 `init_transactions()` fences and aborts whatever an earlier attempt of the same partition
 left open, then the records go into a new transaction that is flushed and left open
-(pre-commit). The partition's `PartitionReport` is its commit message.
+(pre-commit, see librdkafka.py). The partition's `PartitionReport` is its commit message:
+the transaction's handle and the first offset written to each output partition (which
+decides "committed or aborted" if the broker later forgets the transaction).
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from kafka import KafkaProducer
+import confluent_kafka
+from kafka import KafkaAdminClient
 
+from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.core.sink import PartitionWriter
+from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
-from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError, open_transaction, pre_commit
+from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError
 
-Record = tuple[bytes | None, bytes | None]  # (key, value)
+Columns = tuple[list[Any], list[Any]]  # keys (or Nones), values of some records
+_POLL_EVERY = 10_000
 
 
 def transactional_id(prefix: str, batch_seq: int, partition: int) -> str:
@@ -31,84 +37,117 @@ def transactional_id_pattern(prefix: str, batch_seq: int) -> str:
     return re.escape(f"{prefix}-{batch_seq}-") + r"\d+"
 
 
-class _Acks:
-    """Collects the first acknowledged offset per output partition, and any delivery error."""
-
-    def __init__(self) -> None:
-        self.first: dict[tuple[str, int], int] = {}
-        self.errors: list[BaseException] = []
-
-    def on_success(self, metadata) -> None:
-        key = (metadata.topic, metadata.partition)
-        if metadata.offset >= 0 and metadata.offset < self.first.get(key, metadata.offset + 1):
-            self.first[key] = metadata.offset
-
-    def on_error(self, error: BaseException) -> None:
-        self.errors.append(error)
-
-
-def arrow_records(batches: Iterable[Any]) -> Iterator[Record]:
-    """(key, value) pairs out of Arrow batches with a `value` and an optional `key` column (both binary)."""
+def arrow_columns(batches: Iterable[Any]) -> Iterator[Columns]:
+    """(keys, values) of Arrow batches with a `value` and an optional `key` column (both binary)."""
     for batch in batches:
         values = batch.column("value").to_pylist()
         keys = batch.column("key").to_pylist() if "key" in batch.schema.names else [None] * len(values)
-        yield from zip(keys, values)
+        yield keys, values
+
+
+class _Deliveries:
+    """The first acknowledged offset per output partition, and delivery errors (librdkafka's callback)."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple[str, int], int] = {}
+        self.errors: list[Any] = []
+
+    def __call__(self, error: Any, message: Any) -> None:
+        if error is not None:
+            self.errors.append(error)
+            return
+        key, offset = (message.topic(), message.partition()), message.offset()
+        if 0 <= offset < self.first.get(key, offset + 1):
+            self.first[key] = offset
 
 
 @dataclass(frozen=True)
 class KafkaPartitionWriter(PartitionWriter):
-    """Everything an executor needs; `producer_config` holds kafka-python arguments (servers, security)."""
+    """Everything an executor needs, pickled into the Spark task: plain settings, no clients."""
 
     topic: str
     guarantee: str
     transactional_id_prefix: str
     batch_seq: int
     transaction_timeout_ms: int
-    producer_config: dict[str, Any] = field(default_factory=dict)
+    settings: KafkaSettings
+    producer_config: dict[str, Any] = field(default_factory=dict)  # librdkafka tuning (linger.ms, ...)
     flush_timeout_s: float = 120.0
 
     def write(self, partition: int, batches: Iterator[Any]) -> PartitionReport:
-        return self.write_records(partition, arrow_records(batches))
+        return self.write_columns(partition, arrow_columns(batches))
 
-    def write_records(self, partition: int, records: Iterable[Record]) -> PartitionReport:
-        """Send the records under the pipeline's guarantee; the partition's report."""
+    def write_records(self, partition: int, records: Iterable[tuple[Any, Any]]) -> PartitionReport:
+        """The same for (key, value) pairs (tests, and callers without Arrow)."""
+        pairs = list(records)
+        return self.write_columns(partition, [([k for k, _ in pairs], [v for _, v in pairs])])
+
+    def write_columns(self, partition: int, columns: Iterable[Columns]) -> PartitionReport:
+        """Send the records under the sink's guarantee; the partition's report."""
         exactly_once = self.guarantee == "EXACTLY_ONCE"
-        producer = self._producer(transactional_id(self.transactional_id_prefix, self.batch_seq, partition))
-        acks = _Acks()
-        count = 0
-        handle = None
+        tid = transactional_id(self.transactional_id_prefix, self.batch_seq, partition)
+        deliveries = _Deliveries()
+        holder = [librdkafka.new_producer({**self.settings.librdkafka(), **self.producer_config}, self.guarantee,
+                                          tid, self.transaction_timeout_ms,
+                                          deliveries if self.guarantee != "NONE" else None)]
         try:
-            for key, value in records:
-                future = producer.send(self.topic, key=key, value=value)
-                if self.guarantee != "NONE":
-                    future.add_callback(acks.on_success)
-                    future.add_errback(acks.on_error)
-                count += 1
             if exactly_once:
-                handle = pre_commit(producer, timeout_s=self.flush_timeout_s)  # flush + leave the txn open
-            else:  # AT_LEAST_ONCE: close() flushes and waits for acks=all; NONE: nothing is awaited (acks=0)
-                producer.close(timeout=self.flush_timeout_s)
+                self._call(lambda: holder[0].init_transactions(60), f"initialising transactional id {tid!r}")
+                holder[0].begin_transaction()
+            count = self._send(holder[0], columns)
+            left = holder[0].flush(self.flush_timeout_s)
+            if left:
+                raise KafkaTransactionError(f"{left} of {count} records of partition {partition} were not delivered "
+                                            f"to {self.topic!r} within {self.flush_timeout_s:g} s", retriable=True)
+            if deliveries.errors:
+                error = deliveries.errors[0]
+                raise KafkaTransactionError(
+                    f"{len(deliveries.errors)} of {count} records of partition {partition} could not be written to "
+                    f"{self.topic!r}: {error.str()} ({error.name()})",
+                    retriable=bool(error.retriable()) and not error.fatal())
+            if exactly_once:  # pre-commit: the transaction stays open
+                handle = librdkafka.release_keeping_transaction(
+                    holder, self.settings.kafka_python(KafkaAdminClient), tid)
+            else:
+                holder.pop().close()
+                handle = None
         except BaseException:
-            # Its open transaction is aborted by the driver's cleanup, fenced by the next attempt
-            # of this partition, or timed out by the broker.
-            producer.close(timeout=0)
+            if holder:  # end what this attempt opened (a retry of the partition or the driver's cleanup would)
+                _give_up(holder.pop(), exactly_once)
             raise
-        if acks.errors:
-            error = acks.errors[0]
-            raise KafkaTransactionError(
-                f"{len(acks.errors)} of {count} records of partition {partition} could not be written to "
-                f"{self.topic!r}: {type(error).__name__}: {error}",
-                retriable=bool(getattr(error, "retriable", False)))
-        return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(acks.first.items())),
+        return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(deliveries.first.items())),
                                handle)
 
-    def _producer(self, tid: str) -> KafkaProducer:
-        config = dict(self.producer_config)
-        servers = config.pop("bootstrap_servers")
-        if self.guarantee == "EXACTLY_ONCE":
-            return open_transaction(servers, tid, self.transaction_timeout_ms, **config)
-        if self.guarantee == "NONE":
-            config.update(acks=0, enable_idempotence=False, retries=0)
-        else:
-            config.setdefault("acks", "all")
-        return KafkaProducer(bootstrap_servers=servers, **config)
+    def _send(self, producer: confluent_kafka.Producer, columns: Iterable[Columns]) -> int:
+        produce, poll, topic, count = producer.produce, producer.poll, self.topic, 0
+        for keys, values in columns:
+            for key, value in zip(keys, values):
+                while True:
+                    try:
+                        produce(topic, value, key)
+                        break
+                    except BufferError:  # the local queue is full: let librdkafka send some
+                        poll(0.05)
+                    except confluent_kafka.KafkaException as exc:
+                        raise librdkafka.transaction_error(exc, f"writing to {topic!r}") from None
+                count += 1
+                if count % _POLL_EVERY == 0:
+                    poll(0)
+        return count
+
+    @staticmethod
+    def _call(action, what: str) -> None:
+        try:
+            action()
+        except confluent_kafka.KafkaException as exc:
+            raise librdkafka.transaction_error(exc, what) from None
+
+
+def _give_up(producer: confluent_kafka.Producer, exactly_once: bool) -> None:
+    """Best effort: abort the attempt's transaction (the next attempt of this partition would fence it)."""
+    if exactly_once:
+        try:
+            producer.abort_transaction(10)
+        except confluent_kafka.KafkaException:
+            pass
+    producer.close()
