@@ -22,6 +22,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
+from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
@@ -108,6 +109,15 @@ def postgres(pg_data_root) -> LocalPostgres:
     server = LocalPostgres(pg_data_root / "session", max_prepared_transactions=32)
     server.start()
     server.create_database(PG_DATABASE)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory) -> LocalSparkConnectServer:
+    """A Spark Connect server (local[2]) with Spark's Kafka connector: the warm Spark of write tasks."""
+    server = LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    server.start()
     yield server
     server.stop()
 

@@ -20,12 +20,14 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
+from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.cluster import ClusterWrite
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.spark.connect import ConnectWrite
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 
@@ -172,27 +174,27 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
 class WriteBatchOperator(_BatchStepOperator):
     """Run the Spark job: read exactly the planned range, transform, write pre-committed output.
 
-    In-process (`local[*]`, or `spark_conf["spark.master"]`) by default; with `spark_conn_id`
-    (an Airflow `spark` connection) spark-submitted to that cluster instead.
+    In-process (`local[*]`, or `spark_conf["spark.master"]`) by default; on a Spark Connect
+    server with `spark_conn_id` of type `spark_connect` (or `spark_conf["spark.remote"]`);
+    spark-submitted to a cluster with `spark_conn_id` of type `spark`.
     """
 
     ui_color = "#ffe6c7"
-    cluster_write: ClusterWrite | None = None  # the running spark-submit, for on_kill
+    remote_write: ClusterWrite | ConnectWrite | None = None  # a spark-submit or Spark Connect job, for on_kill
 
     def run_step(self, context) -> dict[str, Any]:
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
-        if self.spark_conn_id:
+        connect_url = spark_connect_url(self.spark_conn_id, self.spark_conf)
+        if self.spark_conn_id and connect_url is None:
             ClusterWrite.check_transform(self.transform, self.spark_conn_id)
         coordinator = self.coordinator()
-        if self.spark_conn_id:
-            self.cluster_write = ClusterWrite(coordinator, self.ledger_hook().get_url(), self.spark_conn_id,
-                                              self.spark_conf, self.transform, self.log)
-            try:
-                summary = self.cluster_write.run(batch_id)
-            finally:
-                self.cluster_write = None
+        if connect_url is not None:
+            summary = self._remote(ConnectWrite(coordinator, connect_url, self.transform, self.log), batch_id)
+        elif self.spark_conn_id:
+            summary = self._remote(ClusterWrite(coordinator, self.ledger_hook().get_url(), self.spark_conn_id,
+                                                self.spark_conf, self.transform, self.log), batch_id)
         else:
             spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf)
             try:
@@ -202,9 +204,16 @@ class WriteBatchOperator(_BatchStepOperator):
         self.log.info("write: %s", json.dumps(summary))
         return summary
 
+    def _remote(self, write: ClusterWrite | ConnectWrite, batch_id: BatchId) -> dict[str, Any]:
+        self.remote_write = write
+        try:
+            return write.run(batch_id)
+        finally:
+            self.remote_write = None
+
     def on_kill(self) -> None:
-        if self.cluster_write is not None:
-            self.cluster_write.kill()
+        if self.remote_write is not None:
+            self.remote_write.kill()
 
 
 class NotifyCompleteOperator(_BatchStepOperator):

@@ -74,7 +74,13 @@ class FenceWatch:
                 return
 
     def explain(self, exc: BaseException) -> BaseException:
-        """The error to report for a write that failed: FencedError if the watch cancelled it."""
+        """The error to report for a write that failed: FencedError if it was fenced (cancelled by this watch,
+        or failing because a newer attempt took its job over before the watch looked)."""
+        if self.reason is None and self.epoch is not None:
+            try:
+                self.reason = self.check(self.epoch)
+            except Exception:  # the ledger cannot be read: report the write's own error
+                pass
         if self.reason is None:
             return exc
         return FencedError(f"this write attempt was stopped because {self.reason}; the attempt that replaced "

@@ -14,12 +14,19 @@ import sys
 from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
-from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, SourceUnavailableError, TransformError
+from airflow_exactly_once.core.errors import (
+    ConfigurationError,
+    DataLossError,
+    ExactlyOnceError,
+    SourceUnavailableError,
+    TransformError,
+)
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.runner import run_partition_writers
@@ -101,11 +108,18 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
         committable = coordinator.sink.stage(output, batch, run_partition_writers)
     except Exception as exc:
         raise _explain_spark_failure(exc, config) from exc
-    input_records = seen_in.get.get("records", 0)
-    output_records = seen_out.get.get("records", 0)
+    # None when Spark did not report it: Spark Connect returns only the outermost observation of a
+    # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
+    input_records = seen_in.get.get("records")
+    output_records = seen_out.get.get("records")
     prepared = coordinator.prepare(batch, committable, input_records, output_records)
     return {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
             "input_records": input_records, "output_records": output_records, "attempt": f"e{batch.epoch}"}
+
+
+def lacks_kafka_connector(text: str) -> bool:
+    """Whether a Spark error says that Spark's Kafka data source is not on its classpath."""
+    return "data source: kafka" in text or ("DATA_SOURCE_NOT_FOUND" in text and "kafka" in text)
 
 
 def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
@@ -116,6 +130,10 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
         return DataLossError(f"Spark could not read the planned offsets (deleted by retention or topic "
                              f"recreated since planning): {text[:500]}. Nothing was committed; the next run "
                              "re-plans and applies data_loss_policy.")
+    if lacks_kafka_connector(text):
+        return ConfigurationError(f"Spark cannot load its Kafka connector (data source 'kafka' not found): give "
+                                  f"Spark the connector, e.g. spark.jars.packages={kafka_package()}, or on a Spark "
+                                  "Connect server --packages with that package")
     if "TimeoutException" in text or "Timed out" in text:
         return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers}: {text[:500]}")
     if "AnalysisException" in type(exc).__name__ or "AnalysisException" in text[:200]:
