@@ -13,6 +13,8 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+
 
 def _ends(bootstrap: str, tps: list[TopicPartition], isolation: str) -> dict[TopicPartition, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
@@ -85,7 +87,10 @@ def transaction_state(bootstrap: str, transactional_id: str) -> str:
 
 
 def wait_transactions_ended(bootstrap: str, committable: Any, timeout_s: float = 60.0) -> None:
-    """Wait until the broker has ended (here: timed out) every transaction of a batch's KafkaCommittable."""
+    """Wait until the broker has ended (here: timed out) every transaction of a batch's KafkaCommittable
+    (or of the handles the ledger stores for it)."""
+    if isinstance(committable, dict):
+        committable = KafkaCommittable.from_handles(committable)
     tids = [r.transactional_id for r in committable.transactions if r.transaction.started]
     deadline = time.monotonic() + timeout_s
     while any(transaction_state(bootstrap, tid) not in ("CompleteAbort", "CompleteCommit") for tid in tids):
