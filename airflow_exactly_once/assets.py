@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from airflow.sdk import Asset, AssetAlias
-
+from airflow_exactly_once.compat import Asset, AssetAlias
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.timestamps import iso
 

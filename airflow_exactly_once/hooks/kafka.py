@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from airflow.sdk import BaseHook
-
+from airflow_exactly_once.compat import BaseHook
 from airflow_exactly_once.core.errors import ConfigurationError
 
 

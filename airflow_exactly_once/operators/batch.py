@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Sequence
 
-from airflow.exceptions import AirflowFailException, AirflowSkipException
-from airflow.sdk import BaseOperator
-
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
+from airflow_exactly_once.compat import AirflowFailException, AirflowSkipException, BaseOperator
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.model import Batch, BatchId

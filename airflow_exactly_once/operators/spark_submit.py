@@ -10,21 +10,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from airflow.exceptions import AirflowException
-
+from airflow_exactly_once.compat import AirflowException
 from airflow_exactly_once.core.config import resolve_transform
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
 from airflow_exactly_once.hooks.ledger import LedgerHook
-from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
 
 if TYPE_CHECKING:
     from airflow_exactly_once.operators.batch import WriteBatchOperator
 
 
 def write_on_cluster(operator: "WriteBatchOperator", batch_id: BatchId) -> dict[str, Any]:
+    # Here, not at the top: the Spark provider is the optional [spark-submit] extra, and without it
+    # this import raises MissingExtraError (not retriable: the task fails at once, naming the extra).
+    from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
+
     if operator.transform is not None and not isinstance(operator.transform, str):
         raise ConfigurationError(
             f"transform {getattr(operator.transform, '__name__', operator.transform)!r} is a Python callable, but "
