@@ -63,7 +63,8 @@ def _stop_in_process_spark() -> None:
 
     pyspark keeps its gateway JVM until the Python process exits, even after session.stop(); it
     is this process's child, not a leak, but it would still be running when the check below looks.
-    The gateway JVM exits when its stdin closes.
+    The gateway JVM exits when its stdin closes; shutting the gateway down first marks py4j's
+    client disconnected, so objects collected at exit do not call a JVM that is gone.
     """
     if "pyspark" not in sys.modules:
         return
@@ -74,6 +75,7 @@ def _stop_in_process_spark() -> None:
     gateway = SparkContext._gateway
     process = getattr(gateway, "proc", None)
     if process is not None:
+        gateway.shutdown()
         process.stdin.close()
         process.wait(60)
         SparkContext._gateway = SparkContext._jvm = None
