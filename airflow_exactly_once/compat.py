@@ -1,10 +1,12 @@
-"""Every Airflow name the package uses, imported here once, after a check of the Airflow release.
+"""Every name of Airflow's SDK the package uses, imported here once, after a check of the Airflow release.
 
 Names move between Airflow releases: Airflow 3.3 deprecates the exceptions in
 `airflow.exceptions` for `airflow.sdk.exceptions`, which 3.1 does not have yet.
 apache-airflow-providers-common-compat's `sdk` module picks the right home on each release,
 as the official providers do, so hooks, operators, the task group and the assets import from
-here and stay free of DeprecationWarnings on every supported release.
+here and stay free of DeprecationWarnings on every supported release. The two other Airflow
+imports are not SDK names: the Spark provider (hooks/spark_submit.py, the optional extra) and
+Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI).
 
 Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
 no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
