@@ -2,10 +2,23 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# The newest stack (constraints-newest.txt: newest Airflow 3.x and pyspark 4.x) for `make test-newest`.
+VENV_NEWEST := .venv-newest
+PY_NEWEST   := $(VENV_NEWEST)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
+INSTALL_MATRIX_TEST := tests/integration/test_install_matrix.py
+# What the newest stack runs: the unit tier, the Kafka sink (with Spark), planning against a real broker
+# (Parquet sink), the provider checks (providers list, DAG parsing, `airflow exactly-once`) and one
+# end-to-end Airflow run of the example Parquet DAG. The whole suite runs on the primary stack.
+NEWEST_TESTS := tests/unit \
+	tests/integration/test_kafka_sink.py \
+	tests/integration/test_planning_kafka.py \
+	tests/integration/test_provider.py \
+	tests/system/test_pipeline_parquet.py::test_example_dag_three_batches_then_an_empty_run
 
-.PHONY: setup system-deps python-deps jars demo test test-unit benchmark docker-config clean
+.PHONY: setup system-deps python-deps newest-deps jars newest-jars demo test test-unit test-newest \
+	install-matrix benchmark docker-config clean
 
 setup: system-deps python-deps jars
 
@@ -22,22 +35,55 @@ system-deps:
 	fi
 
 python-deps: $(VENV)/.installed
+newest-deps: $(VENV_NEWEST)/.installed
 
-# constraints.txt pins the whole tree that CI runs with (pyspark and pyspark-client must match).
-$(VENV)/.installed: setup.cfg constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip setuptools wheel
-	$(PY) -m pip install -q -c constraints.txt -e ".[test,postgres]"
-	@touch $@
+# $(1): the virtualenv, $(2): the constraints file pinning its whole tree. Idempotent: pip keeps
+# what already matches. A venv made while the Spark provider 6.x was pinned still has pyspark-client,
+# which shares pyspark's folder: it is removed and pyspark reinstalled (the removal deletes shared files).
+define install_venv
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --upgrade pip setuptools wheel
+	$(1)/bin/python -m pip install -q -c $(2) -e ".[test,postgres,spark-submit,spark-connect]"
+	@if $(1)/bin/python -m pip show -q pyspark-client 2>/dev/null; then \
+	  echo ">> $(1): removing pyspark-client (it shares pyspark's folder), reinstalling pyspark"; \
+	  $(1)/bin/python -m pip uninstall -q -y pyspark-client && \
+	  $(1)/bin/python -m pip install -q --force-reinstall --no-deps -c $(2) pyspark; \
+	fi
+	@touch $(1)/.installed
+endef
 
+# constraints.txt pins the whole tree that CI runs with.
+$(VENV)/.installed: setup.cfg setup.py constraints.txt
+	$(call install_venv,$(VENV),constraints.txt)
+
+$(VENV_NEWEST)/.installed: setup.cfg setup.py constraints-newest.txt
+	$(call install_venv,$(VENV_NEWEST),constraints-newest.txt)
+
+# Each stack's Spark Kafka connector matches its own pyspark (devtools/maven.py reads the release).
 jars: python-deps
 	$(PY) -m devtools fetch-jars
+
+newest-jars: newest-deps
+	$(PY_NEWEST) -m devtools fetch-jars
 
 demo: setup
 	$(PY) -m devtools.demo
 
+# The whole suite on the primary stack, then the newest stack's subset, then the install matrix
+# (last, and once: it is a test of the suite, left out of the first run).
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-newest
+	$(PY) -m pytest $(INSTALL_MATRIX_TEST)
+
+# The newest stack: builds .venv-newest from constraints-newest.txt, runs NEWEST_TESTS on it.
+test-newest: system-deps newest-jars
+	$(PY_NEWEST) -m pytest $(NEWEST_TESTS)
+
+# The built wheel in fresh virtualenvs beside the oldest and newest supported Airflow and pyspark
+# (devtools/install_matrix.py; also tests/integration/test_install_matrix.py).
+install-matrix: python-deps
+	$(PY) -m devtools.install_matrix
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps
@@ -52,7 +98,7 @@ docker-config:
 	 else docker-compose -f docker/docker-compose.yml config --quiet; fi && echo "docker/docker-compose.yml is valid"
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_NEWEST) build dist *.egg-info .pytest_cache
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

@@ -1,9 +1,71 @@
-"""Airflow names this package uses, imported in one place so that the Airflow versions it supports agree."""
+"""Every name of Airflow's SDK the package uses, imported here once, after a check of the Airflow release.
+
+Names move between Airflow releases: Airflow 3.3 deprecates the exceptions in
+`airflow.exceptions` for `airflow.sdk.exceptions`, which 3.1 does not have yet.
+apache-airflow-providers-common-compat's `sdk` module picks the right home on each release,
+as the official providers do, so hooks, operators, the task group and the assets import from
+here and stay free of DeprecationWarnings on every supported release. The two other Airflow
+imports are not SDK names: the Spark provider (hooks/spark_submit.py, the optional extra) and
+Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI).
+
+Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
+no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
+install, instead of deep inside a DAG file.
+
+The protocol core, the sinks' executor side and the Spark job never import this module: they
+run where Airflow may not be installed (a spark-submitted driver, the executors).
+"""
 
 from __future__ import annotations
 
-from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
-from airflow.sdk import Asset, AssetAlias, BaseHook, BaseOperator, TaskGroup
+import re
 
-__all__ = ["AirflowException", "AirflowFailException", "AirflowSkipException", "Asset", "AssetAlias", "BaseHook",
-           "BaseOperator", "TaskGroup"]
+import airflow
+
+AIRFLOW_FLOOR = (3, 1, 0)
+
+
+def airflow_release(version: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of an Airflow version string such as "3.1.8" or "3.2.0.dev0"."""
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        raise ImportError(f"cannot read an Airflow release from airflow.__version__={version!r}")
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def check_airflow_version(version: str) -> None:
+    """Fail with the release to install when `version` is below the floor this package supports."""
+    if airflow_release(version) < AIRFLOW_FLOOR:
+        floor = ".".join(map(str, AIRFLOW_FLOOR))
+        raise ImportError(
+            f"airflow-exactly-once needs Apache Airflow >= {floor} (this is Airflow {version}): "
+            f"upgrade with pip install 'apache-airflow>={floor},<4'")
+
+
+check_airflow_version(airflow.__version__)
+
+# After the check: below the floor some of these do not exist.
+from airflow.providers.common.compat.sdk import (  # noqa: E402
+    AirflowException,
+    AirflowFailException,
+    AirflowSkipException,
+    Asset,
+    AssetAlias,
+    BaseHook,
+    BaseOperator,
+    TaskGroup,
+)
+
+__all__ = [
+    "AIRFLOW_FLOOR",
+    "AirflowException",
+    "AirflowFailException",
+    "AirflowSkipException",
+    "Asset",
+    "AssetAlias",
+    "BaseHook",
+    "BaseOperator",
+    "TaskGroup",
+    "airflow_release",
+    "check_airflow_version",
+]

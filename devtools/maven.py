@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -15,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KAFKA_VERSION = "3.9.1"
-SPARK_VERSION = "4.0.0"
-SCALA_BINARY = "2.13"
+SCALA_BINARY = "2.13"  # of the Kafka broker
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class Artifact:
     name: str
     version: str
     transitive: bool = True
+    exclude_groups: tuple[str, ...] = ()  # transitive dependencies of these groups are left out
 
 
 # The broker: Kafka 3.9 speaks the classic transaction protocol (no KIP-890 epoch bump
@@ -34,14 +35,14 @@ KAFKA_BROKER = (
     Artifact("org.slf4j", "slf4j-reload4j", "1.7.36"),
 )
 
-# Spark's Kafka source. Spark's parent POM lists extra repositories, so transitive
-# resolution is switched off and the four runtime jars that pyspark lacks are named.
-SPARK_KAFKA = (
-    Artifact("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA_BINARY}", SPARK_VERSION, False),
-    Artifact("org.apache.spark", f"spark-token-provider-kafka-0-10_{SCALA_BINARY}", SPARK_VERSION, False),
-    Artifact("org.apache.kafka", "kafka-clients", "3.9.0", False),
-    Artifact("org.apache.commons", "commons-pool2", "2.12.0", False),
-)
+def spark_kafka_artifacts(version: str, scala: str) -> tuple[Artifact, ...]:
+    """Spark's Kafka source for Spark `version` built with Scala `scala`, with its runtime dependencies.
+
+    Which kafka-clients and commons-pool2 a Spark release wants is in its POMs, so Maven resolves
+    them; Hadoop's client jars (large, and in every pyspark already) are not even downloaded.
+    """
+    return (Artifact("org.apache.spark", f"spark-sql-kafka-0-10_{scala}", version,
+                     exclude_groups=("org.apache.hadoop",)),)
 
 
 # PostgreSQL's JDBC driver: only the benchmark's baseline (Spark's own JDBC writer) needs it.
@@ -57,11 +58,10 @@ def devenv_home() -> Path:
 def _pom(artifacts: tuple[Artifact, ...]) -> str:
     deps = []
     for a in artifacts:
-        exclusions = (
-            ""
-            if a.transitive
-            else "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>"
-        )
+        groups = ("*",) if not a.transitive else a.exclude_groups
+        exclusions = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>*</artifactId></exclusion>"
+                             for g in groups)
+        exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
         deps.append(
             f"<dependency><groupId>{a.group}</groupId><artifactId>{a.name}</artifactId>"
             f"<version>{a.version}</version>{exclusions}</dependency>"
@@ -73,8 +73,10 @@ def _pom(artifacts: tuple[Artifact, ...]) -> str:
     )
 
 
-def fetch_jars(kind: str, artifacts: tuple[Artifact, ...]) -> Path:
+def fetch_jars(kind: str, artifacts: tuple[Artifact, ...], strip_version: bool = False) -> Path:
     """Copy `artifacts` (and their runtime dependencies) into a cached folder; return it.
+
+    strip_version: name the files `<artifactId>.jar`, so callers can tell artifacts apart.
 
     The cache is shared by every run on the machine (demo, tests, benchmarks, in parallel):
     one Maven runs at a time (a lock file; Maven's own repository takes no locks), and a
@@ -98,7 +100,7 @@ def fetch_jars(kind: str, artifacts: tuple[Artifact, ...]) -> Path:
             staging = Path(work) / "jars"
             result = subprocess.run(
                 ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
+                 f"-DoutputDirectory={staging}", "-DincludeScope=runtime", f"-Dmdep.stripVersion={strip_version}"],
                 capture_output=True, text=True,
             )
             if result.returncode != 0:
@@ -113,10 +115,32 @@ def kafka_broker_jars() -> Path:
     return fetch_jars("kafka-broker", KAFKA_BROKER)
 
 
+def installed_spark() -> tuple[str, str]:
+    """(release, Scala binary version) of the pyspark installed here: the connector must match both."""
+    from airflow_exactly_once.spark.connector import scala_version, spark_version
+
+    version = spark_version()
+    return version, scala_version(version=version)
+
+
 def spark_kafka_jars() -> list[str]:
-    """Local paths of the spark-sql-kafka connector jars, for `spark.jars`."""
-    folder = fetch_jars("spark-kafka", SPARK_KAFKA)
-    return sorted(str(p) for p in folder.glob("*.jar"))
+    """Local paths of the spark-sql-kafka connector jars for the installed pyspark, for `spark.jars`.
+
+    Only the jars that pyspark lacks: a second, other release of a library pyspark ships (lz4,
+    snappy, slf4j, Scala) on the same classpath is a conflict, not a dependency.
+    """
+    from airflow_exactly_once.spark.connector import spark_home
+
+    version, scala = installed_spark()
+    folder = fetch_jars(f"spark-kafka_{scala}", spark_kafka_artifacts(version, scala), strip_version=True)
+    bundled = [jar.name for jar in (spark_home() / "jars").glob("*.jar")]
+    return sorted(str(jar) for jar in folder.glob("*.jar") if not _bundled(jar.stem, bundled))
+
+
+def _bundled(artifact_id: str, bundled_jars: list[str]) -> bool:
+    """Whether pyspark's jars/ has some release of `artifact_id` (files named <artifactId>-<version>.jar)."""
+    pattern = re.compile(rf"{re.escape(artifact_id)}-\d[^/]*\.jar")
+    return any(pattern.fullmatch(name) for name in bundled_jars)
 
 
 def postgres_jdbc_jars() -> list[str]:

@@ -10,8 +10,10 @@
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
-$AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME.
+$AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
+options and --json go before or after the command.
 `rewind` only prints what it would do unless --execute is given.
+On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
 """
 
 from __future__ import annotations
@@ -49,19 +51,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def airflow_command(args: argparse.Namespace) -> None:
+    """`airflow exactly-once [OPTIONS] COMMAND ...` (cli/definition.py): the same parser and output."""
+    argv = [*(["--ledger-url", args.ledger_url] if args.ledger_url else []),
+            *(["--ledger-conn-id", args.ledger_conn_id] if args.ledger_conn_id else []),
+            *(["--json"] if args.json else []), *args.argv]
+    code = main(argv)
+    if code:
+        raise SystemExit(code)
+
+
+def _global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """Where the ledger is, and the output format: before the command, or (suppress=True) after it."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if suppress else {}
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger, e.g. postgresql+psycopg2://u@h/db",
+                       **default)
+    where.add_argument("--ledger-conn-id", help="an Airflow connection (exactly_once_ledger, postgres or sqlite) "
+                                                "holding the ledger", **default)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables", **default)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="airflow-exactly-once", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--ledger-url", help="SQLAlchemy URL of the ledger, e.g. postgresql+psycopg2://u@h/db")
-    where.add_argument("--ledger-conn-id", help="an Airflow connection (postgres or sqlite) holding the ledger")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("pipelines", help="list the pipelines in the ledger").set_defaults(handler=cmd_pipelines)
+    pipelines = sub.add_parser("pipelines", help="list the pipelines in the ledger")
+    pipelines.set_defaults(handler=cmd_pipelines)
+    _global_options(pipelines, suppress=True)
+
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
         """A subcommand about one pipeline."""
         parser = sub.add_parser(name, help=help_text)
+        _global_options(parser, suppress=True)
         parser.add_argument("pipeline", help="pipeline id" + (", or '<pipeline>:<seq>'" if name == "show" else ""))
         parser.set_defaults(handler=handler)
         return parser

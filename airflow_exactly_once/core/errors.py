@@ -23,6 +23,16 @@ class ConfigurationError(ExactlyOnceError):
     """The pipeline is configured in a way that cannot work; the message says what to change."""
 
 
+class MissingExtraError(ConfigurationError):
+    """A feature needs a dependency that only an extra of the package installs; the message names the extra."""
+
+    def __init__(self, feature: str, extra: str, missing: str | None = None) -> None:
+        self.extra = extra
+        what = f" (module {missing!r} is not installed)" if missing else ""
+        super().__init__(f"{feature} needs the [{extra}] extra{what}: "
+                         f"pip install 'airflow-exactly-once[{extra}]'")
+
+
 class FencedError(ExactlyOnceError):
     """Another run (or a newer attempt) took the pipeline or the batch over; this one must stop."""
 

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
+from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError, MissingExtraError
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
 from airflow_exactly_once.core.states import BatchState, check_initial, check_transition
 
@@ -156,7 +156,12 @@ def create_ledger_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True)
+    try:
+        return sa.create_engine(url, pool_pre_ping=True)
+    except ModuleNotFoundError as exc:  # the URL's driver, e.g. psycopg2 without the [postgres] extra
+        if exc.name != "psycopg2":
+            raise
+        raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
 
 
 class Ledger:

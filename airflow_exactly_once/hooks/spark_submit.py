@@ -4,6 +4,10 @@ Only the batch id travels on the command line and the ledger URL in the environm
 job reads everything else from the ledger. What the job needs besides pyspark goes with
 the submission: the Kafka connector jars (`--jars`, unless `spark_conf` already names
 them) and a zip of this package and of the transform's module (`--py-files`).
+
+The Spark provider is optional (the `spark-submit` extra): without it this module fails to
+import with a MissingExtraError naming the extra, and only a pipeline with `spark_conn_id`
+imports it (operators/spark_submit.py, when the write task runs).
 """
 
 from __future__ import annotations
@@ -15,9 +19,16 @@ import sys
 import tempfile
 from typing import Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
+from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 
-from airflow_exactly_once.core.errors import ConfigurationError
+try:
+    from airflow.providers.apache.spark.hooks.spark_submit import DEFAULT_SPARK_BINARY, SparkSubmitHook
+except ImportError as exc:
+    if not (exc.name or "").startswith("airflow.providers.apache.spark"):
+        raise  # the provider is there but broken: its own error says more
+    raise MissingExtraError("spark_conn_id (the write on a Spark cluster, through SparkSubmitHook)",
+                            "spark-submit", exc.name) from exc
+
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.spark.job import LEDGER_URL_ENV, SECRETS_ENV
 from airflow_exactly_once.spark.parent_death import die_with_parent

@@ -19,8 +19,6 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
 
-SPARK_SUBMIT_EXTRA = "airflow-exactly-once[spark-submit]"
-
 
 class ClusterWrite:
     """One spark-submit of the write job, owned by the write task (which calls `kill` from on_kill)."""
@@ -89,10 +87,8 @@ class ClusterWrite:
 
 
 def _submit_hook_class() -> type:
-    """The spark-submit hook; it needs the Spark provider, an optional dependency."""
-    try:
-        from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
-    except ImportError as exc:
-        raise ConfigurationError(f"spark_conn_id needs the Apache Spark provider: pip install "
-                                 f"'{SPARK_SUBMIT_EXTRA}' ({exc})") from exc
+    """The spark-submit hook. Imported here, not at the top: the Spark provider is the optional
+    [spark-submit] extra, and without it the import raises MissingExtraError (naming the extra)."""
+    from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
+
     return WriteJobSubmitHook

@@ -276,3 +276,18 @@ def test_a_run_whose_write_finishes_while_another_plans_is_recovered_not_failed(
     assert run_b.ledger.committed_positions(pid) == {("t", 0): 10, ("t", 1): 10}
     for pipe in (run_a, run_b):
         pipe.ledger.engine.dispose()
+
+
+def test_ledger_hook_reads_an_exactly_once_ledger_connection(postgres, pg_ledger_url, monkeypatch, pid):
+    """The provider's own connection type, filled in with the usual fields (backend postgresql by default)."""
+    from airflow_exactly_once.hooks.ledger import LedgerHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_EO_LEDGER_OWN", json.dumps({
+        "conn_type": "exactly_once_ledger", "host": "127.0.0.1", "port": postgres.port, "login": "postgres",
+        "schema": LEDGER_DB, "extra": {"application_name": "eo own ledger"}}))
+    ledger = LedgerHook(ledger_conn_id="eo_ledger_own").get_conn()
+    ledger.ensure_pipeline(pid, "fp", {})
+    ledger.create_batch(pid, "run-1", ranges(0, 3), expected_epoch=0)
+    assert [b.run_id for b in Ledger(pg_ledger_url).list_batches(pid)] == ["run-1"]
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("SHOW application_name").scalar() == "eo own ledger"

@@ -40,8 +40,7 @@ def resolve_dsn(spec: dict[str, Any]) -> str:
     """The server URL of a sink spec: its `url`, or its Airflow `postgres` connection's."""
     if spec.get("url"):
         return str(spec["url"])
-    from airflow.sdk import BaseHook
-
+    from airflow_exactly_once.compat import BaseHook
     from airflow_exactly_once.hooks.ledger import connection_to_url
 
     conn_id = spec["conn_id"]

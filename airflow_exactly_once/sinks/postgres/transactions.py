@@ -26,13 +26,18 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import psycopg2
-import psycopg2.errors
-import psycopg2.extensions
-import psycopg2.extras
-from psycopg2 import sql
+from airflow_exactly_once.core.errors import MissingExtraError, SinkError
 
-from airflow_exactly_once.core.errors import SinkError
+try:
+    import psycopg2
+    import psycopg2.errors
+    import psycopg2.extensions
+    import psycopg2.extras
+    from psycopg2 import sql
+except ModuleNotFoundError as exc:
+    if exc.name != "psycopg2":
+        raise
+    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "MARKER_TABLE",

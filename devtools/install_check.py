@@ -1,0 +1,232 @@
+"""What must hold wherever the package is installed; run by that environment's own Python.
+
+devtools/install_matrix.py runs this file (as a script, from outside the repository, so that
+`airflow_exactly_once` is the installed wheel, never the source tree) in each fresh virtualenv;
+tests/integration/test_provider.py runs it in the test environment. It imports nothing of the
+repository and writes one JSON report (--report; Airflow may log to stdout); the exit status
+is 1 when a check failed.
+
+Checks:
+  modules    every module of the package imports; a module whose extra is not installed fails
+             with MissingExtraError naming that extra, and with nothing else
+  warnings   no DeprecationWarning, PendingDeprecationWarning or FutureWarning (Airflow's
+             deprecated-import warnings are FutureWarnings) raised from the package or the DAGs,
+             on import or while the DAGs parse
+  dags       every DAG file of --dags parses (Airflow's DagBag, the DAG folder importable as under
+             the dag-processor) with no import error, and the --expect-dags are there
+  provider   `airflow providers list` shows the package, `airflow providers hooks` the ledger
+             connection type, neither logs an error about the package
+  cli        the console script answers; on Airflow >= 3.2 `airflow exactly-once` too
+  connector  the Kafka connector coordinates follow the installed pyspark (release and Scala)
+  spark      (--spark) a local Spark session gets the connector by Spark's own resolution, reads
+             the Kafka source's schema and runs mapInArrow (pandas and pyarrow on that pyspark)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dags", required=True, help="the folder of DAG files to parse")
+    parser.add_argument("--expect-dags", default="", help="comma-separated DAG ids that must be there")
+    parser.add_argument("--extras", default="", help="comma-separated extras installed here")
+    parser.add_argument("--spark", action="store_true", help="also start a local Spark session")
+    parser.add_argument("--report", required=True, help="where to write the JSON report")
+    args = parser.parse_args(argv)
+    home = tempfile.mkdtemp(prefix="aeo-install-check-")
+    os.environ.setdefault("AIRFLOW_HOME", home)
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+    report: dict[str, Any] = {"python": sys.executable, "problems": []}
+    problems: list[str] = report["problems"]
+    import airflow  # noqa: F401  (configures Airflow's logging, which takes over warnings.showwarning)
+
+    import airflow_exactly_once as package
+
+    ours = [str(Path(package.__file__).resolve().parent), str(Path(args.dags).resolve())]
+    report["package"] = str(Path(package.__file__).resolve().parent)
+    report["versions"] = _versions()
+    extras = {e for e in args.extras.split(",") if e}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report["modules"] = check_modules(package, extras, problems)
+        report["dags"] = check_dags(Path(args.dags), [d for d in args.expect_dags.split(",") if d], problems)
+    report["deprecations_from_us"] = [
+        f"{w.category.__name__} at {w.filename}:{w.lineno}: {w.message}" for w in caught
+        if issubclass(w.category, DEPRECATIONS) and any(str(Path(w.filename).resolve()).startswith(o) for o in ours)]
+    problems.extend(f"deprecation: {w}" for w in report["deprecations_from_us"])
+    report["provider"] = check_provider(problems)
+    report["cli"] = check_cli(home, problems)
+    report["connector"] = check_connector(problems)
+    if args.spark:
+        report["spark"] = check_spark(problems)
+    Path(args.report).write_text(json.dumps(report, indent=1, default=str))
+    return 1 if problems else 0
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("airflow-exactly-once", "apache-airflow", "apache-airflow-core", "apache-airflow-task-sdk",
+                 "pyspark", "pyspark-client", "pandas", "pyarrow", "kafka-python", "sqlalchemy",
+                 "apache-airflow-providers-common-compat", "apache-airflow-providers-apache-spark",
+                 "apache-airflow-providers-postgres", "psycopg2-binary"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def check_modules(package: Any, extras: set[str], problems: list[str]) -> dict[str, str]:
+    from airflow_exactly_once.core.errors import MissingExtraError
+
+    results = {}
+    for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+        name = info.name
+        if ".example_dags" in name or name.endswith(".__main__"):
+            continue  # DAG files are parsed below; __main__ runs the CLI
+        try:
+            importlib.import_module(name)
+            results[name] = "ok"
+        except MissingExtraError as exc:
+            results[name] = f"needs [{exc.extra}]"
+            if exc.extra in extras:
+                problems.append(f"{name}: the [{exc.extra}] extra is installed, yet: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every failure is a finding
+            results[name] = f"{type(exc).__name__}: {exc}"
+            problems.append(f"{name} does not import: {type(exc).__name__}: {exc}")
+    return results
+
+
+def check_dags(folder: Path, expected: list[str], problems: list[str]) -> dict[str, Any]:
+    try:
+        from airflow.dag_processing.dagbag import DagBag  # Airflow >= 3.2
+    except ImportError:
+        from airflow.models.dagbag import DagBag
+    sys.path.insert(0, str(folder))  # as the dag-processor does: the DAG folder is importable
+    kwargs = {"include_examples": False} if "include_examples" in inspect.signature(DagBag).parameters else {}
+    bag = DagBag(dag_folder=str(folder), **kwargs)
+    dags = {dag_id: sorted(dag.task_ids) for dag_id, dag in bag.dags.items()}
+    if bag.import_errors:
+        problems.extend(f"DAG import error in {f}: {e.strip().splitlines()[-1]}" for f, e in bag.import_errors.items())
+    missing = sorted(set(expected) - set(dags))
+    if missing:
+        problems.append(f"DAGs not found in {folder}: {missing}")
+    return {"folder": str(folder), "dags": dags, "import_errors": {f: e[-500:] for f, e in bag.import_errors.items()}}
+
+
+def _airflow(*args: str) -> subprocess.CompletedProcess:
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    return subprocess.run([airflow, *args], capture_output=True, text=True, timeout=600)
+
+
+def check_provider(problems: list[str]) -> dict[str, Any]:
+    from airflow_exactly_once import __version__
+
+    listed = _airflow("providers", "list", "-o", "json")
+    hooks = _airflow("providers", "hooks", "-o", "json")
+    result: dict[str, Any] = {}
+    try:
+        providers = {p["package_name"]: p["version"] for p in json.loads(listed.stdout[listed.stdout.index("["):])}
+    except ValueError:
+        problems.append(f"`airflow providers list` printed no JSON (exit {listed.returncode}): {listed.stderr[-1500:]}")
+        return result
+    result["listed_version"] = providers.get("airflow-exactly-once")
+    if result["listed_version"] != __version__:
+        problems.append(f"`airflow providers list` shows airflow-exactly-once as {result['listed_version']!r}")
+    result["ledger_connection_type"] = '"exactly_once_ledger"' in hooks.stdout
+    if not result["ledger_connection_type"]:
+        problems.append(f"`airflow providers hooks` lacks exactly_once_ledger: {hooks.stderr[-1500:]}")
+    complaints = [line for out in (listed.stderr, hooks.stderr) for line in out.splitlines()
+                  if "airflow_exactly_once" in line and re.search(r"(?i)error|exception|warning|traceback", line)]
+    result["complaints"] = complaints
+    problems.extend(f"Airflow complains about the provider: {line}" for line in complaints)
+    return result
+
+
+def check_cli(home: str, problems: list[str]) -> dict[str, Any]:
+    from airflow_exactly_once.compat import airflow_release
+    import airflow
+
+    url = f"sqlite:///{Path(home) / 'cli-ledger.db'}"
+    script = Path(sys.executable).with_name("airflow-exactly-once")
+    if not script.exists():
+        problems.append(f"the console script {script} is not installed")
+        return {}
+    runs = {"console script": subprocess.run([str(script), "--ledger-url", url, "pipelines", "--json"],
+                                             capture_output=True, text=True, timeout=300)}
+    if airflow_release(airflow.__version__) >= (3, 2, 0):  # provider CLI commands arrived in Airflow 3.2
+        runs["airflow exactly-once"] = _airflow("exactly-once", "--ledger-url", url, "pipelines", "--json")
+    result = {}
+    for name, run in runs.items():
+        result[name] = run.returncode == 0 and run.stdout.strip().endswith("[]")
+        if not result[name]:
+            problems.append(f"{name} failed (exit {run.returncode}): {run.stdout[-500:]} {run.stderr[-1500:]}")
+    return result
+
+
+def check_connector(problems: list[str]) -> str:
+    import pyspark
+
+    from airflow_exactly_once.spark.connector import kafka_package
+
+    release = re.match(r"\d+\.\d+\.\d+", pyspark.__version__).group(0)
+    scala = "2.12" if release.startswith("3.") else "2.13"  # what each pyspark wheel ships
+    coordinates = kafka_package()
+    if coordinates != f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{release}":
+        problems.append(f"connector coordinates {coordinates} do not match pyspark {pyspark.__version__}")
+    return coordinates
+
+
+def check_spark(problems: list[str]) -> dict[str, Any]:
+    """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars)."""
+    from airflow_exactly_once.spark.session import build_spark_session
+
+    os.environ.pop("SPARK_CONF_DIR", None)
+    os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+    started = time.monotonic()
+    spark = build_spark_session("install-check", master="local[1]")
+    try:
+        columns = (spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+                   .option("subscribe", "install-check").load().columns)
+        frame = spark.range(1000).selectExpr("id", "CAST(id AS STRING) AS text")
+
+        def double(batches):
+            import pyarrow.compute as pc
+
+            for batch in batches:
+                yield batch.set_column(0, "id", pc.multiply(batch.column(0), 2))
+
+        total = frame.mapInArrow(double, frame.schema).groupBy().sum("id").collect()[0][0]
+    finally:
+        spark.stop()
+    if columns != KAFKA_COLUMNS:
+        problems.append(f"the Kafka source has columns {columns}, not {KAFKA_COLUMNS}")
+    if total != 2 * sum(range(1000)):
+        problems.append(f"mapInArrow summed to {total}, not {2 * sum(range(1000))}")
+    return {"kafka_columns": columns, "map_in_arrow_sum": total, "seconds": round(time.monotonic() - started, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
