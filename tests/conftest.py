@@ -65,33 +65,12 @@ def pytest_unconfigure(config) -> None:
     shutil.rmtree(os.environ.pop("SPARK_CONF_DIR", ""), ignore_errors=True)
 
 
-def _stop_in_process_spark() -> None:
-    """End the JVM of this process's own SparkSessions (tests that run Spark in-process).
-
-    pyspark keeps its gateway JVM until the Python process exits, even after session.stop(); it
-    is this process's child, not a leak, but it would still be running when the check below looks.
-    The gateway JVM exits when its stdin closes; shutting the gateway down first marks py4j's
-    client disconnected, so objects collected at exit do not call a JVM that is gone.
-    """
-    if "pyspark" not in sys.modules:
-        return
-    from pyspark import SparkContext
-
-    if SparkContext._active_spark_context is not None:
-        SparkContext._active_spark_context.stop()
-    gateway = SparkContext._gateway
-    process = getattr(gateway, "proc", None)
-    if process is not None:
-        gateway.shutdown()
-        process.stdin.close()
-        process.wait(60)
-        SparkContext._gateway = SparkContext._jvm = None
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """Fail the run if a broker, PostgreSQL, Spark JVM or Airflow process outlived its test session."""
-    _stop_in_process_spark()
+    """Fail the run if a broker, PostgreSQL, Spark JVM or Airflow process outlived its test session.
+
+    In-process Spark counts too: fixtures end their driver JVM with spark.session.stop_spark.
+    """
     leftovers = leftover_processes(SESSION_MARK, os.environ[SESSION_MARK])
     if leftovers:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
