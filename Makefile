@@ -66,8 +66,10 @@ jars: python-deps
 newest-jars: newest-deps
 	$(PY_NEWEST) -m devtools fetch-jars
 
+# make demo DEMO_ARGS=--spark-connect: the write tasks run on a Spark Connect server.
+DEMO_ARGS ?=
 demo: setup
-	$(PY) -m devtools.demo
+	$(PY) -m devtools.demo $(DEMO_ARGS)
 
 # The whole suite on the primary stack, then the newest stack's subset, then the install matrix
 # (last, and once: it is a test of the suite, left out of the first run).

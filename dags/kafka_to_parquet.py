@@ -39,6 +39,8 @@ with DAG(
         kafka_conn_id="kafka_default",  # extra: {"bootstrap.servers": "host:port"}
         sink={"type": "parquet", "path": OUTPUT},
         transform=parse_events,
+        # A `spark_connect` connection: write on a warm Spark Connect server; None: a Spark driver in the task.
+        spark_conn_id=os.environ.get("EXACTLY_ONCE_DEMO_SPARK_CONN_ID"),
         startup_mode="earliest",
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.ports import reserve_port
-from devtools.processes import check_alive, stop_session
+from devtools.processes import check_alive, marked_processes, stop_session
 
 REPO = Path(__file__).resolve().parents[1]
 FINISHED = {"success", "failed"}
@@ -191,6 +191,17 @@ class AirflowStack:
         state = self.run_state(dag_id, run_id)
         if state in FINISHED:
             raise RuntimeError(f"run {run_id} of {dag_id} is still {state} after clearing it")
+
+    @staticmethod
+    def run_processes(run_id: str, grace_s: float = 15.0) -> list[str]:
+        """Processes a run's tasks started that are still alive `grace_s` after the caller asks (Airflow exports
+        AIRFLOW_CTX_DAG_RUN_ID to a task's environment, so its Spark JVM and Python workers carry it)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            alive = marked_processes("AIRFLOW_CTX_DAG_RUN_ID", run_id)
+            if not alive or time.monotonic() > deadline:
+                return [f"pid {p.pid}: {' '.join(p.cmdline())[:200]}" for p in alive if p.is_running()]
+            time.sleep(0.5)
 
     def put_connection(self, conn_id: str, conn: dict[str, Any]) -> None:
         """Create or replace a connection, as Admin -> Connections does (`conn`: conn_type, host, ...)."""

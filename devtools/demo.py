@@ -1,6 +1,6 @@
 """`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line.
 
-    python -m devtools.demo [--records 3000] [--keep]
+    python -m devtools.demo [--records 3000] [--keep] [--spark-connect]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from devtools.airflow_stack import AirflowStack
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
+from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "kafka_to_parquet"
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the broker, Airflow and the output live (default: a new temporary folder, "
                              "so runs never share or depend on leftovers; an existing folder is emptied first)")
     parser.add_argument("--keep", action="store_true", help="leave Kafka and Airflow running at the end")
+    parser.add_argument("--spark-connect", action="store_true",
+                        help="write on a Spark Connect server (started here) instead of a Spark driver per task")
     args = parser.parse_args(argv)
 
     if args.workdir is None:
@@ -77,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"starting a Kafka broker (KRaft) in {workdir / 'kafka'}")
     broker = LocalKafkaBroker(workdir / "kafka").start()
-    stack = None
+    stack = connect = None
     try:
+        if args.spark_connect:
+            say("starting a Spark Connect server (local mode, with Spark's Kafka connector)")
+            connect = LocalSparkConnectServer(workdir / "spark-connect").start()
         say(f"producing {args.records} JSON records to topic '{TOPIC}' ({args.partitions} partitions)")
         produce_events(broker.bootstrap_servers, args.records, args.partitions)
         env = {
@@ -91,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             # The Kafka connector jars fetched by `make setup`, as a Spark user passes jars.
             "SPARK_CONF_DIR": str(spark_conf_dir(workdir / "spark-conf")),
         }
+        if connect is not None:  # the example DAG's spark_conn_id: a spark_connect connection
+            env["AIRFLOW_CONN_SPARK_CONNECT_DEMO"] = json.dumps(connect.connection())
+            env["EXACTLY_ONCE_DEMO_SPARK_CONN_ID"] = "spark_connect_demo"
         say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env).start()
         stack.wait_for_dag(DAG_ID)
@@ -125,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             if stack is not None:
                 stack.stop()
+            if connect is not None:
+                connect.stop()
             broker.stop()
         else:
             say("--keep: Kafka and Airflow are left running")

@@ -10,6 +10,7 @@ and a test fails when the committed file and this module disagree.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import KAFKA_VERSION
 from devtools.postgres import LocalPostgres
 from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
+from devtools.spark_connect import server_command, server_conf
 
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "docker" / "docker-compose.yml"
 IMAGE = "airflow-exactly-once:dev"
@@ -26,6 +28,7 @@ POSTGRES_IMAGE = "postgres:15"  # the major version of Debian's package that the
 POSTGRES_PASSWORD = "exactly-once"  # a local demo stack: change it for anything else
 KAFKA_CLUSTER_ID = "ZXhhY3RseS1vbmNlLWRlbW8"
 SPARK_MASTER = "spark://spark-master:7077"
+SPARK_CONNECT_PORT = 15002
 DATA = "/data"  # mounted by the Airflow worker (the Spark driver) and every Spark worker
 
 # Host-specific broker properties: everything else is the tests' broker, unchanged.
@@ -85,6 +88,8 @@ def _airflow_environment() -> dict[str, str]:
                                                   "extra": {"bootstrap.servers": "kafka:9092"}}),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://spark-master",
                                                   "port": 7077, "extra": {"deploy-mode": "client"}}),
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps({"conn_type": "spark_connect", "host": "spark-connect",
+                                                          "port": SPARK_CONNECT_PORT}),
         "AIRFLOW_CONN_EXACTLY_ONCE_LEDGER": json.dumps({
             "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
             "password": POSTGRES_PASSWORD, "schema": "exactly_once"}),
@@ -121,6 +126,13 @@ def _spark_service(command: list[str], **extra: Any) -> dict[str, Any]:
     return service
 
 
+def spark_connect_command() -> list[str]:
+    """The tests' Spark Connect server (devtools/spark_connect.py), listening on every address of its container;
+    the image's spark-defaults.conf lists the Kafka connector jars."""
+    conf = server_conf(SPARK_CONNECT_PORT, "0.0.0.0", "/tmp/spark-connect", jars=[])
+    return server_command("spark-submit", WORKER_CORES, conf)
+
+
 def compose_spec() -> dict[str, Any]:
     shared = {"environment": _airflow_environment(),
               "volumes": ["../dags:/opt/airflow/dags:ro", f"exactly-once-data:{DATA}"]}
@@ -154,6 +166,18 @@ def compose_spec() -> dict[str, Any]:
                 ["org.apache.spark.deploy.worker.Worker", "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY,
                  "--work-dir", "/opt/spark-work", SPARK_MASTER],
                 depends_on=["spark-master"], volumes=[f"exactly-once-data:{DATA}"]),
+            # Write tasks with spark_conn_id="spark_connect_default" run their job here (no driver per task).
+            # It writes the sinks' output, so it mounts the data volume the Airflow tasks publish in.
+            "spark-connect": {
+                "image": IMAGE,
+                "build": BUILD,
+                "command": ["bash", "-c", "exec " + shlex.join(spark_connect_command())],
+                "hostname": "spark-connect",
+                "ports": [f"{SPARK_CONNECT_PORT}:{SPARK_CONNECT_PORT}"],
+                "volumes": [f"exactly-once-data:{DATA}"],
+                "depends_on": ["kafka"],
+                "restart": "unless-stopped",
+            },
             "airflow-init": {
                 **_airflow_service("db migrate", shared, restart="no"),
                 "depends_on": {"postgres": {"condition": "service_healthy"}},
@@ -170,10 +194,10 @@ def compose_spec() -> dict[str, Any]:
 
 
 HEADER = """\
-# Kafka (KRaft) + Spark standalone (master, worker) + PostgreSQL + Airflow with airflow-exactly-once.
-# GENERATED from the settings the tests use; do not edit by hand. Change the devenv code and run
+# Kafka (KRaft) + Spark standalone (master, worker) + a Spark Connect server + PostgreSQL + Airflow with
+# airflow-exactly-once. GENERATED from the settings the tests use; do not edit by hand. Change devtools/ and run
 #   python -m devtools docker-compose --write
-# Usage: see "Trying it with Docker" in README.md (docker compose -f docker/docker-compose.yml up).
+# Usage: see "Trying it with Docker" in docs/cluster.md (docker compose -f docker/docker-compose.yml up).
 """
 
 

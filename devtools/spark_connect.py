@@ -27,6 +27,28 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DETACHED_TIMEOUT = "20s"
 
 
+def server_conf(port: int, address: str, local_dir: str, jars: list[str]) -> dict[str, str]:
+    """The server's Spark settings (docker/docker-compose.yml's spark-connect service uses them too)."""
+    return {
+        "spark.connect.grpc.binding.address": address,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.execute.manager.detachedTimeout": DETACHED_TIMEOUT,
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.driver.memory": "1g",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.local.dir": local_dir,
+        **({"spark.jars": ",".join(jars)} if jars else {}),
+    }
+
+
+def server_command(spark_submit: str, cores: int, conf: dict[str, str]) -> list[str]:
+    command = [spark_submit, "--class", SERVER_CLASS, "--master", f"local[{cores}]", "--name", "Spark Connect server"]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    return command + ["spark-internal"]
+
+
 class LocalSparkConnectServer:
     """Start, stop and restart one Spark Connect server whose files live in `data_dir`."""
 
@@ -52,23 +74,9 @@ class LocalSparkConnectServer:
         return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port}
 
     def _command(self) -> list[str]:
-        conf = {
-            "spark.connect.grpc.binding.address": "127.0.0.1",
-            "spark.connect.grpc.binding.port": str(self.port),
-            "spark.connect.execute.manager.detachedTimeout": DETACHED_TIMEOUT,
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "8",
-            "spark.driver.memory": "1g",
-            "spark.sql.session.timeZone": "UTC",
-            "spark.local.dir": str(self.data_dir / "tmp"),
-            **({"spark.jars": ",".join(spark_kafka_jars())} if self.with_kafka_connector else {}),
-            **self.extra_conf,
-        }
-        command = [str(spark_home() / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master",
-                   f"local[{self.cores}]", "--name", "Spark Connect server"]
-        for key, value in conf.items():
-            command += ["--conf", f"{key}={value}"]
-        return command + ["spark-internal"]
+        conf = server_conf(self.port, "127.0.0.1", str(self.data_dir / "tmp"),
+                           spark_kafka_jars() if self.with_kafka_connector else [])
+        return server_command(str(spark_home() / "bin" / "spark-submit"), self.cores, {**conf, **self.extra_conf})
 
     def start(self, timeout: float = 180.0) -> "LocalSparkConnectServer":
         (self.data_dir / "tmp").mkdir(parents=True, exist_ok=True)

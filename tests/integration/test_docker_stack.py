@@ -9,6 +9,7 @@ the tests run with (read back the way the images read them), and `docker compose
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 
@@ -21,6 +22,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import KAFKA_VERSION
 from devtools.postgres import LocalPostgres
 from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
+from devtools.spark_connect import LocalSparkConnectServer
 
 COMPOSE = docker_stack.COMPOSE_FILE
 
@@ -75,6 +77,21 @@ def test_postgres_spark_and_airflow_services_use_the_tests_settings(services, tm
     assert f"exactly-once-data:{docker_stack.DATA}" in services["spark-worker"]["volumes"]
     assert f"exactly-once-data:{docker_stack.DATA}" in services["airflow-scheduler"]["volumes"]
     assert "../dags:/opt/airflow/dags:ro" in services["airflow-scheduler"]["volumes"]
+
+
+def test_the_spark_connect_service_runs_the_tests_server(services, tmp_path):
+    def settings(command: list[str]) -> dict[str, str]:
+        return dict(value.split("=", 1) for flag, value in zip(command, command[1:]) if flag == "--conf")
+
+    conf = settings(shlex.split(services["spark-connect"]["command"][2].removeprefix("exec ")))
+    tests_server = settings(LocalSparkConnectServer(tmp_path, port=15002)._command())
+    host_specific = {"spark.connect.grpc.binding.address", "spark.local.dir", "spark.jars"}
+    assert {k: v for k, v in conf.items() if k not in host_specific} == {
+        k: v for k, v in tests_server.items() if k not in host_specific}
+    assert conf["spark.connect.grpc.binding.address"] == "0.0.0.0"  # reachable from the Airflow containers
+    assert f"exactly-once-data:{docker_stack.DATA}" in services["spark-connect"]["volumes"]  # it writes the output
+    connect = json.loads(services["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+    assert (connect["conn_type"], connect["host"], connect["port"]) == ("spark_connect", "spark-connect", 15002)
 
 
 def test_a_compose_client_accepts_the_file():

@@ -45,6 +45,8 @@ def test_example_dag_three_batches_then_an_empty_run(kafka, airflow, example_out
     airflow.wait_for_dag("kafka_to_parquet")
     for n in range(3):  # 150 per partition and batch: 450 + 450 + 300
         assert airflow.run("kafka_to_parquet", f"happy_{n}") == "success"
+        # No process of the run's tasks (the write's Spark JVM, its Python workers) outlives them.
+        assert airflow.run_processes(f"happy_{n}") == []
     rows = read_parquet(example_output)
     assert_exactly_once([str(i) for i in range(1200)], [str(r["id"]) for r in rows])
     assert {r["name"] for r in rows} == {f"item-{i}" for i in range(1200)}

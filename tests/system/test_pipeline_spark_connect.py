@@ -1,0 +1,111 @@
+"""End to end with the write on a real Spark Connect server: Airflow runs the tasks, a warm Spark runs the job.
+
+The session's server (devtools.spark_connect) runs in local mode; the write task's process is
+only a client. Crashes: the write task SIGKILLed while the server runs its job (the retry
+interrupts the dead attempt's operations through its session), and the server killed and
+restarted while a batch is PREPARED.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from airflow_exactly_once.core.faults import arm
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.spark.connect import SESSION_DETAIL
+from tests.dags.eo_cluster_transforms import HOLD, STARTED
+from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
+from tests.harness import airflow_ledger
+from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet, staging_leftovers
+
+
+@pytest.fixture(scope="module")
+def connect_airflow(airflow, spark_connect):
+    """The session's Airflow with a `spark_connect` connection to the session's server."""
+    airflow.put_connection(SPARK_CONN_ID, spark_connect.connection())
+    return airflow
+
+
+def values_of(output: Path) -> list[str]:
+    return [row["v"] for row in read_parquet(output)]
+
+
+def wait_for(predicate, what: str, timeout: float = 300.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def clients_of(server) -> list[psutil.Process]:
+    """Processes with a connection to the Spark Connect server: the write tasks running on it."""
+    pids = {c.pid for c in psutil.net_connections("tcp")
+            if c.raddr and c.raddr.port == server.port and c.status == psutil.CONN_ESTABLISHED and c.pid}
+    return [psutil.Process(pid) for pid in pids if pid != server.process.pid]
+
+
+def conf_for(name: str, output: Path, max_records: int = 1000) -> dict:
+    return {"pipeline_id": name, "topic": name, "output": str(output), "max_records": max_records}
+
+
+def test_write_task_killed_mid_write_is_retried_and_interrupts_the_dead_attempt(kafka, connect_airflow, spark_connect,
+                                                                                faults, tmp_path, unique):
+    name = f"connect-kill-{unique}"
+    output = tmp_path / name
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 150)
+    (faults / HOLD).touch()  # the server's Python workers wait inside the write while this exists
+    connect_airflow.wait_for_dag("eo_connect_test_held")
+    connect_airflow.trigger("eo_connect_test_held", f"{name}-1", conf_for(name, output))
+    wait_for(lambda: (faults / STARTED).exists(), "the server's workers to reach the transform")
+    ledger = airflow_ledger(connect_airflow)
+    [claimed] = ledger.list_batches(name)
+    first_session = claimed.details[SESSION_DETAIL]
+    [task] = wait_for(lambda: clients_of(spark_connect), "the write task's connection to the server")
+    (faults / STARTED).unlink()
+    task.send_signal(signal.SIGKILL)  # the job keeps running on the server, held in the transform
+
+    wait_for(lambda: (faults / STARTED).exists(), "the retry's workers to reach the transform")
+    (faults / HOLD).unlink()
+    assert connect_airflow.wait_run("eo_connect_test_held", f"{name}-1") == "success"
+    assert connect_airflow.task_states("eo_connect_test_held", f"{name}-1")["write"] == ("success", 2)
+    log = connect_airflow.task_log("eo_connect_test_held", f"{name}-1", "write")
+    assert "operation(s) an earlier attempt of batch" in log  # the retry interrupted the orphaned job
+    [batch] = ledger.list_batches(name)
+    assert batch.seq == claimed.seq and batch.ranges == claimed.ranges and batch.epoch == claimed.epoch + 1
+    assert batch.details[SESSION_DETAIL] != first_session
+    assert batch.state is BatchState.COMMITTED and batch.output_records == 150
+    assert_exactly_once(sent, values_of(output))
+    assert staging_leftovers(output) == []
+    assert_ranges_tile(ledger, name)
+
+
+def test_server_restarted_while_a_batch_is_prepared(kafka, connect_airflow, spark_connect, faults, tmp_path, unique):
+    name = f"connect-restart-{unique}"
+    output = tmp_path / name
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 240)  # two batches of 3 x 40
+    connect_airflow.wait_for_dag("eo_connect_test")
+    arm(faults, "notify.before_sink_commit", "raise", 1)  # run 1's batch stays PREPARED until the retry
+    connect_airflow.trigger("eo_connect_test", f"{name}-1", conf_for(name, output, 40))
+    ledger = airflow_ledger(connect_airflow)
+    wait_for(lambda: connect_airflow.task_states("eo_connect_test", f"{name}-1").get("notify_complete", (None,))[0]
+             == "up_for_retry", "notify_complete to fail once")
+    [prepared] = ledger.list_batches(name)
+    assert prepared.state is BatchState.PREPARED
+    spark_connect.kill()  # the server, its sessions and whatever it had in memory are gone
+    spark_connect.start()
+    assert connect_airflow.wait_run("eo_connect_test", f"{name}-1") == "success"
+    assert connect_airflow.run("eo_connect_test", f"{name}-2", conf_for(name, output, 40)) == "success"
+    committed = ledger.list_batches(name, [BatchState.COMMITTED], newest_first=False)
+    assert [b.output_records for b in committed] == [120, 120]
+    assert_exactly_once(sent, values_of(output))
+    assert_ranges_tile(ledger, name)
