@@ -93,7 +93,7 @@ test-unit: python-deps
 
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
-	PYTHONPATH=. $(PY) benchmarks/bench_kafka_guarantees.py
+	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \

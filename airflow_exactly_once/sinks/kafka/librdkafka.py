@@ -16,7 +16,6 @@ letting every batch time out. Read off confluent-kafka 2.16.1 / librdkafka 2.16.
 
 from __future__ import annotations
 
-import gc
 import time
 from typing import Any, Callable
 
@@ -86,21 +85,13 @@ def transaction_error(exc: BaseException, what: str) -> KafkaTransactionError:
                                  retriable=bool(error.retriable()) and not error.fatal())
 
 
-def _describe(admin_settings: dict[str, Any], transactional_id: str) -> Any:
-    admin = KafkaAdminClient(**admin_settings)
-    try:
-        return admin.describe_transactions([transactional_id])[transactional_id]
-    finally:
-        admin.close()
-
-
-def describe_open(admin_settings: dict[str, Any], transactional_id: str, timeout_s: float = 30.0) -> TransactionHandle:
+def describe_open(admin: KafkaAdminClient, transactional_id: str, timeout_s: float = 30.0) -> TransactionHandle:
     """The coordinator's view of an open transaction, as the handle that commits it later."""
     deadline = time.monotonic() + timeout_s
-    described = _describe(admin_settings, transactional_id)
+    described = admin.describe_transactions([transactional_id])[transactional_id]
     while described.state.value == "Empty" and time.monotonic() < deadline:
         time.sleep(0.1)  # the coordinator has not seen the first AddPartitionsToTxn yet
-        described = _describe(admin_settings, transactional_id)
+        described = admin.describe_transactions([transactional_id])[transactional_id]
     if described.state.value != "Ongoing":
         raise KafkaTransactionError(f"transaction {transactional_id!r} is {described.state.value} after its records "
                                     "were flushed, not Ongoing", retriable=True)
@@ -114,10 +105,13 @@ def release_keeping_transaction(holder: list[confluent_kafka.Producer], admin_se
 
     Returns the transaction's handle. Raises ReleaseEndedTransaction if releasing ended it.
     """
-    handle = describe_open(admin_settings, transactional_id)
-    holder.clear()  # the last reference: the producer is destroyed, without close() (which aborts)
-    gc.collect()
-    after = _describe(admin_settings, transactional_id)
+    admin = KafkaAdminClient(**admin_settings)
+    try:
+        handle = describe_open(admin, transactional_id)
+        holder.clear()  # the last reference: the producer is destroyed now, without close() (which aborts)
+        after = admin.describe_transactions([transactional_id])[transactional_id]
+    finally:
+        admin.close()
     if (after.state.value, after.producer_id, after.producer_epoch) != ("Ongoing", handle.producer_id, handle.epoch):
         raise ReleaseEndedTransaction(
             f"confluent-kafka {confluent_kafka.version()[0]} ended transaction {transactional_id!r} when its producer "

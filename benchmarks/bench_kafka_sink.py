@@ -1,0 +1,162 @@
+"""Kafka -> Kafka: the exactly-once sink (three guarantees) against Spark's own Kafka writer, in one run.
+
+A local broker (or --bootstrap), one input topic of --records records of --size bytes, then in
+rounds that rotate which contender goes first (JVM warm-up, page cache), each contender
+writes the *same* offset range to a fresh output topic with as many partitions as the input:
+
+* `spark`: Spark's own batch writer, `df.write.format("kafka")` of Spark's own Kafka read of
+  the range (what a user without this package would write: at least once, no transaction);
+* `EXACTLY_ONCE`, `AT_LEAST_ONCE`, `NONE`: this package's write step (claim, Spark reads the
+  range, the sink writes, PREPARED) plus notify_complete (the commit).
+
+Throughput = records / seconds of the write (+ commit). Prints every round, the median of the
+rounds per contender, its ratio to Spark's writer, and the load average before and after.
+
+    PYTHONPATH=. python benchmarks/bench_kafka_sink.py                  # 1,000,000 x 100 bytes, 3 rounds
+    PYTHONPATH=. python benchmarks/bench_kafka_sink.py --records 100000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.planning import plan_batch
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.spark.job import kafka_read_options, run_write
+from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+from devtools.kafka_broker import LocalKafkaBroker
+from devtools.maven import use_prefetched_connector
+
+CONTENDERS = ("spark", "EXACTLY_ONCE", "AT_LEAST_ONCE", "NONE")
+
+
+def produce_input(bootstrap: str, topic: str, records: int, size: int, partitions: int) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256 * 1024,
+                             enable_idempotence=False)
+    for i in range(records):
+        key = str(i).encode()
+        producer.send(topic, key=key, value=key.rjust(size, b"x"), partition=i % partitions)
+    producer.flush()
+    producer.close()
+
+
+def records_in(bootstrap: str, topic: str) -> int:
+    """Records visible under read_committed (end offsets, minus nothing: used for plain topics only)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        return sum(consumer.end_offsets(tps).values())
+    finally:
+        consumer.close()
+
+
+def new_topic(bootstrap: str, name: str, partitions: int) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        admin.close()
+    return name
+
+
+def passthrough(df):
+    return df.select("key", "value")
+
+
+def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, workdir: Path) -> dict:
+    name = f"bench-{guarantee.lower().replace('_', '-')}-{uuid.uuid4().hex[:6]}"
+    output = new_topic(bootstrap, f"{name}-out", partitions)
+    config = PipelineConfig(pipeline_id=name, topics=[source], bootstrap_servers=bootstrap, guarantee=guarantee,
+                            sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}).validate()
+    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{workdir / name}.db"), create_sink(config.sink))
+    batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), "bench").batch.id
+    started = time.perf_counter()
+    summary = run_write(spark, coordinator, batch_id, transform=passthrough)
+    written = time.perf_counter()
+    coordinator.commit(batch_id)
+    committed = time.perf_counter()
+    return {"contender": guarantee, "records": summary["output_records"], "write_s": written - started,
+            "commit_s": committed - written, "seconds": committed - started}
+
+
+def spark_writer(spark, bootstrap: str, source: str, range_batch, config, partitions: int) -> dict:
+    output = new_topic(bootstrap, f"bench-spark-{uuid.uuid4().hex[:6]}", partitions)
+    options = kafka_read_options(range_batch, config)
+    options.pop("kafka.isolation.level")  # Spark's default read
+    started = time.perf_counter()
+    (spark.read.format("kafka").options(**options).load().select("key", "value")
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", output).save())
+    seconds = time.perf_counter() - started
+    return {"contender": "spark", "records": records_in(bootstrap, output), "write_s": seconds, "commit_s": 0.0,
+            "seconds": seconds}
+
+
+def main() -> None:
+    use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="bytes per record value")
+    parser.add_argument("--partitions", type=int, default=4, help="input and output partitions")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (each contender once per round, rotated)")
+    parser.add_argument("--bootstrap", help="an existing broker; default: start a local one")
+    parser.add_argument("--spark-master", default="local[*]")
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-kafka-sink-"))
+    broker = None if args.bootstrap else LocalKafkaBroker(workdir / "kafka").start()
+    bootstrap = args.bootstrap or broker.bootstrap_servers
+    spark = build_spark_session("bench-kafka-sink", {"spark.master": args.spark_master})
+    try:
+        source = new_topic(bootstrap, f"bench-in-{uuid.uuid4().hex[:6]}", args.partitions)
+        print(f"producing {args.records:,} records of {args.size} bytes into {source} ...", flush=True)
+        produce_input(bootstrap, source, args.records, args.size, args.partitions)
+        # The range every contender writes: the whole input, as the exactly-once plan fixes it.
+        reference = PipelineConfig(pipeline_id="bench-range", topics=[source], bootstrap_servers=bootstrap,
+                                   sink={"type": "parquet", "path": str(workdir / "unused")}).validate()
+        range_batch = plan_batch(BatchCoordinator(reference, Ledger(f"sqlite:///{workdir}/range.db"),
+                                                  create_sink(reference.sink)),
+                                 lambda: KafkaOffsetSource(reference.kafka()), "range").batch
+        rounds = []
+        for n in range(args.repeats):
+            for contender in CONTENDERS[n % 4:] + CONTENDERS[:n % 4]:
+                if contender == "spark":
+                    result = spark_writer(spark, bootstrap, source, range_batch, reference, args.partitions)
+                else:
+                    result = ours(spark, bootstrap, source, contender, args.partitions, workdir)
+                result["records_per_s"] = result["records"] / result["seconds"]
+                print(f"round {n + 1} {contender:<14} write {result['write_s']:7.2f} s  commit "
+                      f"{result['commit_s']:5.2f} s  {result['records']:>9,} records  "
+                      f"{result['records_per_s']:>9,.0f} records/s", flush=True)
+                rounds.append(result)
+    finally:
+        stop_spark(spark)
+        if broker is not None:
+            broker.stop()
+
+    medians = {c: statistics.median(r["records_per_s"] for r in rounds if r["contender"] == c) for c in CONTENDERS}
+    load_after = os.getloadavg()
+    print(f"\nmedian of {args.repeats} round(s), {args.records:,} records of {args.size} bytes, {args.partitions} "
+          f"partitions, Spark {args.spark_master}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after:")
+    print(f"{'contender':<14} {'records/s':>10} {'vs Spark writer':>16}")
+    for contender in CONTENDERS:
+        print(f"{contender:<14} {medians[contender]:>10,.0f} {medians[contender] / medians['spark']:>15.2f}x")
+    print(json.dumps({"medians_records_per_s": medians, "load": [load_before, load_after], "rounds": rounds}))
+
+
+if __name__ == "__main__":
+    main()
