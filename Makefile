@@ -91,9 +91,11 @@ install-matrix: python-deps
 test-unit: python-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
+# Benchmarks print figures beside what a user would pick instead; run them alone (docs/benchmarks.md).
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
+	PYTHONPATH=. $(PY) benchmarks/bench_dag_run.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \

@@ -1,10 +1,13 @@
-"""One exactly-once micro-batch into Parquet vs Spark's own at-least-once read + write.
+"""Exactly-once micro-batches into Parquet vs Spark's own read + write, at three batch sizes, with fitted costs.
 
-Both sides read the same offset range of the same topic with the same warm local
-SparkSession and write Parquet; ours adds planning (ledger + Kafka offsets), staging and
-the atomic publish. Prints each repetition and the medians side by side.
+Both sides read the same offset range of the same topic with the same warm local SparkSession
+and write Parquet; ours adds planning (ledger + Kafka offsets), staging and the atomic publish.
+For each size (10k, 100k, 1M records by default) it runs --repeat rounds, prints each, and
+fits seconds = fixed + records x per-record cost to the medians of both sides, so the
+protocol's own cost (plan + notify_complete, and what the write adds) shows apart from
+Spark's. Prints the load average too: the machine is shared.
 
-    .venv/bin/python benchmarks/bench_parquet_batch.py [--records 100000] [--repeat 5]
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_parquet_batch.py [--sizes 10000 100000 1000000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
-from airflow_exactly_once.spark.session import build_spark_session
+from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.maven import use_prefetched_connector
 
 PARTITIONS = 3
@@ -72,46 +75,65 @@ def spark_baseline(spark, work: Path, batch, config, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares seconds = fixed + records x per_record over (records, seconds) points."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_y - slope * mean_x, slope
+
+
 def main() -> None:
     use_prefetched_connector()  # the Kafka connector jars fetched by `make setup`
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--size", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--size", type=int, default=100, help="bytes per record value")
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
+    load_before = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="aeo-bench-"))
     broker = LocalKafkaBroker(work / "kafka").start()
+    spark = build_spark_session("bench", {"spark.master": "local[*]"})
+    spark.sparkContext.setLogLevel("ERROR")
+    medians: dict[int, dict[str, float]] = {}
     try:
-        produce(broker.bootstrap_servers, "bench", args.records, args.size)
-        spark = build_spark_session("bench", {"spark.master": "local[*]"})
-        spark.sparkContext.setLogLevel("ERROR")
-        ours, plain = [], []
-        # Warm-up of both paths (JIT, connector class loading), not measured.
-        warm = exactly_once_batch(spark, work, broker.bootstrap_servers, "bench", 0)
-        spark_baseline(spark, work, warm["_batch"], warm["_config"], 0)
-        for n in range(1, args.repeat + 1):
-            result = exactly_once_batch(spark, work, broker.bootstrap_servers, "bench", n)
-            baseline = spark_baseline(spark, work, result["_batch"], result["_config"], n)
-            ours.append(result)
-            plain.append(baseline)
-            print(f"rep {n}: exactly-once plan={result['plan']:.3f}s write={result['write']:.3f}s "
-                  f"notify_complete={result['notify_complete']:.3f}s total={result['total']:.3f}s | "
-                  f"spark at-least-once read+write={baseline:.3f}s", flush=True)
-        spark.stop()
-        med = {k: statistics.median(r[k] for r in ours) for k in ("plan", "write", "notify_complete", "total")}
-        base = statistics.median(plain)
-        print(f"\n{args.records} records x {args.size} bytes, {PARTITIONS} partitions, local[*], "
-              f"median of {args.repeat}:")
-        print(f"  {'step':<34}{'seconds':>9}")
-        for key in ("plan", "write", "notify_complete", "total"):
-            print(f"  exactly-once {key:<21}{med[key]:>9.3f}")
-        print(f"  spark read+write (at-least-once) {base:>9.3f}")
-        print(f"  ratio exactly-once total / baseline: {med['total'] / base:.2f}x "
-              f"(write step alone: {med['write'] / base:.2f}x)")
+        for records in args.sizes:
+            topic = f"bench-{records}"
+            produce(broker.bootstrap_servers, topic, records, args.size)
+            # Warm-up of both paths (JIT, connector class loading), not measured.
+            warm = exactly_once_batch(spark, work, broker.bootstrap_servers, topic, records * 10)
+            spark_baseline(spark, work, warm["_batch"], warm["_config"], records * 10)
+            ours, plain = [], []
+            for n in range(1, args.repeat + 1):
+                result = exactly_once_batch(spark, work, broker.bootstrap_servers, topic, records * 10 + n)
+                baseline = spark_baseline(spark, work, result["_batch"], result["_config"], records * 10 + n)
+                ours.append(result)
+                plain.append(baseline)
+                print(f"{records:>9,} records, round {n}: exactly-once plan={result['plan']:.3f}s "
+                      f"write={result['write']:.3f}s notify_complete={result['notify_complete']:.3f}s "
+                      f"total={result['total']:.3f}s | spark read+write={baseline:.3f}s", flush=True)
+            medians[records] = {k: statistics.median(r[k] for r in ours)
+                                for k in ("plan", "write", "notify_complete", "total")}
+            medians[records]["spark"] = statistics.median(plain)
     finally:
+        stop_spark(spark)
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
+    load_after = os.getloadavg()
+
+    print(f"\nmedians of {args.repeat} rounds (seconds), {args.size}-byte records, {PARTITIONS} partitions, local[*]; "
+          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after:")
+    print(f"{'records':>10} {'plan':>7} {'write':>7} {'notify':>7} {'ours':>7} {'spark':>7} {'ratio':>6}")
+    for records, m in medians.items():
+        print(f"{records:>10,} {m['plan']:>7.3f} {m['write']:>7.3f} {m['notify_complete']:>7.3f} {m['total']:>7.3f} "
+              f"{m['spark']:>7.3f} {m['total'] / m['spark']:>5.2f}x")
+    for label, key in (("exactly-once (plan + write + notify_complete)", "total"), ("Spark read + write", "spark")):
+        fixed, per_record = fit([(r, m[key]) for r, m in medians.items()])
+        print(f"{label:<46} fixed {fixed:6.3f} s, {per_record * 1e6:6.3f} s per million records")
+    protocol = [m["plan"] + m["notify_complete"] for m in medians.values()]
+    print(f"protocol steps (plan + notify_complete): {min(protocol):.3f} to {max(protocol):.3f} s per batch")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ by the task group); `__init__` only stores them and every operator does its I/O 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
@@ -196,11 +197,14 @@ class WriteBatchOperator(_BatchStepOperator):
             summary = self._remote(ClusterWrite(coordinator, self.ledger_hook().get_url(), self.spark_conn_id,
                                                 self.spark_conf, self.transform, self.log), batch_id)
         else:
+            started = time.monotonic()
             spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf)
+            session_s = time.monotonic() - started
             try:
                 summary = run_write(spark, coordinator, batch_id, transform=self.transform)
             finally:
                 stop_spark(spark)
+            summary["seconds"] = {"spark_session": round(session_s, 3), "total": round(time.monotonic() - started, 3)}
         self.log.info("write: %s", json.dumps(summary))
         return summary
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import socket
 import tempfile
+import time
 from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
@@ -137,7 +138,9 @@ class ConnectWrite:
         self.tag: str | None = None
 
     def run(self, batch_id: BatchId) -> dict[str, Any]:
+        started = time.monotonic()
         self.spark = open_session(self.url)
+        session_s = time.monotonic() - started
         self.tag = f"aeo-{batch_id.pipeline_id}-{batch_id.seq}"
         watch = FenceWatch(self.coordinator.ledger, batch_id, on_fenced=lambda _reason: self.kill())
         try:
@@ -145,8 +148,10 @@ class ConnectWrite:
             with tempfile.TemporaryDirectory(prefix="exactly-once-connect-") as folder:
                 name = self.transform if isinstance(self.transform, str) else None
                 self.spark.addArtifacts(str(build_bundle(folder, name).py_files), pyfile=True)
-            return run_write(self.spark, self.coordinator, batch_id, transform=self.transform,
-                             on_claimed=lambda claimed: self._claimed(claimed, watch))
+            summary = run_write(self.spark, self.coordinator, batch_id, transform=self.transform,
+                                on_claimed=lambda claimed: self._claimed(claimed, watch))
+            summary["seconds"] = {"spark_session": round(session_s, 3), "total": round(time.monotonic() - started, 3)}
+            return summary
         except Exception as exc:
             raise watch.explain(explain(exc, self.url)) from exc
         finally:

@@ -1,0 +1,5 @@
+"""Transforms of the benchmark DAGs (a module of the DAG folder, so a Spark Connect session can import it)."""
+
+
+def rows(df):
+    return df.selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "partition", "offset")
