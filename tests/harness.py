@@ -19,7 +19,7 @@ from airflow_exactly_once.core.planning import PlanOutcome, plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.sink import Committable, RunWriters
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sinks.parquet import ParquetSink, StagedFolder
 
 
@@ -71,7 +71,13 @@ class FakeSource:
 
 
 class MarkerSink(ParquetSink):
-    """A Parquet sink whose stage writes a marker file instead of running Spark (unit tests)."""
+    """A Parquet sink whose stage writes a marker file instead of running Spark (unit tests).
+
+    Use it as `Pipe(..., sink_factory=MarkerSink.of)`."""
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> "MarkerSink":
+        return cls(config.sink)
 
     def stage(self, frame, batch, run_writers):
         staging = self.staging_dir(batch)
@@ -90,11 +96,11 @@ class Pipe:
     ledger: Ledger
     source_factory: Callable[[], Any]
     run_writers: RunWriters = no_spark
-    sink_factory: Callable[[dict], Any] = create_sink
+    sink_factory: Callable[[PipelineConfig], Any] = pipeline_sink
     coordinator: BatchCoordinator = field(init=False)
 
     def __post_init__(self) -> None:
-        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config.sink))
+        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config))
 
     @property
     def sink(self):
@@ -102,7 +108,7 @@ class Pipe:
 
     def new_coordinator(self) -> BatchCoordinator:
         """Another process's view (a retried task, the next run): same ledger, new sink object."""
-        return BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config.sink))
+        return BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config))
 
     def plan(self, run_id: str, interval: tuple[int, int] | None = None) -> PlanOutcome:
         return plan_batch(self.coordinator, self.source_factory, run_id, interval)

@@ -34,7 +34,7 @@ from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
@@ -172,7 +172,8 @@ def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
         rows.append({"seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
                      "interval": f"{iso(interval[0])}..{iso(interval[1])}" if interval else "-",
                      "offsets": batch.offset_span, "in": _dash(batch.input_records),
-                     "out": _dash(batch.output_records), "updated": _time(batch.updated_at)})
+                     "out": _dash(batch.output_records), "bad": _dash(_bad(batch)),
+                     "updated": _time(batch.updated_at)})
     _print(args, rows)
     return 0
 
@@ -193,7 +194,8 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
     if interval:
         print(f"interval: {iso(interval[0])} .. {iso(interval[1])}")
     print(f"created:  {_time(batch.created_at)}   updated: {_time(batch.updated_at)}")
-    print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written")
+    print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written"
+          + (f", {_bad(batch)} bad ({batch.details['bad_records']['policy']})" if _bad(batch) else ""))
     print("ranges:")
     for r in batch.ranges:
         print(f"  {r.topic}[{r.partition}]  {r.start}..{r.end}  ({r.size} offsets)")
@@ -267,7 +269,7 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
     reason = what + (f": {args.reason}" if args.reason else "")
     done: list[str] = []
     if args.execute:
-        done = apply_rewind(ledger, create_sink(config.sink), plan, reason)
+        done = apply_rewind(ledger, pipeline_sink(config), plan, reason)
     if args.json:
         print(json.dumps({"pipeline": pid, "executed": args.execute, "reason": reason,
                           "moves": {f"{t}:{p}": list(m) for (t, p), m in plan.moves.items()},
@@ -315,6 +317,11 @@ def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any
             "input_records": batch.input_records, "output_records": batch.output_records,
             "handles": batch.handles, "details": batch.details, "error": batch.error,
             "created_at": _time(batch.created_at), "updated_at": _time(batch.updated_at)}
+
+
+def _bad(batch: Batch) -> int | None:
+    """The batch's bad records (decoding failures and records the transform marked), if it counted any."""
+    return (batch.details.get("bad_records") or {}).get("count")
 
 
 def _time(value: Any) -> str:

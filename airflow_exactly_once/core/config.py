@@ -28,6 +28,8 @@ GUARANTEES = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 # interval: each run reads the records of its Airflow data interval (by record timestamp).
 RANGE_MODES = ("continuation", "interval")
 INTERVAL_RERUNS = ("noop", "replace")
+VALUE_FORMATS = ("json", "avro", "string", "bytes")
+BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -79,6 +81,20 @@ class PipelineConfig:
                                                "interval (each run reads its data interval).")
     interval_rerun: str = argument("noop", "range_mode='interval': re-running a processed interval is a recorded "
                                            "no-op (noop) or replaces its output (replace).")
+    value_format: str | None = argument(None, "Decode the Kafka value before the transform: json or avro (with "
+                                              "value_schema), string or bytes; None hands the transform Kafka's "
+                                              "raw columns.")
+    value_schema: Any = argument(None, "value_format json: a Spark DDL string or StructType; avro: the Avro schema "
+                                       "(JSON). A value that does not decode under it is a bad record.",
+                                 templated=False)
+    bad_record_policy: str = argument("fail", "What a bad record does: fail (the batch fails, naming it), "
+                                              "dead_letter (it goes to the dead-letter destination in the same "
+                                              "commit) or skip (counted and recorded, not written).")
+    dead_letter: dict[str, Any] | None = argument(None, "Where dead letters go: a sink spec ({'type': 'kafka', "
+                                                        "'topic': 'orders_dlq'}); default: beside the output "
+                                                        "(a _dead_letter folder, a <table>_dead_letter table).")
+    max_bad_records: int | float | None = argument(None, "Fail the batch when it has more bad records than this "
+                                                         "(a count, or a fraction below 1), whatever the policy.")
     # Where bootstrap_servers came from, for error messages (set by the operators; not an argument).
     kafka_origin: str = field(default="bootstrap_servers", metadata={"argument": False})
 
@@ -97,6 +113,7 @@ class PipelineConfig:
                                      ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
                                      ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES),
                                      ("range_mode", self.range_mode, RANGE_MODES),
+                                     ("bad_record_policy", self.bad_record_policy, BAD_RECORD_POLICIES),
                                      ("interval_rerun", self.interval_rerun, INTERVAL_RERUNS)):
             if value not in allowed:
                 raise ConfigurationError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
@@ -106,6 +123,7 @@ class PipelineConfig:
         if not isinstance(self.sink, dict) or "type" not in self.sink:
             raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
         self._fold_guarantee()
+        self._validate_decoding()
         if self.mirror_consumer_group is not None and not (isinstance(self.mirror_consumer_group, str)
                                                            and self.mirror_consumer_group.strip()):
             raise ConfigurationError("mirror_consumer_group must be a consumer group id (a non-empty string), "
@@ -113,6 +131,31 @@ class PipelineConfig:
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
+
+    def _validate_decoding(self) -> None:
+        """value_format needs its schema; bad-record settings must make sense together."""
+        if self.value_format is not None and self.value_format not in VALUE_FORMATS:
+            raise ConfigurationError(f"value_format={self.value_format!r} is not supported; choose one of "
+                                     f"{', '.join(VALUE_FORMATS)}, or None for Kafka's raw columns")
+        if self.value_format in ("json", "avro") and not self.value_schema:
+            example = "'id BIGINT, name STRING'" if self.value_format == "json" else "an Avro record schema (JSON)"
+            raise ConfigurationError(f"value_format={self.value_format!r} needs value_schema, e.g. {example}: a value "
+                                     "that does not decode under it is a bad record")
+        if self.value_schema is not None and self.value_format not in ("json", "avro"):
+            raise ConfigurationError("value_schema is only used with value_format='json' or 'avro'")
+        if self.value_schema is not None and not isinstance(self.value_schema, str):
+            self.value_schema = self.value_schema.simpleString() if hasattr(self.value_schema, "simpleString") \
+                else str(self.value_schema)  # a StructType is stored as its DDL
+        if self.dead_letter is not None and self.bad_record_policy != "dead_letter":
+            raise ConfigurationError("dead_letter is only used with bad_record_policy='dead_letter'")
+        if self.dead_letter is not None and (not isinstance(self.dead_letter, dict) or "type" not in self.dead_letter):
+            raise ConfigurationError("dead_letter must be a sink spec with a 'type', e.g. {'type': 'kafka', "
+                                     "'topic': 'orders_dlq'}")
+        limit = self.max_bad_records
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0
+                                  or (isinstance(limit, float) and limit >= 1)):
+            raise ConfigurationError(f"max_bad_records={limit!r}: give a count (an int >= 0) or a fraction "
+                                     "(a float below 1, e.g. 0.01 for 1%)")
 
     def _fold_guarantee(self) -> None:
         """`guarantee=` is the old spelling of the sink's own setting: move it into the sink spec.
@@ -202,6 +245,8 @@ class PipelineConfig:
     def fingerprint(self) -> str:
         """Changes when what the pipeline reads, transforms or writes changes."""
         relevant = {"topics": sorted(self.topics), "sink": self.sink, "transform": self.transform}
+        if self.value_format is not None:  # added later: pipelines without decoding keep their fingerprint
+            relevant.update(value_format=self.value_format, value_schema=self.value_schema)
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
 
 

@@ -55,6 +55,10 @@ class TransformError(ExactlyOnceError):
     """The user's transform raised or returned something other than a DataFrame."""
 
 
+class BadRecordsError(ExactlyOnceError):
+    """A batch holds records its bad_record_policy (or max_bad_records) does not let through."""
+
+
 class SinkError(ExactlyOnceError):
     """The sink rejected the output or could not commit it."""
 

@@ -21,6 +21,7 @@ POINTS = (
     "write.after_stage",  # output staged, batch not yet PREPARED
     "write.after_prepare",  # batch PREPARED, write task not yet finished
     "notify.before_sink_commit",  # batch PREPARED, sink not yet committed
+    "notify.after_dead_letter_commit",  # dead letters published, the output not yet
     "notify.after_sink_commit",  # sink output published, ledger not yet COMMITTED
     "notify.after_ledger",  # batch COMMITTED, notify task not yet finished
 )

@@ -387,10 +387,15 @@ class Ledger:
             return self._load(conn, batch_id)
 
     def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
-                      input_records: int | None, output_records: int | None) -> Batch:
+                      input_records: int | None, output_records: int | None,
+                      details: dict[str, Any] | None = None) -> Batch:
+        """PLANNED -> PREPARED by the attempt holding `epoch`; `details` are merged into the batch's."""
         with self.engine.begin() as conn:
-            self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch,
-                            handles=dumps(handles), input_records=input_records, output_records=output_records)
+            values: dict[str, Any] = {"handles": dumps(handles), "input_records": input_records,
+                                      "output_records": output_records}
+            if details:
+                values["details"] = dumps({**self._require(conn, batch_id).details, **details})
+            self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
             return self._load(conn, batch_id)
 
     def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:

@@ -72,12 +72,16 @@ class BatchCoordinator:
         return claimed
 
     def prepare(self, batch: Batch, committable: Committable, input_records: int | None,
-                output_records: int | None) -> Batch:
-        """The sink staged the output: record its committable, the batch is PREPARED (or this attempt fenced)."""
+                output_records: int | None, details: dict | None = None) -> Batch:
+        """The sink staged the output: record its committable, the batch is PREPARED (or this attempt fenced).
+
+        `details` (e.g. the batch's bad-record counts) are kept with the batch in the same transaction.
+        """
         fault_point("write.after_stage")
         handles = {**committable.to_handles(), "records": output_records}
         try:
-            prepared = self.ledger.mark_prepared(batch.id, batch.epoch, handles, input_records, output_records)
+            prepared = self.ledger.mark_prepared(batch.id, batch.epoch, handles, input_records, output_records,
+                                                 details=details)
         except FencedError:
             log.warning("this write attempt was fenced; discarding its staged output")
             self.sink.abort(batch, committable)
@@ -113,6 +117,12 @@ class BatchCoordinator:
             ) from exc
         fault_point("notify.after_sink_commit")
         changed = self.ledger.mark_committed(batch_id, retracts=[replaced.seq] if replaced is not None else [])
+        bad = batch.details.get("bad_records")
+        if changed and bad and bad.get("policy") == "skip":  # skipped records are recorded once, when they count
+            first = ", ".join(f"{r['topic']}[{r['partition']}]@{r['offset']}" for r in bad.get("first", []))
+            self.ledger.record_event(self.pipeline_id, batch.seq, "bad-records-skipped",
+                                     f"{bad['count']} bad record(s) skipped by bad_record_policy='skip' "
+                                     f"(first: {first}); they are not in the output")
         fault_point("notify.after_ledger")
         return f"{outcome}; batch {batch_id} {'COMMITTED' if changed else 'was already COMMITTED'}"
 

@@ -106,7 +106,26 @@ class Sink(ABC):
         `batch.epoch` identifies the attempt (each write attempt claims the batch anew).
         """
 
+    def stage_batch(self, good: Any, bad: Any | None, batch: Batch, run_writers: RunWriters) -> Committable:
+        """Stage a batch's good records, and its bad ones if the sink has a dead-letter destination
+        (core.dead_letter.SinkWithDeadLetters); a plain sink never receives bad records."""
+        if bad is not None:
+            raise ValueError(f"the {self.name} sink has no dead-letter destination for bad records")
+        return self.stage(good, batch, run_writers)
+
+    def shape_dead_letters(self, frame: Any) -> Any:
+        """Dead-letter records (core.bad_records.DEAD_LETTER_COLUMNS) as this sink writes them, when it is a
+        pipeline's dead-letter destination."""
+        return frame
+
     # -- the committer (notify_complete, abort, recovery, rewinds) -------------------
+
+    def verify_staged(self, batch: Batch, committable: Committable) -> None:
+        """Raise TransactionLostError if the staged output is gone, without committing anything.
+
+        Lets a commit of several sinks (output and dead letters) find a loss before any of them
+        becomes visible; a sink without a cheap check relies on its commit finding it.
+        """
 
     def committable(self, handles: Handles | None) -> Committable | None:
         """The committable stored as a batch's handles (None when the batch recorded none)."""

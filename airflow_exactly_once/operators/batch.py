@@ -25,7 +25,7 @@ from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.cluster import ClusterWrite
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import ConnectWrite
@@ -73,7 +73,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        return BatchCoordinator(config, self.ledger_hook().get_conn(), create_sink(config.sink))
+        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config))
 
     def execute(self, context) -> Any:
         try:

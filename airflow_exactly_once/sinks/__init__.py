@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from airflow_exactly_once.core.bad_records import dead_letter_spec
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.sink import Sink
 
@@ -26,3 +29,12 @@ def create_sink(spec: dict[str, Any]) -> Sink:
         raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SINK_TYPES))}")
     module, _, name = SINK_TYPES[kind].partition(":")
     return getattr(importlib.import_module(module), name)(spec)
+
+
+def pipeline_sink(config: PipelineConfig) -> Sink:
+    """The sink of a pipeline: its output sink, paired with its dead-letter destination under
+    bad_record_policy="dead_letter"."""
+    output = create_sink(config.sink)
+    if config.bad_record_policy != "dead_letter":
+        return output
+    return SinkWithDeadLetters(output, create_sink(dead_letter_spec(config)))

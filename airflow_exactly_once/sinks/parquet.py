@@ -101,16 +101,19 @@ class ParquetSink(Sink):
         files = tuple(sorted(p.name for p in staging.glob("*.parquet")))
         return StagedFolder(str(staging), str(self.final_dir(batch)), files)
 
+    def verify_staged(self, batch: Batch, committable: StagedFolder) -> None:
+        if not Path(committable.final).exists() and not Path(committable.staging).exists():
+            raise TransactionLostError(f"the staged output {committable.staging} of batch {batch.seq} is gone and "
+                                       "was never published")
+
     def commit(self, batch: Batch, committable: StagedFolder) -> str:
+        self.verify_staged(batch, committable)
         staging, final = Path(committable.staging), Path(committable.final)
         if final.exists():
             outcome = "output was already published"
-        elif staging.exists():
+        else:
             os.rename(staging, final)  # atomic: readers see all of the batch or none of it
             outcome = f"published {final.name}"
-        else:
-            raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
-                                       "published")
         self._write_manifest(batch, committable)
         self._remove_staging(batch)  # leftovers of attempts that were fenced or killed
         return outcome
@@ -136,10 +139,7 @@ class ParquetSink(Sink):
 
     def commit_replacing(self, batch: Batch, committable: StagedFolder, replaced: Batch) -> str:
         """Hide the old batch, then publish the new one: readers never see both at once."""
-        staging, final = Path(committable.staging), Path(committable.final)
-        if not final.exists() and not staging.exists():
-            raise TransactionLostError(f"the staged output {staging} of batch {batch.seq} is gone and was never "
-                                       "published")
+        self.verify_staged(batch, committable)
         withdrawn = self.retract(replaced, None)
         return f"{withdrawn}; {self.commit(batch, committable)} in its place"
 

@@ -11,8 +11,10 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
+from airflow_exactly_once.core.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import (
     ConfigurationError,
@@ -25,7 +27,8 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.write_report import record_failure
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.spark import records
 from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.parent_death import die_with_parent
@@ -38,6 +41,7 @@ LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 # The settings the ledger does not store (PipelineConfig.secrets()), likewise.
 SECRETS_ENV = "AIRFLOW_EXACTLY_ONCE_SECRETS"
 EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
+FIRST_BAD = 5  # bad records named in an error or kept in the ledger
 
 
 def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
@@ -85,13 +89,13 @@ def apply_transform(transform, frame):
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
               on_claimed: Callable[[Batch], None] | None = None) -> dict[str, Any]:
-    """Claim, read, transform, pre-commit, mark PREPARED. Returns a summary for the task log.
+    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns a summary for the task log.
 
-    `on_claimed` sees the claimed batch (its epoch) before any data is read.
+    `on_claimed` sees the claimed batch (its epoch) before any data is read. Without decoding
+    and without records marked bad by the transform, the output is staged straight away (the
+    record counts come from observations); otherwise bad records are counted first and follow
+    the pipeline's bad_record_policy (see spark.records and core.bad_records).
     """
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
     config = coordinator.config
     batch = coordinator.claim(batch_id)
     if batch is None:
@@ -101,20 +105,104 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     if on_claimed is not None:
         on_claimed(batch)
     transform = resolve_transform(transform if transform is not None else config.transform)
-    seen_in, seen_out = Observation("input"), Observation("output")
-    source = read_batch(spark, batch, config).observe(seen_in, F.count(F.lit(1)).alias("records"))
-    output = apply_transform(transform, source).observe(seen_out, F.count(F.lit(1)).alias("records"))
     try:
-        committable = coordinator.sink.stage(output, batch, run_partition_writers)
+        staged = _stage(spark, coordinator, batch, transform)
     except Exception as exc:
         raise _explain_spark_failure(exc, config) from exc
-    # None when Spark did not report it: Spark Connect returns only the outermost observation of a
-    # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
-    input_records = seen_in.get.get("records")
-    output_records = seen_out.get.get("records")
-    prepared = coordinator.prepare(batch, committable, input_records, output_records)
-    return {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
-            "input_records": input_records, "output_records": output_records, "attempt": f"e{batch.epoch}"}
+    prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
+                                   details=staged.details)
+    summary = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
+               "input_records": staged.input_records, "output_records": staged.output_records,
+               "attempt": f"e{batch.epoch}"}
+    if staged.details:
+        summary["bad_records"] = staged.details["bad_records"]["count"]
+    return summary
+
+
+@dataclass
+class _Staged:
+    committable: Any
+    input_records: int | None
+    output_records: int | None
+    details: dict[str, Any] | None = None
+
+
+def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _Staged:
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    config, sink = coordinator.config, coordinator.sink
+    decoded = records.decode(records.with_source(read_batch(spark, batch, config)), config)
+    checks_decoding = records.DECODE_ERROR in decoded.columns
+    if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
+        decoded = decoded.persist()
+    seen_in, seen_out = Observation("input"), Observation("output")
+    observed = decoded.observe(seen_in, F.count(F.lit(1)).alias("records"))
+    good_input = observed.filter(F.col(records.DECODE_ERROR).isNull()).drop(records.DECODE_ERROR) \
+        if checks_decoding else observed
+    output = apply_transform(transform, good_input)
+    marks = records.BAD_RECORD in output.columns
+    try:
+        if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
+            output = output.observe(seen_out, F.count(F.lit(1)).alias("records"))
+            committable = sink.stage(records.without_internal(output), batch, run_partition_writers)
+            # None when Spark did not report it: Spark Connect returns only the outermost observation of a
+            # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
+            return _Staged(committable, seen_in.get.get("records"), seen_out.get.get("records"))
+        if marks:
+            if records.SOURCE not in output.columns:
+                raise TransformError(f"the transform marks bad records ({records.BAD_RECORD}) but dropped the "
+                                     f"{records.SOURCE} column: keep it (select('*', ...) does), the dead letters "
+                                     "are made from it")
+            output = output.persist()
+        counts, good = _count(decoded, output, checks_decoding, marks)
+        check_counts(config, counts, str(batch.id))
+        bad = None
+        if counts.bad and config.bad_record_policy == "dead_letter":
+            parts = []
+            if counts.undecodable:
+                parts.append(records.dead_letters(decoded.filter(F.col(records.DECODE_ERROR).isNotNull()),
+                                                  records.DECODE_ERROR, str(batch.id), batch.pipeline_id))
+            if counts.marked_by_transform:
+                parts.append(records.dead_letters(output.filter(F.col(records.BAD_RECORD).isNotNull()),
+                                                  records.BAD_RECORD, str(batch.id), batch.pipeline_id))
+            bad = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+        good_output = output.filter(F.col(records.BAD_RECORD).isNull()) if marks else output
+        committable = sink.stage_batch(records.without_internal(good_output), bad, batch, run_partition_writers)
+        details = {"bad_records": counts.details(config.bad_record_policy)} if counts.bad else None
+        return _Staged(committable, counts.input_records, good, details)
+    finally:
+        if marks:
+            output.unpersist()
+        if checks_decoding:
+            decoded.unpersist()
+
+
+def _count(decoded, output, checks_decoding: bool, marks: bool) -> tuple[BadRecordCounts, int]:
+    """Input and bad records, the first bad ones, and the good records of the output (queries on the cache)."""
+    from pyspark.sql import functions as F
+
+    def first(frame, error: str) -> list[dict[str, Any]]:
+        rows = frame.filter(F.col(error).isNotNull()).select(
+            F.col(f"{records.SOURCE}.topic").alias("topic"), F.col(f"{records.SOURCE}.partition").alias("partition"),
+            F.col(f"{records.SOURCE}.offset").alias("offset"), F.col(error).alias("error"),
+            F.col(f"{records.SOURCE}.value").alias("value")).limit(FIRST_BAD).collect()
+        return [row.asDict() for row in rows]
+
+    if checks_decoding:
+        row = decoded.agg(F.count(F.lit(1)).alias("n"), F.count(records.DECODE_ERROR).alias("bad")).collect()[0]
+        counts = BadRecordCounts(row["n"], undecodable=row["bad"])
+        if counts.undecodable:
+            counts.first += first(decoded, records.DECODE_ERROR)
+    else:
+        counts = BadRecordCounts(decoded.count())
+    if marks:
+        row = output.agg(F.count(F.lit(1)).alias("n"), F.count(records.BAD_RECORD).alias("bad")).collect()[0]
+        counts.marked_by_transform = row["bad"]
+        if counts.marked_by_transform and len(counts.first) < FIRST_BAD:
+            counts.first += first(output, records.BAD_RECORD)[:FIRST_BAD - len(counts.first)]
+        return counts, row["n"] - row["bad"]
+    return counts, output.count()
 
 
 def lacks_kafka_connector(text: str) -> bool:
@@ -167,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                   batch_id.pipeline_id)
         return EXIT_FOR_GOOD
     config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "{}"))
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
+    coordinator = BatchCoordinator(config, ledger, pipeline_sink(config))
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()
     watch = FenceWatch(ledger, batch_id, on_fenced=lambda _reason: spark.sparkContext.cancelAllJobs())
     try:

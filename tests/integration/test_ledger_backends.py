@@ -256,8 +256,8 @@ def test_a_run_whose_write_finishes_while_another_plans_is_recovered_not_failed(
     batch first) instead of failing for good. Each run has its own ledger connection, as two tasks do."""
     config = pipeline_config(pid, ["t"], {"type": "parquet", "path": str(tmp_path / "out")})
     source = FakeSource({("t", 0): 10, ("t", 1): 10})
-    run_a = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink)
-    run_b = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink)
+    run_a = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of)
+    run_b = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of)
     a = run_a.plan("a").batch
     claimed = run_a.claim(a.id)
     staged = run_a.stage(None, claimed)

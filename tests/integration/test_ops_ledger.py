@@ -250,6 +250,6 @@ def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path
     ledger.mark_aborted(aborted.id, "write failed for good")
     apply_rewind(ledger, sink, plan_rewind(ledger, "p", {TP: 5}, output="keep"), "reprocess")
     # Replaying run-2's old range now would skip t[0] 5..9; the cleared run writes nothing instead.
-    outcome = Pipe(config, ledger, lambda: FakeSource({TP: 20, ("t", 1): 20}), sink_factory=ParquetSink).plan("run-2")
+    outcome = Pipe(config, ledger, lambda: FakeSource({TP: 20, ("t", 1): 20}), sink_factory=lambda c: ParquetSink(c.sink)).plan("run-2")
     assert outcome.action == "superseded" and "has moved from 10 to 5" in outcome.message
     assert ledger.committed_positions("p") == {TP: 5, ("t", 1): 10}

@@ -46,9 +46,9 @@ def table(dsn) -> str:
 class Pipeline(Pipe):
     """The harness on a SQLite ledger with the PostgreSQL sink: the write and commit steps without Kafka."""
 
-    def __init__(self, tmp_path, dsn: str, table: str, **sink) -> None:
+    def __init__(self, tmp_path, dsn: str, table: str, settings: dict | None = None, **sink) -> None:
         config = pipeline_config(f"pg-{uuid.uuid4().hex[:8]}", ["t"],
-                                 {"type": "postgres", "url": dsn, "table": table, **sink})
+                                 {"type": "postgres", "url": dsn, "table": table, **sink}, **(settings or {}))
         super().__init__(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({}),
                          run_writers=run_partition_writers)
         self.id = config.pipeline_id
@@ -134,6 +134,20 @@ def test_upsert_by_primary_key_last_row_wins(spark, dsn, table, tmp_path):
     pipe.coordinator.commit(second.id)
     expected = {i: f"old{i}" for i in range(10)} | {3: "second", 5: "new5", 42: "new42"}
     assert rows_of(dsn, table) == sorted(expected.items())
+    assert prepared(dsn) == []
+
+
+@pytest.mark.timeout(300)
+def test_batches_of_two_intervals_prepared_at_once_both_commit(spark, dsn, table, tmp_path):
+    """range_mode='interval': backfilled intervals run in parallel, so a batch is written while an older one is
+    PREPARED. Its prepared transactions (and their marker rows) must neither be rolled back nor block the write."""
+    pipe = Pipeline(tmp_path, dsn, table, settings={"range_mode": "interval"})
+    older = pipe.write_frame(frame(spark, [(i, f"a{i}", i, None, None, None) for i in range(10)]))
+    newer = pipe.write_frame(frame(spark, [(i, f"b{i}", i, None, None, None) for i in range(10, 20)]))
+    assert len(prepared(dsn)) == len(older.handles["gids"]) + len(newer.handles["gids"])
+    pipe.coordinator.commit(newer.id)
+    assert "COMMITTED" in pipe.coordinator.commit(older.id)
+    assert [r[0] for r in rows_of(dsn, table)] == list(range(20))
     assert prepared(dsn) == []
 
 

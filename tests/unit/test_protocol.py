@@ -21,7 +21,7 @@ def pipe(tmp_path) -> Pipe:
     source = FakeSource({("t", 0): 10, ("t", 1): 7})
     config = pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=5)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
     pipe.fake_source = source
     return pipe
 

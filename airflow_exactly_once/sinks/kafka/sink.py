@@ -27,6 +27,7 @@ from typing import Any
 
 from kafka import KafkaProducer
 
+from airflow_exactly_once.core.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError, TransformError
 from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
 from airflow_exactly_once.core.model import Batch
@@ -45,6 +46,8 @@ from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transa
 log = logging.getLogger(__name__)
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+DEAD_LETTER_HEADER_PREFIX = "aeo."
 _SPEC_KEYS = {"type", "topic", "guarantee", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
               "kafka_config", "producer_config"}
 # What the broker says of a batch's transaction before committing.
@@ -152,7 +155,7 @@ class KafkaSink(Sink):
 
     @staticmethod
     def _key_value(frame: Any) -> Any:
-        """The `key` and `value` columns as bytes, or a TransformError that says what is missing."""
+        """The `key`, `value` (and `headers`) columns as Kafka writes them, or a TransformError that says why not."""
         types = {f.name: f.dataType.simpleString() for f in frame.schema.fields}
         for name in ("value", "key"):
             if name in types and types[name] not in ("string", "binary"):
@@ -163,8 +166,19 @@ class KafkaSink(Sink):
             raise TransformError(
                 f"the kafka sink needs a 'value' column (STRING or BINARY) and optionally 'key'; the transform "
                 f"returned columns {', '.join(types) or 'none'}")
+        if "headers" in types and types["headers"] != HEADERS_TYPE:
+            raise TransformError(f"the kafka sink writes a 'headers' column of type {HEADERS_TYPE} (as Spark's Kafka "
+                                 f"writer does); the transform returned {types['headers']}")
         columns = ["CAST(key AS BINARY) AS key"] if "key" in types else []
-        return frame.selectExpr(*columns, "CAST(value AS BINARY) AS value")
+        columns += ["CAST(value AS BINARY) AS value"] + (["headers"] if "headers" in types else [])
+        return frame.selectExpr(*columns)
+
+    def shape_dead_letters(self, frame: Any) -> Any:
+        """As Kafka Connect's dead-letter queue: the original key and value, where it came from and why in headers."""
+        headers = ", ".join(f"named_struct('key', '{DEAD_LETTER_HEADER_PREFIX}{name}', 'value', "
+                            f"CAST(CAST({name} AS STRING) AS BINARY))"
+                            for name in DEAD_LETTER_COLUMNS if name not in ("key", "value"))
+        return frame.selectExpr("key", "value", f"array({headers}) AS headers")
 
     # -- notify_complete -----------------------------------------------------------
 
@@ -184,6 +198,17 @@ class KafkaSink(Sink):
             self._lost(batch, settings, reports, status, aborted)
         return (f"committed {len(reports)} Kafka transaction(s) of batch {batch.seq} ({committable.records} records) "
                 f"to {committable.topic!r}")
+
+    def verify_staged(self, batch: Batch, committable: KafkaCommittable) -> None:
+        """Every transaction of the batch still open (or committed): else the batch is lost, before any commit."""
+        if committable.guarantee != "EXACTLY_ONCE":
+            return
+        settings = self.client_settings(committable.bootstrap_servers)
+        reports = {r.transactional_id: r for r in committable.transactions}
+        status = self._states_before_commit(settings, list(reports.values()))
+        aborted = sorted(t for t, s in status.items() if s == _ABORTED)
+        if aborted:
+            self._lost(batch, settings, reports, status, aborted)
 
     def _states_before_commit(self, settings: KafkaSettings, reports: list[PartitionReport]) -> dict[str, str]:
         """Open / committed / aborted per transaction, before committing any: a batch whose

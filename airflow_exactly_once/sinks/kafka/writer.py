@@ -23,7 +23,7 @@ from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError
 
-Columns = tuple[list[Any], list[Any]]  # keys (or Nones), values of some records
+Columns = tuple[list[Any], list[Any], list[Any] | None]  # keys (or Nones), values, headers (or None) of some records
 _POLL_EVERY = 10_000
 
 
@@ -38,11 +38,15 @@ def transactional_id_pattern(prefix: str, batch_seq: int) -> str:
 
 
 def arrow_columns(batches: Iterable[Any]) -> Iterator[Columns]:
-    """(keys, values) of Arrow batches with a `value` and an optional `key` column (both binary)."""
+    """(keys, values, headers) of Arrow batches with a `value` and optional `key` and `headers` columns."""
     for batch in batches:
         values = batch.column("value").to_pylist()
         keys = batch.column("key").to_pylist() if "key" in batch.schema.names else [None] * len(values)
-        yield keys, values
+        headers = None
+        if "headers" in batch.schema.names:
+            headers = [None if h is None else [(item["key"], item["value"]) for item in h]
+                       for h in batch.column("headers").to_pylist()]
+        yield keys, values, headers
 
 
 class _Deliveries:
@@ -80,7 +84,7 @@ class KafkaPartitionWriter(PartitionWriter):
     def write_records(self, partition: int, records: Iterable[tuple[Any, Any]]) -> PartitionReport:
         """The same for (key, value) pairs (tests, and callers without Arrow)."""
         pairs = list(records)
-        return self.write_columns(partition, [([k for k, _ in pairs], [v for _, v in pairs])])
+        return self.write_columns(partition, [([k for k, _ in pairs], [v for _, v in pairs], None)])
 
     def write_columns(self, partition: int, columns: Iterable[Columns]) -> PartitionReport:
         """Send the records under the sink's guarantee; the partition's report."""
@@ -105,12 +109,12 @@ class KafkaPartitionWriter(PartitionWriter):
                     f"{len(deliveries.errors)} of {count} records of partition {partition} could not be written to "
                     f"{self.topic!r}: {error.str()} ({error.name()})",
                     retriable=bool(error.retriable()) and not error.fatal())
-            if exactly_once:  # pre-commit: the transaction stays open
+            handle = None
+            if exactly_once and count:  # pre-commit: the transaction stays open
                 handle = librdkafka.release_keeping_transaction(
                     holder, self.settings.kafka_python(KafkaAdminClient), tid)
-            else:
-                holder.pop().close()
-                handle = None
+            else:  # nothing to keep open: an empty transaction is just ended
+                _give_up(holder.pop(), exactly_once)
         except BaseException:
             if holder:  # end what this attempt opened (a retry of the partition or the driver's cleanup would)
                 _give_up(holder.pop(), exactly_once)
@@ -120,11 +124,14 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def _send(self, producer: confluent_kafka.Producer, columns: Iterable[Columns]) -> int:
         produce, poll, topic, count = producer.produce, producer.poll, self.topic, 0
-        for keys, values in columns:
-            for key, value in zip(keys, values):
+        for keys, values, headers in columns:
+            for key, value, header in zip(keys, values, headers or [None] * len(values)):
                 while True:
                     try:
-                        produce(topic, value, key)
+                        if header:
+                            produce(topic, value, key, headers=header)
+                        else:
+                            produce(topic, value, key)
                         break
                     except BufferError:  # the local queue is full: let librdkafka send some
                         poll(0.05)

@@ -13,6 +13,10 @@ attempt (the ledger's claim) tells the live attempt from dead ones.
 Spec: {"type": "postgres", "conn_id": "<airflow postgres connection>" | "url": "<URL>",
        "table": "[schema.]name", "mode": "insert" | "upsert", "key_columns": [...],
        "order_by": [...], "marker_schema": "public", "writers": n, "lock_timeout_ms": 60000}
+
+Set by the pipeline, not the user, for a dead-letter table (core.bad_records): "transaction_name"
+(names its gids and markers instead of the pipeline id, so they never meet the output's) and
+"create_columns" (creates the table if it is missing).
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ class PostgresSink(Sink):
         self.writers: int | None = int(spec["writers"]) if spec.get("writers") else None
         self.lock_timeout_ms = int(spec.get("lock_timeout_ms", 60_000))
         self.page_size = int(spec.get("page_size", 1000))
+        self.transaction_name: str | None = spec.get("transaction_name")
+        self.create_columns: dict[str, str] = dict(spec.get("create_columns") or {})
         self._dsn: str | None = None
 
     @property
@@ -123,6 +129,7 @@ class PostgresSink(Sink):
         """Two-phase commit enabled, the table there, an upsert key unique; marker table created."""
         try:
             pgx.check_two_phase_supported(self.dsn)
+            self._create_table_if_missing()
             self._table_columns()
             self._upsert_key()
             pgx.ensure_marker_table(self.dsn, self.marker_schema)
@@ -139,6 +146,7 @@ class PostgresSink(Sink):
         try:
             self._rollback_dead_attempts(batch, keep_epoch=epoch)
             pgx.ensure_marker_table(self.dsn, self.marker_schema)
+            self._create_table_if_missing()
             columns = self._writable_columns(list(frame.columns))
             keys = self._upsert_key()
             slots = self._free_slots()
@@ -154,7 +162,7 @@ class PostgresSink(Sink):
         if self.order_by:
             frame = frame.sortWithinPartitions(*self.order_by)  # upsert: the last row of a key wins
         writer = PostgresPartitionWriter(
-            dsn=with_lock_timeout(self.dsn, self.lock_timeout_ms), pipeline_id=batch.pipeline_id,
+            dsn=with_lock_timeout(self.dsn, self.lock_timeout_ms), pipeline_id=self._owner(batch),
             batch_seq=batch.seq, attempt=epoch, table=self.table, columns=tuple(columns), mode=self.mode,
             key_columns=keys, marker_schema=self.marker_schema, page_size=self.page_size)
         try:
@@ -166,16 +174,17 @@ class PostgresSink(Sink):
 
     # -- notify_complete / abort ---------------------------------------------------
 
+    def verify_staged(self, batch: Batch, committable: PostgresCommittable) -> None:
+        try:
+            self._prepared_gids(batch, list(committable.gids))
+        except pgx.PostgresTransactionError as exc:
+            raise SinkError(f"postgres sink check of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
+
     def commit(self, batch: Batch, committable: PostgresCommittable) -> str:
         """COMMIT PREPARED every gid; all-or-nothing when one is found lost before any commit."""
         gids = list(committable.gids)
         try:
-            prepared = set(pgx.list_prepared(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq)))
-            committed = {m["gid"] for m in pgx.list_markers(self.dsn, batch.pipeline_id, batch.seq,
-                                                            marker_schema=self.marker_schema)}
-            lost = [g for g in gids if g not in prepared and g not in committed]
-            if lost:
-                self._on_lost(batch, gids, lost, committed)
+            prepared = self._prepared_gids(batch, gids)
             outcomes = [pgx.commit_prepared(self.dsn, g, marker_schema=self.marker_schema)
                         for g in gids if g in prepared]
             orphans = self._rollback_dead_attempts(batch, keep=gids)
@@ -201,6 +210,25 @@ class PostgresSink(Sink):
 
     # -- helpers -------------------------------------------------------------------
 
+    def _owner(self, batch: Batch) -> str:
+        """The name in this sink's gids and marker rows: the pipeline's, or the dead-letter table's."""
+        return self.transaction_name or batch.pipeline_id
+
+    def _prepared_gids(self, batch: Batch, gids: list[str]) -> set[str]:
+        """Which of `gids` are still prepared; raises when one is neither prepared nor committed."""
+        owner = self._owner(batch)
+        prepared = set(pgx.list_prepared(self.dsn, pgx.gid_prefix(owner, batch.seq)))
+        committed = {m["gid"] for m in pgx.list_markers(self.dsn, owner, batch.seq, marker_schema=self.marker_schema)}
+        lost = [g for g in gids if g not in prepared and g not in committed]
+        if lost:
+            self._on_lost(batch, gids, lost, committed)
+        return prepared
+
+    def _create_table_if_missing(self) -> None:
+        """A dead-letter table is the pipeline's to create; an output table never is."""
+        if self.create_columns:
+            pgx.create_table_if_missing(self.dsn, self.table, self.create_columns)
+
     def _on_lost(self, batch: Batch, gids: list[str], lost: list[str], committed: set[str]) -> None:
         done = [g for g in gids if g in committed]
         if done:
@@ -217,19 +245,24 @@ class PostgresSink(Sink):
     def _rollback_dead_attempts(self, batch: Batch, keep=(), keep_epoch: int | None = None) -> list[str]:
         """Roll back this pipeline's prepared gids that can no longer be committed.
 
-        Dead are: gids of older batches (by the time a batch is written or committed, every
-        older batch is COMMITTED or ABORTED: the plan step commits PREPARED batches first),
-        and gids of this batch not in `keep` and not of the live attempt `keep_epoch`.
-        Gids of newer batches are never touched.
+        Dead are: gids of this batch not in `keep` and not of the live attempt `keep_epoch`, and,
+        in range_mode "continuation", gids of older batches (by the time a batch is written or
+        committed, every older batch is COMMITTED or ABORTED: the plan step commits PREPARED
+        batches first). Batches of other data intervals ("interval") may be PREPARED at the same
+        time, so there only this batch's are touched; an older batch's are rolled back by its
+        own commit or abort. Gids of newer batches are never touched.
         """
+        older_are_done = self.pipeline is None or self.pipeline.range_mode == "continuation"
+
         def dead(gid: str) -> bool:
-            parsed = parse_gid(batch.pipeline_id, gid)
+            parsed = parse_gid(self._owner(batch), gid)
             if parsed is None:
                 return False
             seq, _, epoch = parsed
-            return seq < batch.seq or (seq == batch.seq and gid not in keep and epoch != keep_epoch)
+            return (older_are_done and seq < batch.seq) or (seq == batch.seq and gid not in keep
+                                                             and epoch != keep_epoch)
 
-        rolled_back = pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(batch.pipeline_id), dead)
+        rolled_back = pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(self._owner(batch)), dead)
         if rolled_back:
             log.info("rolled back %d prepared transaction(s) of dead attempts: %s", len(rolled_back), rolled_back)
         return rolled_back
@@ -237,11 +270,11 @@ class PostgresSink(Sink):
     def _rollback_attempt(self, batch: Batch, epoch: int) -> None:
         """After a failed write, what this attempt's partitions prepared before the failure."""
         def of_this_attempt(gid: str) -> bool:
-            parsed = parse_gid(batch.pipeline_id, gid)
+            parsed = parse_gid(self._owner(batch), gid)
             return parsed is not None and parsed[2] == epoch
 
         try:
-            pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(batch.pipeline_id, batch.seq), of_this_attempt)
+            pgx.rollback_prepared_matching(self.dsn, pgx.gid_prefix(self._owner(batch), batch.seq), of_this_attempt)
         except pgx.PostgresTransactionError as exc:
             log.warning("could not roll back this attempt's prepared transactions (%s); the next write, commit "
                         "or abort of the pipeline does", exc)

@@ -49,6 +49,7 @@ __all__ = [
     "gid_prefix",
     "check_two_phase_supported",
     "ensure_marker_table",
+    "create_table_if_missing",
     "prepare_rows",
     "commit_prepared",
     "rollback_prepared",
@@ -265,6 +266,13 @@ def ensure_marker_table(conn_or_dsn, schema: str = "public") -> None:
     transaction was idle, the DDL is committed.
     """
     def create(cur) -> None:
+        # Look first: CREATE INDEX IF NOT EXISTS locks the table before it finds the index, and
+        # would wait forever for prepared transactions holding marker rows (another batch's).
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
+                    (_marker_table(schema).as_string(cur), sql.Identifier(schema, f"{MARKER_TABLE}_batch_idx")
+                     .as_string(cur)))
+        if cur.fetchone()[0]:
+            return
         cur.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {table} ("
             " gid text PRIMARY KEY,"
@@ -277,6 +285,29 @@ def ensure_marker_table(conn_or_dsn, schema: str = "public") -> None:
         cur.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {index} ON {table} (pipeline_id, batch_seq)").format(
             index=sql.Identifier(f"{MARKER_TABLE}_batch_idx"), table=_marker_table(schema)))
 
+    _create_if_missing(conn_or_dsn, create)
+
+
+def create_table_if_missing(dsn: str, table: str, column_types: dict[str, str]) -> None:
+    """CREATE TABLE IF NOT EXISTS ``table`` with ``column_types`` ({name: SQL type}), committed."""
+    columns = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind))
+                                 for name, kind in column_types.items())
+
+    def create(cur) -> None:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", (_table_identifier(table).as_string(cur),))
+        if cur.fetchone()[0]:
+            return
+        cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_table_identifier(table), columns))
+        cur.connection.commit()
+
+    try:
+        _create_if_missing(dsn, create)
+    except psycopg2.Error as exc:
+        raise PostgresTransactionError(f"creating {table} on {describe_dsn(dsn)}: {server_message(exc)}",
+                                       retriable=is_retriable(exc)) from exc
+
+
+def _create_if_missing(conn_or_dsn, create: Callable[[Any], None]) -> None:
     for attempt in range(3):
         try:
             _with_cursor(conn_or_dsn, create)

@@ -1,0 +1,229 @@
+"""Bad records with real Kafka, real Spark and each real sink (issue 12, invariant 8).
+
+The input topic holds good JSON records and four bad ones: a truncated value, a field of the
+wrong type, a tombstone (null value) and a poison record the transform cannot compute
+(its guarded UDF raises). Each policy is driven through spark.job.run_write and the
+coordinator, as the write and notify_complete tasks do:
+
+* fail: the batch fails naming the bad records' offsets; nothing is staged, the batch stays PLANNED;
+* skip: the good records are written, the bad ones counted in the ledger and in an event;
+* dead_letter: output + dead letters hold every input offset exactly once, both invisible
+  until notify_complete commits them;
+* max_bad_records fails the batch whatever the policy.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka import KafkaProducer
+
+from airflow_exactly_once.core.errors import BadRecordsError
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.spark.job import run_write
+from airflow_exactly_once.spark.records import guarded_column
+from airflow_exactly_once.spark.runner import run_partition_writers
+from tests.conftest import PG_DATABASE
+from tests.harness import Pipe, open_ledger, pipeline_config
+from tests.helpers import create_topic, pg_query, read_parquet, staging_leftovers
+from tests.kafka_helpers import read_all
+
+GOOD = 40
+SCHEMA = "id BIGINT, amount BIGINT"
+BAD = {  # value -> why it is bad
+    b'{"id": 100, "amount"': "not JSON matching value_schema",
+    b'{"id": "abc", "amount": 3}': "not JSON matching value_schema",
+    None: "a null value (a tombstone)",
+    b'{"id": 200, "amount": 0}': "ZeroDivisionError",
+}
+
+
+def share(df):
+    """The transform: 1000 // amount, where amount 0 raises for that record only."""
+    df = guarded_column(df, "share", lambda amount: 1000 // amount, "long", "amount")
+    return df.select("id", "share", "_source", "_bad_record")
+
+
+def share_as_kafka_value(df):
+    return share(df).selectExpr("CAST(id AS STRING) AS key", "to_json(named_struct('id', id, 'share', share)) AS value",
+                                "_source", "_bad_record")
+
+
+@pytest.fixture
+def source(kafka) -> tuple[str, dict[tuple[int, int], bytes | None]]:
+    """A two-partition topic with GOOD good records and the four bad ones; {(partition, offset): value}."""
+    topic = f"bad-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.bootstrap_servers, topic, partitions=2)
+    values = [json.dumps({"id": i, "amount": i + 1}).encode() for i in range(GOOD)]
+    values[7:7] = [list(BAD)[0]]
+    values[21:21] = list(BAD)[1:3]
+    values.append(list(BAD)[3])
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    futures = [producer.send(topic, key=str(n).encode(), value=v, partition=n % 2) for n, v in enumerate(values)]
+    producer.flush()
+    producer.close()
+    sent = {}
+    for future, value in zip(futures, values):
+        meta = future.get(timeout=30)
+        sent[(meta.partition, meta.offset)] = value
+    return topic, sent
+
+
+def pipe(kafka, tmp_path: Path, topic: str, sink: dict, **settings) -> Pipe:
+    config = pipeline_config(f"{topic}-p", [topic], sink, bootstrap=kafka.bootstrap_servers, value_format="json",
+                             value_schema=SCHEMA, **settings)
+    made = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+                run_writers=run_partition_writers)
+    made.sink.check(config.pipeline_id)
+    return made
+
+
+def bad_offsets(sent) -> dict[tuple[int, int], str]:
+    return {where: BAD[value] for where, value in sent.items() if value in BAD}
+
+
+def test_fail_names_the_bad_records_and_stages_nothing(kafka, spark, tmp_path, source):
+    topic, sent = source
+    out = tmp_path / "out"
+    p = pipe(kafka, tmp_path, topic, {"type": "parquet", "path": str(out)})
+    batch_id = p.plan("run-1").batch.id
+    with pytest.raises(BadRecordsError) as caught:
+        run_write(spark, p.coordinator, batch_id, transform=share)
+    text = str(caught.value)
+    assert f"4 of {GOOD + 4} records of batch {batch_id} are bad" in text
+    assert "3 could not be decoded as json, 1 marked bad by the transform" in text
+    for (partition, offset), why in bad_offsets(sent).items():
+        assert f"{topic}[{partition}] offset {offset}: {why}" in text
+    assert caught.value.retriable is False
+    assert p.state(batch_id) is BatchState.PLANNED
+    assert read_parquet(out) == [] and staging_leftovers(out) == []
+
+
+def test_skip_writes_the_good_records_and_records_the_bad(kafka, spark, tmp_path, source):
+    topic, sent = source
+    out = tmp_path / "out"
+    p = pipe(kafka, tmp_path, topic, {"type": "parquet", "path": str(out)}, bad_record_policy="skip")
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=share)
+    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (GOOD + 4, GOOD, 4)
+    details = p.ledger.get_batch(batch_id).details["bad_records"]
+    assert (details["count"], details["undecodable"], details["marked_by_transform"]) == (4, 3, 1)
+    assert {(r["partition"], r["offset"]) for r in details["first"]} == set(bad_offsets(sent))
+    p.commit(batch_id)
+    assert sorted((r["id"], r["share"]) for r in read_parquet(out)) == [(i, 1000 // (i + 1)) for i in range(GOOD)]
+    events = [e for e in p.ledger.list_events(p.config.pipeline_id) if e["kind"] == "bad-records-skipped"]
+    assert len(events) == 1 and "4 bad record(s) skipped" in events[0]["message"]
+    p.commit(batch_id)  # again: no second event
+    assert len([e for e in p.ledger.list_events(p.config.pipeline_id) if e["kind"] == "bad-records-skipped"]) == 1
+
+
+def test_max_bad_records_fails_the_batch_whatever_the_policy(kafka, spark, tmp_path, source):
+    topic, _ = source
+    out = tmp_path / "out"
+    p = pipe(kafka, tmp_path, topic, {"type": "parquet", "path": str(out)}, bad_record_policy="dead_letter",
+             max_bad_records=0.05)
+    batch_id = p.plan("run-1").batch.id
+    with pytest.raises(BadRecordsError, match="more than max_bad_records=0.05"):
+        run_write(spark, p.coordinator, batch_id, transform=share)
+    assert p.state(batch_id) is BatchState.PLANNED
+    assert staging_leftovers(out) == [] and not (out / "_dead_letter" / "_staging").exists()
+
+
+class ParquetOutput:
+    transform = staticmethod(share)
+
+    def __init__(self, request, tmp_path: Path, topic: str) -> None:
+        self.root = tmp_path / "out"
+        self.spec, self.dead_letter = {"type": "parquet", "path": str(self.root)}, None
+
+    def output(self) -> list[int]:
+        return [r["id"] for r in read_parquet(self.root)]
+
+    def dead_letters(self) -> list[dict]:
+        return read_parquet(self.root / "_dead_letter")
+
+
+class KafkaOutput:
+    transform = staticmethod(share_as_kafka_value)
+
+    def __init__(self, request, tmp_path: Path, topic: str) -> None:
+        self.bootstrap = request.getfixturevalue("kafka").bootstrap_servers
+        self.topic, self.dlq = f"{topic}-out", f"{topic}-dlq"
+        create_topic(self.bootstrap, self.topic, partitions=2)
+        create_topic(self.bootstrap, self.dlq, partitions=1)
+        self.spec = {"type": "kafka", "topic": self.topic}
+        self.dead_letter = {"type": "kafka", "topic": self.dlq}
+
+    def output(self) -> list[int]:
+        return [json.loads(v)["id"] for v in read_all(self.bootstrap, self.topic, settle=False)]
+
+    def dead_letters(self) -> list[dict]:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, isolation_level="read_committed",
+                                 enable_auto_commit=False, consumer_timeout_ms=3000)
+        consumer.assign([TopicPartition(self.dlq, 0)])
+        consumer.seek_to_beginning()
+        records = []
+        for message in consumer:
+            headers = {k: v.decode() for k, v in message.headers}
+            records.append({"source_partition": int(headers["aeo.source_partition"]),
+                            "source_offset": int(headers["aeo.source_offset"]), "error": headers["aeo.error"],
+                            "value": message.value, "source_topic": headers["aeo.source_topic"]})
+        consumer.close()
+        return records
+
+
+class PostgresOutput:
+    transform = staticmethod(share)
+
+    def __init__(self, request, tmp_path: Path, topic: str) -> None:
+        self.dsn = request.getfixturevalue("postgres").dsn(PG_DATABASE)
+        self.table = topic.replace("-", "_")
+        pg_query(self.dsn, f"CREATE TABLE {self.table} (id bigint PRIMARY KEY, share bigint)")
+        self.spec, self.dead_letter = {"type": "postgres", "url": self.dsn, "table": self.table}, None
+
+    def output(self) -> list[int]:
+        return [r[0] for r in pg_query(self.dsn, f"SELECT id FROM {self.table}")]
+
+    def dead_letters(self) -> list[dict]:
+        exists = pg_query(self.dsn, "SELECT to_regclass(%s) IS NOT NULL", (f"{self.table}_dead_letter",))[0][0]
+        if not exists:
+            return []
+        rows = pg_query(self.dsn, f"SELECT source_topic, source_partition, source_offset, error, value "
+                                  f"FROM {self.table}_dead_letter")
+        return [{"source_topic": t, "source_partition": p, "source_offset": o, "error": e,
+                 "value": None if v is None else bytes(v)} for t, p, o, e, v in rows]
+
+
+OUTPUTS = {"parquet": ParquetOutput, "kafka": KafkaOutput, "postgres": PostgresOutput}
+
+
+@pytest.mark.parametrize("kind", sorted(OUTPUTS))
+def test_dead_letters_commit_with_the_output_and_every_record_lands_once(kafka, spark, tmp_path, source, request,
+                                                                         kind):
+    topic, sent = source
+    target = OUTPUTS[kind](request, tmp_path, topic)
+    extra = {"dead_letter": target.dead_letter} if target.dead_letter else {}
+    p = pipe(kafka, tmp_path, topic, target.spec, bad_record_policy="dead_letter", **extra)
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=target.transform)
+    assert (summary["output_records"], summary["bad_records"]) == (GOOD, 4)
+    assert target.output() == [] and target.dead_letters() == []  # pre-committed: nothing visible
+
+    p.new_coordinator().commit(batch_id)  # notify_complete, another process
+    p.new_coordinator().commit(batch_id)  # run again: idempotent
+    assert sorted(target.output()) == list(range(GOOD))
+    letters = target.dead_letters()
+    assert {(d["source_partition"], d["source_offset"]): d["value"] for d in letters} == {
+        where: value for where, value in sent.items() if value in BAD}
+    errors = {(d["source_partition"], d["source_offset"]): d["error"] for d in letters}
+    for where, why in bad_offsets(sent).items():
+        assert why in errors[where]
+    assert {d["source_topic"] for d in letters} == {topic}
+    assert len(letters) + len(target.output()) == len(sent)  # every input record exactly once
+    assert p.state(batch_id) is BatchState.COMMITTED

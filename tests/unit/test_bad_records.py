@@ -1,0 +1,164 @@
+"""Bad-record rules without Spark: settings, the policy decision, the dead-letter destination, and the
+output + dead-letter pair keeping the two-phase commit whole (core.bad_records, core.dead_letter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_exactly_once.core.bad_records import BadRecordCounts, check_counts, dead_letter_spec
+from airflow_exactly_once.core.dead_letter import SinkWithDeadLetters
+from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError, TransactionLostError
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks import pipeline_sink
+from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+
+
+def config(tmp_path: Path, **overrides):
+    return pipeline_config("orders", ["t"], {"type": "parquet", "path": str(tmp_path / "out")}, **overrides)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"value_format": "xml"}, "value_format='xml' is not supported"),
+    ({"value_format": "json"}, "needs value_schema"),
+    ({"value_format": "avro"}, "needs value_schema"),
+    ({"value_schema": "id INT"}, "only used with value_format='json' or 'avro'"),
+    ({"bad_record_policy": "ignore"}, "bad_record_policy='ignore' is not supported"),
+    ({"dead_letter": {"type": "kafka", "topic": "dlq"}}, "only used with bad_record_policy='dead_letter'"),
+    ({"bad_record_policy": "dead_letter", "dead_letter": "dlq"}, "must be a sink spec"),
+    ({"max_bad_records": -1}, "max_bad_records=-1"),
+    ({"max_bad_records": 1.5}, "a fraction"),
+    ({"max_bad_records": True}, "max_bad_records=True"),
+])
+def test_bad_settings_are_refused_with_the_fix(tmp_path, overrides, message):
+    with pytest.raises(ConfigurationError, match=message):
+        config(tmp_path, **overrides)
+
+
+def test_decoding_changes_the_fingerprint_only_when_set(tmp_path):
+    plain = config(tmp_path)
+    assert config(tmp_path, bad_record_policy="skip").fingerprint() == plain.fingerprint()
+    decoded = config(tmp_path, value_format="json", value_schema="id INT")
+    assert decoded.fingerprint() != plain.fingerprint()
+    assert config(tmp_path, value_format="json", value_schema="id BIGINT").fingerprint() != decoded.fingerprint()
+
+
+def counts(bad: int = 0, marked: int = 0, records: int = 100) -> BadRecordCounts:
+    first = [{"topic": "t", "partition": 0, "offset": 7, "error": "not JSON", "value": b'{"id": 1' + b"x" * 200}]
+    return BadRecordCounts(records, undecodable=bad, marked_by_transform=marked, first=first if bad or marked else [])
+
+
+def test_fail_names_the_first_bad_records_and_the_choices(tmp_path):
+    check_counts(config(tmp_path), counts(), "orders/1")  # no bad record: nothing to decide
+    with pytest.raises(BadRecordsError) as caught:
+        check_counts(config(tmp_path, value_format="json", value_schema="id INT"), counts(bad=2, marked=1), "orders/1")
+    text = str(caught.value)
+    assert "3 of 100 records of batch orders/1 are bad" in text and "t[0] offset 7: not JSON" in text
+    assert "could not be decoded as json" in text and "1 marked bad by the transform" in text
+    assert "..." in text and "x" * 81 not in text  # the value is cut
+    assert "bad_record_policy='dead_letter'" in text and "'skip'" in text
+    assert caught.value.retriable is False
+
+
+@pytest.mark.parametrize("policy", ["skip", "dead_letter"])
+def test_max_bad_records_trips_whatever_the_policy(tmp_path, policy):
+    for limit, bad, trips in ((5, 5, False), (5, 6, True), (0.05, 5, False), (0.05, 6, True), (0, 1, True)):
+        settings = config(tmp_path, bad_record_policy=policy, max_bad_records=limit)
+        if trips:
+            with pytest.raises(BadRecordsError, match=f"more than max_bad_records={limit!r}"):
+                check_counts(settings, counts(bad=bad), "orders/1")
+        else:
+            check_counts(settings, counts(bad=bad), "orders/1")
+
+
+def test_ledger_details_keep_counts_and_where_not_values():
+    details = counts(bad=2, marked=1).details("skip")
+    assert details["count"] == 3 and details["policy"] == "skip"
+    assert details["first"] == [{"topic": "t", "partition": 0, "offset": 7, "error": "not JSON"}]
+
+
+def test_dead_letter_destination_defaults_beside_the_output(tmp_path):
+    parquet = dead_letter_spec(config(tmp_path, bad_record_policy="dead_letter"))
+    assert parquet == {"type": "parquet", "path": f"{tmp_path}/out/_dead_letter"}
+    pg = dead_letter_spec(pipeline_config("orders", ["t"], {"type": "postgres", "conn_id": "pg", "table": "s.orders",
+                                                            "mode": "upsert"}, bad_record_policy="dead_letter"))
+    assert pg["table"] == "s.orders_dead_letter" and pg["conn_id"] == "pg" and "mode" not in pg
+    assert pg["transaction_name"] == "orders~dead-letter" and "error" in pg["create_columns"]
+    kafka_sink = {"type": "kafka", "topic": "out", "guarantee": "AT_LEAST_ONCE"}
+    with pytest.raises(ConfigurationError, match="needs a dead-letter topic"):
+        dead_letter_spec(pipeline_config("orders", ["t"], kafka_sink, bad_record_policy="dead_letter"))
+    given = dead_letter_spec(pipeline_config("orders", ["t"], kafka_sink, bad_record_policy="dead_letter",
+                                             dead_letter={"type": "kafka", "topic": "dlq"}))
+    assert given["transactional_id_prefix"] == "orders~dead-letter" and given["guarantee"] == "AT_LEAST_ONCE"
+
+
+def test_only_the_dead_letter_policy_pairs_sinks(tmp_path):
+    assert not isinstance(pipeline_sink(config(tmp_path, bad_record_policy="skip")), SinkWithDeadLetters)
+    paired = pipeline_sink(config(tmp_path, bad_record_policy="dead_letter"))
+    assert isinstance(paired, SinkWithDeadLetters) and paired.dead.root == tmp_path / "out" / "_dead_letter"
+    with pytest.raises(ValueError, match="no dead-letter destination"):
+        pipeline_sink(config(tmp_path)).stage_batch(None, object(), None, None)
+
+
+def paired_pipe(tmp_path: Path) -> Pipe:
+    settings = config(tmp_path, bad_record_policy="dead_letter")
+    ledger = open_ledger(tmp_path / "ledger.db")
+    return Pipe(settings, ledger, lambda: FakeSource({("t", 0): 10}), sink_factory=lambda c: SinkWithDeadLetters(
+        MarkerSink(c.sink), MarkerSink(dead_letter_spec(c))))
+
+
+def write_with_dead_letters(pipe: Pipe, bad: object | None = "bad rows"):
+    batch_id = pipe.plan("run-1").batch.id
+    claimed = pipe.claim(batch_id)
+    staged = pipe.sink.stage_batch("good rows", bad, claimed, pipe.run_writers)
+    pipe.coordinator.prepare(claimed, staged, 10, 9)
+    return batch_id, staged
+
+
+def test_output_and_dead_letters_commit_together_and_recover_from_the_ledger(tmp_path):
+    pipe = paired_pipe(tmp_path)
+    batch_id, staged = write_with_dead_letters(pipe)
+    stored = pipe.ledger.get_batch(batch_id).handles
+    assert stored["staging"] == staged.output.staging and stored["dead_letter"]["staging"] == staged.dead_letters.staging
+    out, dead = tmp_path / "out" / "batch_seq=1", tmp_path / "out" / "_dead_letter" / "batch_seq=1"
+    assert not out.exists() and not dead.exists()  # pre-committed: nothing visible
+    pipe.new_coordinator().commit(batch_id)  # another process: the pair is rebuilt from the handles
+    assert out.is_dir() and dead.is_dir() and pipe.state(batch_id) is BatchState.COMMITTED
+    pipe.new_coordinator().commit(batch_id)  # idempotent
+
+
+def test_a_batch_without_bad_records_stages_no_dead_letters(tmp_path):
+    pipe = paired_pipe(tmp_path)
+    batch_id, staged = write_with_dead_letters(pipe, bad=None)
+    assert staged.dead_letters is None and pipe.ledger.get_batch(batch_id).handles["dead_letter"] is None
+    pipe.commit(batch_id)
+    assert (tmp_path / "out" / "batch_seq=1").is_dir() and not (tmp_path / "out" / "_dead_letter" / "batch_seq=1").exists()
+
+
+def test_lost_dead_letters_abort_before_the_output_is_visible(tmp_path):
+    """notify_complete checks both staged outputs first: a loss makes nothing of the batch visible."""
+    pipe = paired_pipe(tmp_path)
+    batch_id, staged = write_with_dead_letters(pipe)
+    Path(staged.dead_letters.staging, "part-0.parquet").unlink()
+    Path(staged.dead_letters.staging).rmdir()
+    with pytest.raises(TransactionLostError):
+        pipe.commit(batch_id)
+    assert not (tmp_path / "out" / "batch_seq=1").exists()
+    assert Path(staged.output.staging).exists()  # untouched until the batch is aborted
+    pipe.abort(batch_id)
+    assert not Path(staged.output.staging).exists()
+
+
+def test_a_failing_dead_letter_stage_takes_the_output_back(tmp_path):
+    pipe = paired_pipe(tmp_path)
+
+    class Refusing(MarkerSink):
+        def stage(self, frame, batch, run_writers):
+            raise RuntimeError("the dead-letter destination refused")
+
+    pipe.coordinator.sink.dead = Refusing(pipe.coordinator.sink.dead.spec)
+    with pytest.raises(RuntimeError, match="refused"):
+        write_with_dead_letters(pipe)
+    assert not list((tmp_path / "out" / "_staging").iterdir())
+
