@@ -36,6 +36,8 @@ PROBE_BOOTSTRAP_TIMEOUT_MS = 10_000
 _NO_CONNECTION = ("Unable to bootstrap", "NoBrokersAvailable", "KafkaConnectionError", "Cannot connect to Kafka",
                   "TimeoutException", "Timed out waiting", "Broker transport failure", "Connection refused",
                   "TransactionCoordinatorUnavailable", "KafkaTimeoutError")
+# A plaintext listener answers a TLS ClientHello with a Kafka-framed reply or closes the connection.
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer", "PACKET_LENGTH", "UNEXPECTED_EOF", "EOF occurred")
 _LIBRDKAFKA_KEYS = ("bootstrap.servers", "security.protocol", "client.id")
 
 
@@ -110,7 +112,7 @@ def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: 
     except ssl.SSLCertVerificationError as exc:
         return settings.explain(f"CERTIFICATE_VERIFY_FAILED: {exc.verify_message or exc}")
     except ssl.SSLError as exc:
-        if "WRONG_VERSION_NUMBER" in str(exc) or "record layer" in str(exc) or "PACKET_LENGTH" in str(exc):
+        if any(sign in str(exc) for sign in _NOT_TLS):
             return ConfigurationError(
                 f"the Kafka listener at {server} does not speak TLS, but {settings.origin} says "
                 f"security.protocol={settings.security_protocol}: set security.protocol to the listener's protocol "

@@ -279,3 +279,33 @@ def test_servers_that_refuse_connections_fail_the_plan_within_seconds(tmp_path, 
         error = refused(lambda: pipe.plan("run-1"), SourceUnavailableError)
     assert f"{server}: Connection refused" in str(error) and ORIGIN in str(error)
     assert_nothing_happened(pipe)
+
+
+@pytest.mark.parametrize("listener", ["tls", "plaintext"])
+def test_a_security_protocol_that_does_not_match_the_listener_is_named(kafka, secured_kafka, tmp_path, monkeypatch,
+                                                                      listener):
+    """SASL_PLAINTEXT against the TLS listener, or SSL against a plaintext one: kafka-python only times out;
+    the diagnosis tells which setting is wrong."""
+    if listener == "tls":
+        extra = secured_kafka.connection_extra(PIPELINE_USER, **{"security.protocol": "SASL_PLAINTEXT"})
+        expected = "closed the connection on a plaintext request: it expects TLS; set security.protocol=SSL"
+    else:
+        extra = {"bootstrap.servers": kafka.bootstrap_servers, "security.protocol": "SSL",
+                 "ssl.ca.location": str(secured_kafka.ca_file)}
+        expected = "does not speak TLS, but connection 'kafka_secured' says security.protocol=SSL"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SECURED_CONN_ID.upper()}", json.dumps({"conn_type": "kafka", "extra": extra}))
+    pipe = secured_pipe(tmp_path, "sec-protocol", f"{SECURED_IN}x", {"type": "parquet", "path": str(tmp_path / "out")})
+    assert expected in str(refused(lambda: pipe.plan("run-1")))
+    assert_nothing_happened(pipe)
+
+
+def test_an_input_topic_the_user_may_not_describe_is_named_with_the_grant(secured_kafka, tmp_path, monkeypatch):
+    """The brokers hide topics a user may not DESCRIBE: to the client it does not exist, so the message says both."""
+    hidden = f"hidden-{uuid.uuid4().hex[:8]}"  # outside the pipeline user's "sec-in-" ACLs
+    create_topic(secured_kafka.client_config(), hidden, partitions=1)
+    use_connection(monkeypatch, secured_kafka)
+    pipe = secured_pipe(tmp_path, "sec-hidden", hidden, {"type": "parquet", "path": str(tmp_path / "out")})
+    message = str(refused(lambda: pipe.plan("run-1")))
+    assert f"Kafka topic {hidden!r} does not exist" in message
+    assert f"or grant user {PIPELINE_USER!r} of {ORIGIN} READ and DESCRIBE on it" in message
+    assert_nothing_happened(pipe)
