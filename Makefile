@@ -5,7 +5,15 @@ PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps python-deps jars demo test test-unit benchmark docker-config clean
+# The newest Kafka release the Kafka tests also run against (transactions v2, KIP-890, on by default).
+KAFKA4_VERSION ?= 4.4.0
+# What test-kafka4 runs: the transaction adapter, the Kafka sink, the sink contract's kafka case, and the
+# system test in which notify_complete resumes a pre-committed transaction in a fresh process.
+KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/test_kafka_sink.py \
+	tests/integration/test_sink_contract.py \
+	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
+
+.PHONY: setup system-deps python-deps jars demo test test-unit test-kafka4 benchmark docker-config clean
 
 setup: system-deps python-deps jars
 
@@ -32,12 +40,18 @@ $(VENV)/.installed: setup.cfg constraints.txt
 
 jars: python-deps
 	$(PY) -m devtools fetch-jars
+	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m devtools fetch-jars
 
 demo: setup
 	$(PY) -m devtools.demo
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-kafka4
+
+# The Kafka tests again, against Kafka $(KAFKA4_VERSION) instead of the default 3.9.1.
+test-kafka4: setup
+	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps
