@@ -47,6 +47,7 @@ class Diagnosis:
 
     error: ConfigurationError | None
     detail: str
+    reachable: bool = True
 
 
 def is_connection_failure(failure: BaseException | str) -> bool:
@@ -70,9 +71,11 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
         diagnosis = diagnose(settings)
         if diagnosis.error is not None:
             return diagnosis.error
-        return unavailable(f"{doing} failed: the Kafka brokers at {settings.bootstrap_servers} could not be used "
-                           f"({diagnosis.detail}); check that they run and that bootstrap.servers in "
-                           f"{settings.origin} is right. The client said: {text[:500]}")
+        if not diagnosis.reachable:
+            return unavailable(f"{doing} failed: no Kafka broker answered at {settings.bootstrap_servers!r} "
+                               f"({diagnosis.detail}): check that the brokers run and that the servers of "
+                               f"{settings.origin} are right. The client said: {text[:500]}")
+        return unavailable(f"{doing} failed although {diagnosis.detail}; the client said: {text[:500]}")
     return unavailable(f"{doing} failed: {text[:800]}")
 
 
@@ -97,7 +100,7 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
             return Diagnosis(error, f"{server}: {error}")
         return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake"
                                f"{' and SASL login' if protocol.startswith('SASL') else ''}")
-    return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers")
+    return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers", reachable=False)
 
 
 def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: str) -> ConfigurationError | None:

@@ -127,8 +127,8 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
         diagnosis = diagnose(settings)  # e.g. security.protocol does not match the listener: the client only waits
         if diagnosis.error is not None:
             return diagnosis.error
-        return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers} "
-                                      f"({diagnosis.detail}): {text[:500]}")
+        return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers} (now: "
+                                      f"{diagnosis.detail}): {text[:500]}")
     if "AnalysisException" in type(exc).__name__ or "AnalysisException" in text[:200]:
         return TransformError(f"the transformed DataFrame could not be written: {text[:800]}")
     return exc

@@ -277,7 +277,8 @@ def test_servers_that_refuse_connections_fail_the_plan_within_seconds(tmp_path, 
         pipe = secured_pipe(tmp_path, "sec-unreachable", f"{SECURED_IN}x", {"type": "parquet",
                                                                            "path": str(tmp_path / "out")})
         error = refused(lambda: pipe.plan("run-1"), SourceUnavailableError)
-    assert f"{server}: Connection refused" in str(error) and ORIGIN in str(error)
+    assert f"no Kafka broker answered at '{server}' ({server}: Connection refused)" in str(error)
+    assert ORIGIN in str(error)
     assert_nothing_happened(pipe)
 
 
