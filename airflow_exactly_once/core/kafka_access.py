@@ -94,12 +94,12 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
         with sock:
             error = (_check_tls(settings, sock, host, server) if protocol.endswith("SSL")
                      else _check_plaintext(settings, sock, server))
+        login = "not needed"
         if error is None and protocol.startswith("SASL"):
-            error = _check_login(settings, timeout_s)
+            error, login = _check_login(settings, timeout_s)
         if error is not None:
             return Diagnosis(error, f"{server}: {error}")
-        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake"
-                               f"{' and SASL login' if protocol.startswith('SASL') else ''}")
+        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake (SASL login: {login})")
     return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers", reachable=False)
 
 
@@ -147,29 +147,29 @@ def _check_plaintext(settings: KafkaSettings, sock: socket.socket, server: str) 
         f"security.protocol=SSL (or SASL_SSL) and ssl.ca.location in {settings.origin}")
 
 
-def _check_login(settings: KafkaSettings, timeout_s: float) -> ConfigurationError | None:
-    """One SASL login with librdkafka; the ConfigurationError of a refused one, else None (or cannot tell)."""
+def _check_login(settings: KafkaSettings, timeout_s: float) -> tuple[ConfigurationError | None, str]:
+    """One SASL login with librdkafka: the ConfigurationError of a refused one, and what was found."""
     try:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
     except ImportError:  # the official Kafka provider brings it; without it the login stays unchecked
-        return None
+        return None, "not checked, confluent-kafka is not installed"
     errors: list = []
     config = {k: v for k, v in settings.librdkafka().items()
               if k in _LIBRDKAFKA_KEYS or k.startswith(("sasl.", "ssl."))}
     config.update({"error_cb": errors.append, "log_level": 0, "socket.timeout.ms": int(timeout_s * 1000)})
     try:
         admin = AdminClient(config)
-    except (KafkaException, ValueError, TypeError):
-        return None
+    except (KafkaException, ValueError, TypeError) as exc:
+        return None, f"not checked, librdkafka refused the settings ({exc})"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             admin.list_topics(timeout=0.5)
-            return None  # logged in
+            return None, "accepted"
         except KafkaException:
             admin.poll(0)
         refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
         if refused:
-            return settings.explain(f"SASL authentication error: {refused[0].str()}")
-    return None
+            return settings.explain(f"SASL authentication error: {refused[0].str()}"), "refused"
+    return None, f"no answer within {timeout_s:.0f} s"
