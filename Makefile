@@ -17,7 +17,15 @@ NEWEST_TESTS := tests/unit \
 	tests/integration/test_provider.py \
 	tests/system/test_pipeline_parquet.py::test_example_dag_three_batches_then_an_empty_run
 
-.PHONY: setup system-deps python-deps newest-deps jars newest-jars demo test test-unit test-newest \
+# The newest Kafka release the Kafka tests also run against (transactions v2, KIP-890, on by default).
+KAFKA4_VERSION ?= 4.4.0
+# What test-kafka4 runs: the transaction adapter, the Kafka sink, the sink contract's kafka case, and the
+# system test in which notify_complete resumes a pre-committed transaction in a fresh process.
+KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/test_kafka_sink.py \
+	tests/integration/test_sink_contract.py \
+	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
+
+.PHONY: setup system-deps python-deps newest-deps jars newest-jars demo test test-unit test-kafka4 test-newest \
 	install-matrix benchmark docker-config clean
 
 setup: system-deps python-deps jars
@@ -62,6 +70,7 @@ $(VENV_NEWEST)/.installed: setup.cfg setup.py constraints-newest.txt
 # Each stack's Spark Kafka connector matches its own pyspark (devtools/maven.py reads the release).
 jars: python-deps
 	$(PY) -m devtools fetch-jars
+	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m devtools fetch-jars
 
 newest-jars: newest-deps
 	$(PY_NEWEST) -m devtools fetch-jars
@@ -71,10 +80,11 @@ DEMO_ARGS ?=
 demo: setup
 	$(PY) -m devtools.demo $(DEMO_ARGS)
 
-# The whole suite on the primary stack, then the newest stack's subset, then the install matrix
+# The whole suite on the primary stack, the Kafka tests on Kafka 4, the newest stack's subset, then the install matrix
 # (last, and once: it is a test of the suite, left out of the first run).
 test: setup
 	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-kafka4
 	$(MAKE) --no-print-directory test-newest
 	$(PY) -m pytest $(INSTALL_MATRIX_TEST)
 
@@ -86,6 +96,10 @@ test-newest: system-deps newest-jars
 # (devtools/install_matrix.py; also tests/integration/test_install_matrix.py).
 install-matrix: python-deps
 	$(PY) -m devtools.install_matrix
+
+# The Kafka tests again, against Kafka $(KAFKA4_VERSION) instead of the default 3.9.1.
+test-kafka4: setup
+	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps

@@ -2,7 +2,9 @@
 
 It runs the broker from its Maven Central jars with the machine's Java, with
 transactions enabled for a single node. Nothing here is a mock: it is the same
-`kafka.Kafka` main class that `kafka-server-start.sh` runs.
+`kafka.Kafka` main class that `kafka-server-start.sh` runs. The Kafka release is
+devtools.maven.kafka_version() (AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION, default 3.9.1);
+devtools.kafka_secured adds a SASL_SSL listener, SCRAM users and ACLs.
 """
 
 from __future__ import annotations
@@ -14,9 +16,27 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
-from devtools.maven import kafka_broker_jars
+from devtools.maven import kafka_broker_jars, kafka_major, kafka_version
 from devtools.ports import reserve_port
+
+# Kafka 3.x logs through reload4j (log4j 1 syntax), Kafka 4.x through log4j2.
+_LOG4J1 = (
+    "log4j.rootLogger=WARN, stdout\n"
+    "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=INFO\n"
+    "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
+    "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
+    "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
+)
+_LOG4J2 = (
+    "status = warn\n"
+    "appender.stdout.type = Console\nappender.stdout.name = STDOUT\n"
+    "appender.stdout.layout.type = PatternLayout\nappender.stdout.layout.pattern = [%d] %p %m (%c)%n\n"
+    "rootLogger.level = WARN\nrootLogger.appenderRef.stdout.ref = STDOUT\n"
+    "logger.kafka.name = kafka\nlogger.kafka.level = INFO\n"
+    "logger.apache.name = org.apache.kafka\nlogger.apache.level = INFO\n"
+)
 
 
 class LocalKafkaBroker:
@@ -29,8 +49,10 @@ class LocalKafkaBroker:
         controller_port: int = 0,
         transaction_max_timeout_ms: int = 900_000,
         extra_config: dict[str, str] | None = None,
+        version: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.version = version or kafka_version()
         self.port = port or reserve_port()
         self.controller_port = controller_port or reserve_port()
         self.transaction_max_timeout_ms = transaction_max_timeout_ms
@@ -45,16 +67,29 @@ class LocalKafkaBroker:
     def log_file(self) -> Path:
         return self.data_dir / "broker.log"
 
+    def client_config(self) -> dict[str, Any]:
+        """kafka-python keyword arguments of a client with every right (the secured broker adds its admin login)."""
+        return {"bootstrap_servers": self.bootstrap_servers}
+
+    def _listener_config(self) -> dict[str, str]:
+        return {
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        }
+
+    def _format_arguments(self) -> list[str]:
+        """Extra `kafka-storage format` arguments (the secured broker's SCRAM users)."""
+        return []
+
     def _config(self) -> dict[str, str]:
         config = {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            **self._listener_config(),
             "log.dirs": str(self.data_dir / "logs"),
             "num.partitions": "1",
             "offsets.topic.replication.factor": "1",
@@ -74,20 +109,19 @@ class LocalKafkaBroker:
         return config
 
     def _java(self, main_class: str, *args: str, **popen) -> subprocess.Popen:
-        jars = kafka_broker_jars()
+        jars = kafka_broker_jars(self.version)
         java = shutil.which("java")
         if java is None:
             raise RuntimeError("Java is not installed; run `make setup` (it installs OpenJDK 17).")
-        log4j = self.data_dir / "log4j.properties"
-        log4j.write_text(
-            "log4j.rootLogger=WARN, stdout\n"
-            "log4j.logger.kafka=INFO\nlog4j.logger.org.apache.kafka=INFO\n"
-            "log4j.appender.stdout=org.apache.log4j.ConsoleAppender\n"
-            "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout\n"
-            "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n\n"
-        )
-        cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", f"-Dlog4j.configuration=file:{log4j}",
-               "-cp", f"{jars}/*", main_class, *args]
+        if kafka_major(self.version) >= 4:
+            logging_config = self.data_dir / "log4j2.properties"
+            logging_config.write_text(_LOG4J2)
+            logging_option = f"-Dlog4j2.configurationFile={logging_config}"
+        else:
+            logging_config = self.data_dir / "log4j.properties"
+            logging_config.write_text(_LOG4J1)
+            logging_option = f"-Dlog4j.configuration=file:{logging_config}"
+        cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", logging_option, "-cp", f"{jars}/*", main_class, *args]
         return subprocess.Popen(cmd, **popen)
 
     def start(self, timeout: float = 90.0) -> "LocalKafkaBroker":
@@ -96,6 +130,7 @@ class LocalKafkaBroker:
         properties.write_text("".join(f"{k}={v}\n" for k, v in self._config().items()))
         if not (self.data_dir / "logs" / "meta.properties").exists():
             fmt = self._java("kafka.tools.StorageTool", *format_arguments(properties, cluster_id()),
+                             *self._format_arguments(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             out, _ = fmt.communicate(timeout=120)
             if fmt.returncode != 0:
@@ -119,7 +154,7 @@ class LocalKafkaBroker:
                     + self.log_file.read_text(errors="replace")[-3000:]
                 )
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=3000)
+                admin = KafkaAdminClient(**self.client_config(), request_timeout_ms=3000)
                 try:
                     admin.describe_cluster()
                 finally:

@@ -15,7 +15,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-KAFKA_VERSION = "3.9.1"
+KAFKA_VERSION = "3.9.1"  # the default broker of tests and the demo
+# Another broker release, e.g. 4.4.0 (`make test-kafka4` runs the Kafka tests against it).
+KAFKA_VERSION_ENV = "AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION"
 SCALA_BINARY = "2.13"  # of the Kafka broker
 
 
@@ -28,12 +30,39 @@ class Artifact:
     exclude_groups: tuple[str, ...] = ()  # transitive dependencies of these groups are left out
 
 
-# The broker: Kafka 3.9 speaks the classic transaction protocol (no KIP-890 epoch bump
-# on every commit), which is what kafka-python's transaction manager implements.
-KAFKA_BROKER = (
-    Artifact("org.apache.kafka", f"kafka_{SCALA_BINARY}", KAFKA_VERSION),
-    Artifact("org.slf4j", "slf4j-reload4j", "1.7.36"),
-)
+# The broker's SLF4J binding by major release: Kafka 3.x logs with reload4j; Kafka 4.x brings
+# log4j2 (log4j-api, log4j-core) but no binding for its slf4j-api 1.7, so log4j-slf4j-impl is
+# named, in the log4j2 release Kafka 4.4 depends on.
+_KAFKA_LOGGING = {
+    3: Artifact("org.slf4j", "slf4j-reload4j", "1.7.36"),
+    4: Artifact("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.5", False),
+}
+
+
+def kafka_version() -> str:
+    """The broker release tests and the demo run: $AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION, else KAFKA_VERSION.
+
+    Kafka 3.9 speaks the classic transaction protocol; 4.x turns on transactions v2 (KIP-890),
+    which the Kafka sink's transaction adapter checks it is not drawn into (EndTxn below v5).
+    """
+    return os.environ.get(KAFKA_VERSION_ENV, "").strip() or KAFKA_VERSION
+
+
+def kafka_major(version: str) -> int:
+    try:
+        return int(version.split(".")[0])
+    except ValueError:
+        raise RuntimeError(f"{KAFKA_VERSION_ENV}={version!r} is not a Kafka release such as 3.9.1 or 4.4.0") from None
+
+
+def kafka_broker_artifacts(version: str) -> tuple[Artifact, ...]:
+    major = kafka_major(version)
+    if major not in _KAFKA_LOGGING:
+        raise RuntimeError(f"Kafka {version}: devtools runs brokers of releases "
+                           f"{', '.join(f'{m}.x' for m in sorted(_KAFKA_LOGGING))}; set {KAFKA_VERSION_ENV} to one")
+    return (Artifact("org.apache.kafka", f"kafka_{SCALA_BINARY}", version), _KAFKA_LOGGING[major])
+
+
 
 def spark_kafka_artifacts(version: str, scala: str) -> tuple[Artifact, ...]:
     """Spark's Kafka source for Spark `version` built with Scala `scala`, with its runtime dependencies.
@@ -111,8 +140,8 @@ def fetch_jars(kind: str, artifacts: tuple[Artifact, ...], strip_version: bool =
     return target
 
 
-def kafka_broker_jars() -> Path:
-    return fetch_jars("kafka-broker", KAFKA_BROKER)
+def kafka_broker_jars(version: str | None = None) -> Path:
+    return fetch_jars("kafka-broker", kafka_broker_artifacts(version or kafka_version()))
 
 
 def installed_spark() -> tuple[str, str]:

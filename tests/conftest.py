@@ -19,6 +19,7 @@ import pytest
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from devtools.kafka_broker import LocalKafkaBroker
+from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
@@ -31,6 +32,17 @@ PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
+# The secured broker (SASL_SSL, SCRAM-SHA-512, ACLs): its users and what they may do. Pipelines on it read
+# topics "sec-in-*", write topics "sec-out-*" and use transactional ids "sec*" (their pipeline ids).
+SECURED_CONN_ID = "kafka_secured"  # the Airflow connection of the secured broker's PIPELINE_USER
+SECURED_BAD_PASSWORD_CONN_ID = "kafka_secured_bad_password"
+SECURED_IN, SECURED_OUT, SECURED_TXN = "sec-in-", "sec-out-", "sec"
+PIPELINE_USER = "pipeline"  # every ACL a pipeline needs
+NO_TXN_USER = "no-txn"  # ... but none on transactional ids
+NO_WRITE_USER = "no-write"  # ... but may only DESCRIBE the output topics
+NO_READ_USER = "no-read"  # ... but may only DESCRIBE the input topics
+SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret", NO_WRITE_USER: "no-write-secret",
+                 NO_READ_USER: "no-read-secret"}
 # Every process a test starts inherits this mark; at the end of the session none may be left.
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
@@ -93,6 +105,30 @@ def kafka(tmp_path_factory) -> LocalKafkaBroker:
     broker.stop()
 
 
+def secured_grants() -> list[Grant]:
+    def grants(user: str, without: tuple[str, ...] = ()) -> list[Grant]:
+        return pipeline_grants(user, SECURED_IN, SECURED_OUT, SECURED_TXN, without)
+
+    return (grants(PIPELINE_USER) + grants(NO_TXN_USER, ("transactional_id",))
+            + grants(NO_WRITE_USER, ("output",)) + [Grant(NO_WRITE_USER, "DESCRIBE", "TOPIC", SECURED_OUT, True)]
+            + grants(NO_READ_USER, ("input",)) + [Grant(NO_READ_USER, "DESCRIBE", "TOPIC", SECURED_IN, True)])
+
+
+@pytest.fixture(scope="session")
+def secured_kafka(tmp_path_factory) -> SecuredKafkaBroker:
+    """The secured broker, started only in sessions with a test that asks for it."""
+    broker = SecuredKafkaBroker(tmp_path_factory.mktemp("kafka-secured"), users=SECURED_USERS,
+                                transaction_max_timeout_ms=900_000)
+    broker.start()
+    try:
+        broker.grant(secured_grants())
+    except BaseException:
+        broker.stop()
+        raise
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture(scope="session")
 def pg_data_root() -> Path:
     """Where test PostgreSQL servers keep their data: NOT under pytest's basetemp.
@@ -140,8 +176,21 @@ def example_spark_output(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("example") / "kafka_to_parquet_on_spark"
 
 
+def _secured_connections(request) -> dict[str, str]:
+    """AIRFLOW_CONN_* of the secured broker, when a test of the session uses it (else it is not started)."""
+    if not any("secured_kafka" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        return {}
+    broker = request.getfixturevalue("secured_kafka")
+
+    def connection(password: str | None = None) -> str:
+        return json.dumps({"conn_type": "kafka", "extra": broker.connection_extra(PIPELINE_USER, password)})
+
+    return {f"AIRFLOW_CONN_{SECURED_CONN_ID.upper()}": connection(),
+            f"AIRFLOW_CONN_{SECURED_BAD_PASSWORD_CONN_ID.upper()}": connection("not-the-password")}
+
+
 @pytest.fixture(scope="session")
-def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
+def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
     from devtools.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
@@ -165,6 +214,7 @@ def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, t
              "schema": PG_DATABASE}),
         "EXACTLY_ONCE_DEMO_POSTGRES_CONN": PG_CONN_ID,
         "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
+        **_secured_connections(request),
     }
     stack = AirflowStack(root, dag_files, env)
     stack.start()

@@ -6,6 +6,7 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -14,10 +15,15 @@ from kafka.errors import UnknownTopicOrPartitionError
 from airflow_exactly_once.core.ledger import Ledger
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int = 3, timeout_s: float = 30.0) -> None:
+def client_args(cluster: str | dict[str, Any]) -> dict[str, Any]:
+    """kafka-python keyword arguments for a cluster given as servers or as ready arguments."""
+    return {"bootstrap_servers": cluster} if isinstance(cluster, str) else dict(cluster)
+
+
+def create_topic(bootstrap: str | dict[str, Any], topic: str, partitions: int = 3, timeout_s: float = 30.0) -> None:
     """Create `topic` and return once its partitions show in the cluster's metadata (creation is asynchronous:
     a client asking right after could be told the topic does not exist)."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(**client_args(bootstrap))
     try:
         admin.create_topics([NewTopic(topic, partitions, 1)])
         deadline = time.monotonic() + timeout_s
@@ -35,10 +41,10 @@ def _described_partitions(admin: KafkaAdminClient, topic: str) -> list:
         return []
 
 
-def produce(bootstrap: str, topic: str, count: int, partitions: int = 3, start: int = 0,
+def produce(bootstrap: str | dict[str, Any], topic: str, count: int, partitions: int = 3, start: int = 0,
             json_values: bool = False) -> list[str]:
     """Send `count` records round-robin over partitions; returns the values sent."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = KafkaProducer(**client_args(bootstrap), acks="all")
     values = []
     for i in range(start, start + count):
         value = json.dumps({"id": i, "name": f"item-{i}", "amount": i * 0.5}) if json_values else f"value-{i}"

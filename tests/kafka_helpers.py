@@ -14,25 +14,28 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+from tests.helpers import client_args
+
+Cluster = str | dict[str, Any]  # bootstrap servers, or kafka-python arguments (a secured broker's client_config())
 
 
-def _ends(bootstrap: str, tps: list[TopicPartition], isolation: str) -> dict[TopicPartition, int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation)
+def _ends(bootstrap: Cluster, tps: list[TopicPartition], isolation: str) -> dict[TopicPartition, int]:
+    consumer = KafkaConsumer(**client_args(bootstrap), isolation_level=isolation)
     try:
         return consumer.end_offsets(tps)
     finally:
         consumer.close()
 
 
-def partitions_of(bootstrap: str, topic: str) -> list[TopicPartition]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+def partitions_of(bootstrap: Cluster, topic: str) -> list[TopicPartition]:
+    consumer = KafkaConsumer(**client_args(bootstrap))
     try:
         return [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
     finally:
         consumer.close()
 
 
-def settled_ends(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[TopicPartition, int]:
+def settled_ends(bootstrap: Cluster, topic: str, timeout_s: float = 60.0) -> dict[TopicPartition, int]:
     """End offsets once no transaction is open on the topic; fails if one stays open."""
     tps = partitions_of(bootstrap, topic)
     deadline = time.monotonic() + timeout_s
@@ -45,13 +48,13 @@ def settled_ends(bootstrap: str, topic: str, timeout_s: float = 60.0) -> dict[To
         time.sleep(0.2)
 
 
-def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0,
+def read_all(bootstrap: Cluster, topic: str, isolation: str = "read_committed", timeout_s: float = 60.0,
              settle: bool = True) -> list[str]:
     """Every value on `topic` visible under `isolation`, once the topic is settled (or, with
     settle=False, what read_committed consumers see right now, open transactions and all)."""
     ends = (settled_ends(bootstrap, topic, timeout_s) if settle
             else _ends(bootstrap, partitions_of(bootstrap, topic), "read_committed"))
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
+    consumer = KafkaConsumer(**client_args(bootstrap), isolation_level=isolation, enable_auto_commit=False,
                              consumer_timeout_ms=500)
     values: list[str] = []
     try:
@@ -69,8 +72,8 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed", time
     return values
 
 
-def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+def group_offsets(bootstrap: Cluster, group: str) -> dict[tuple[str, int], int]:
+    admin = KafkaAdminClient(**client_args(bootstrap))
     try:
         answer = admin.list_group_offsets({group: None})[group]
     finally:
@@ -78,15 +81,15 @@ def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     return {(tp.topic, tp.partition): meta.offset for tp, meta in answer.items()}
 
 
-def transaction_state(bootstrap: str, transactional_id: str) -> str:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+def transaction_state(bootstrap: Cluster, transactional_id: str) -> str:
+    admin = KafkaAdminClient(**client_args(bootstrap))
     try:
         return admin.describe_transactions([transactional_id])[transactional_id].state.value
     finally:
         admin.close()
 
 
-def wait_transactions_ended(bootstrap: str, committable: Any, timeout_s: float = 60.0) -> None:
+def wait_transactions_ended(bootstrap: Cluster, committable: Any, timeout_s: float = 60.0) -> None:
     """Wait until the broker has ended (here: timed out) every transaction of a batch's KafkaCommittable
     (or of the handles the ledger stores for it)."""
     if isinstance(committable, dict):

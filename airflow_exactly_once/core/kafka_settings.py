@@ -15,11 +15,17 @@ words, and this module is the only place that speaks them:
 
 Certificates are files in PEM (what librdkafka and Python's ssl module read); Java's client
 reads PEM as well, so a JKS trust store is refused with the setting to use instead.
+
+The settings also explain failures: `explain()` reads what any of the three clients said
+(a wrong password, an untrusted certificate, a missing ACL) and names the setting or grant to
+change and where the settings came from (`origin`, e.g. "connection 'kafka_secured'");
+core.kafka_access finds out actively when a client only says it could not connect.
 """
 
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -54,6 +60,19 @@ _LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.ce
 _JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password",
               "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
               "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates")
+# How kafka-python, Java's client and librdkafka word each problem (matched in their error text).
+_LOGIN_REFUSED = ("SaslAuthenticationFailed", "SaslAuthenticationException", "SASL authentication error",
+                  "Authentication failed during authentication", "invalid credentials")
+_HOST_NOT_IN_CERTIFICATE = ("Hostname mismatch", "IP address mismatch", "No subject alternative",
+                            "No name matching", "doesn't match any of the subject alternative")
+_UNTRUSTED_CERTIFICATE = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "PKIX path building failed",
+                          "unable to find valid certification path")
+_DENIED = {  # the broker's authorizer said no, by resource
+    "transactional_id": ("TransactionalIdAuthorization",),
+    "topic": ("TopicAuthorization", "Not authorized to access topics"),
+    "group": ("GroupAuthorization", "Not authorized to access group"),
+    "cluster": ("ClusterAuthorization", "Cluster authorization failed"),
+}
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -201,6 +220,20 @@ class KafkaSettings:
             kwargs["ssl_check_hostname"] = self._check_hostname()
         return {k: v for k, v in kwargs.items() if k in known or k == "bootstrap_servers"}
 
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context kafka-python builds from these settings (CA, host name check, client certificate)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = self._check_hostname()
+        if self._ca_file():
+            context.load_verify_locations(self._ca_file())
+        else:
+            context.load_default_certs()
+        if "ssl.certificate.location" in self.properties:
+            context.load_cert_chain(self.properties["ssl.certificate.location"],
+                                    self.properties.get("ssl.key.location"), self.properties.get("ssl.key.password"))
+        return context
+
     # -- Kafka's Java client (Spark) ---------------------------------------------------
 
     def java(self) -> dict[str, str]:
@@ -246,6 +279,78 @@ class KafkaSettings:
             props["ssl.endpoint.identification.algorithm"] = "none"
         return props
 
+    # -- what a client's failure says about these settings -------------------------------
+
+    @property
+    def principal(self) -> str:
+        """Who the brokers see: the SASL user, or the anonymous/certificate principal."""
+        username = self.sasl_credentials()[0] if self.security_protocol.startswith("SASL") else None
+        return f"user {username!r}" if username else f"the client ({self.security_protocol})"
+
+    def explain(self, failure: BaseException | str, *, topics: tuple[str, ...] | list[str] = (),
+                topic_operations: str = "READ and DESCRIBE", transactional_id: str | None = None,
+                transactional_id_prefix: str | None = None) -> ConfigurationError | None:
+        """A ConfigurationError naming the setting or ACL to change when `failure` (an exception or its
+        text, from any client) is a refused login, an untrusted certificate or a denied operation;
+        None for anything else. `topics` and the rest say what the failed step was doing.
+        """
+        text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+        servers = self.bootstrap_servers
+        said = _said(text, _LOGIN_REFUSED)
+        if said:
+            mechanism = self.properties.get("sasl.mechanism", "").upper() or "?"
+            return ConfigurationError(
+                f"the Kafka brokers at {servers} refused the SASL login of {self.principal} "
+                f"(sasl.mechanism={mechanism}): fix sasl.username and sasl.password (or sasl.jaas.config) in "
+                f"{self.origin}; retrying with the same credentials cannot succeed. The client said: {said}")
+        said = _said(text, _HOST_NOT_IN_CERTIFICATE)
+        if said:
+            return ConfigurationError(
+                f"the TLS certificate of the Kafka brokers at {servers} is not issued for the host names in "
+                f"bootstrap.servers ({self.origin}): connect with a name the certificate lists, or (only for tests) "
+                f"set ssl.endpoint.identification.algorithm=none in {self.origin}. The client said: {said}")
+        said = _said(text, _UNTRUSTED_CERTIFICATE)
+        if said:
+            return ConfigurationError(
+                f"the TLS certificate of the Kafka brokers at {servers} is not signed by a CA the client trusts "
+                f"(ssl.ca.location={self._ca_file() or 'unset: the system CAs'} in {self.origin}): set "
+                f"ssl.ca.location to the PEM file of the CA that signed the brokers' certificates. The client said: "
+                f"{said}")
+        for resource, words in _DENIED.items():
+            said = _said(text, words)
+            if said:
+                denied = self._denied(resource, tuple(topics), topic_operations, transactional_id,
+                                      transactional_id_prefix)
+                return ConfigurationError(f"{denied}. The client said: {said}")
+        return None
+
+    def _denied(self, resource: str, topics, topic_operations: str, transactional_id: str | None,
+                prefix: str | None) -> str:
+        who = f"{self.principal} of {self.origin}"
+        principal = (f"User:{self.sasl_credentials()[0]}" if self.security_protocol.startswith("SASL")
+                     else "<the client's principal>")
+        if resource == "transactional_id":
+            name = prefix or transactional_id or "<transactional id prefix>"
+            what = f"transactional id {transactional_id!r}" if transactional_id else "its transactional ids"
+            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} use {what}: grant WRITE and "
+                    f"DESCRIBE on the transactional ids with prefix {name!r} (kafka-acls --add --allow-principal "
+                    f"{principal} --operation Write --operation Describe --transactional-id {name} "
+                    "--resource-pattern-type prefixed), or connect as a user that has them")
+        if resource == "topic":
+            named = ", ".join(topics) if topics else "<topic>"
+            operations = " ".join(f"--operation {op.capitalize()}" for op in topic_operations.split(" and "))
+            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} {topic_operations} topic(s) "
+                    f"{named}: grant {topic_operations} on them (kafka-acls --add --allow-principal {principal} "
+                    f"{operations} --topic {topics[0] if topics else '<topic>'}), or connect as a user that has them")
+        if resource == "group":
+            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} use a consumer group: grant READ "
+                    "on the group (kafka-acls --add --allow-principal "
+                    f"{principal} --operation Read --group <group>)")
+        return (f"the Kafka brokers at {self.bootstrap_servers} refuse {who} a cluster operation: grant DESCRIBE_CONFIGS "
+                "(the Kafka sink reads transaction.max.timeout.ms) and IDEMPOTENT_WRITE on the cluster "
+                f"(kafka-acls --add --allow-principal {principal} --operation DescribeConfigs --operation "
+                "IdempotentWrite --cluster)")
+
     # -- storage and transport ---------------------------------------------------------
 
     def redacted(self) -> dict[str, str]:
@@ -254,6 +359,16 @@ class KafkaSettings:
 
     def secrets(self) -> dict[str, str]:
         return {k: v for k, v in self.properties.items() if k in SECRETS}
+
+
+def _said(text: str, words: tuple[str, ...]) -> str | None:
+    """The client's line that says one of `words` (case-insensitive), shortened; None when none does."""
+    for line in text.splitlines():
+        lowered = line.lower()
+        if any(word.lower() in lowered for word in words):
+            line = line.strip(" \t:")
+            return line if len(line) <= 300 else line[:300] + "..."
+    return None
 
 
 def _typed(value: str, default: Any) -> Any:

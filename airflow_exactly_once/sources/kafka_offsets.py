@@ -1,4 +1,10 @@
-"""The planner's view of Kafka, through kafka-python on the Airflow worker (the driver)."""
+"""The planner's view of Kafka, through kafka-python on the Airflow worker (the driver).
+
+A failure says what to fix when it can (core.kafka_access: a refused login, an untrusted
+certificate or a missing ACL is a ConfigurationError, never retried); the first broker is
+awaited for PROBE_BOOTSTRAP_TIMEOUT_MS unless the settings give bootstrap.timeout.ms, so a plan
+against servers that refuse or do not answer fails in seconds, not minutes.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,8 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KafkaTP
 from kafka.errors import KafkaError
 
-from airflow_exactly_once.core.errors import ConfigurationError, SourceUnavailableError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
+from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
 from airflow_exactly_once.core.kafka_settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
@@ -19,17 +26,21 @@ class KafkaOffsetSource:
         self.settings = settings
         self.bootstrap_servers = settings.bootstrap_servers
         self.timeout_ms = timeout_ms
+        self._topics: list[str] = []
         try:
             self._consumer = KafkaConsumer(**{"request_timeout_ms": timeout_ms,
+                                              "bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
                                               **settings.kafka_python(KafkaConsumer),
                                               "enable_auto_commit": False, "isolation_level": "read_committed"})
         except KafkaError as exc:
-            raise SourceUnavailableError(
-                f"no Kafka broker answered at {self.bootstrap_servers!r} ({type(exc).__name__}: {exc}): check that "
-                f"the broker is running and that the servers of {settings.origin} are right") from exc
+            raise self._failure(exc, "connecting to Kafka to plan the batch") from exc
+
+    def _failure(self, exc: Exception, doing: str) -> ExactlyOnceError:
+        return explain_failure(self.settings, exc, doing, SourceUnavailableError, topics=self._topics)
 
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         found: list[TopicPartition] = []
+        self._topics = list(topics)
         try:
             existing = self._consumer.topics()
             for topic in topics:
@@ -37,11 +48,17 @@ class KafkaOffsetSource:
                 if not ids:
                     raise ConfigurationError(
                         f"Kafka topic {topic!r} does not exist on {self.bootstrap_servers}: create it, or fix "
-                        "the topic name in the pipeline")
+                        f"the topic name in the pipeline{self._unless_hidden()}")
                 found.extend((topic, p) for p in sorted(ids))
         except KafkaError as exc:
-            raise SourceUnavailableError(f"listing partitions of {topics} failed: {exc}") from exc
+            raise self._failure(exc, f"listing partitions of {topics}") from exc
         return found
+
+    def _unless_hidden(self) -> str:
+        if self.settings.security_protocol.startswith("SASL"):  # brokers hide topics a user may not DESCRIBE
+            return (f" (or grant {self.settings.principal} of {self.settings.origin} READ and DESCRIBE on it: the "
+                    "brokers hide topics a user may not describe)")
+        return ""
 
     def log_start_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         return self._offsets("beginning_offsets", tps)
@@ -57,20 +74,20 @@ class KafkaOffsetSource:
             answer = self._consumer.offsets_for_times({KafkaTP(t, p): int(timestamp_ms) for t, p in tps},
                                                       timeout_ms=self.timeout_ms)
         except KafkaError as exc:
-            raise SourceUnavailableError(f"asking Kafka for the offsets at time {timestamp_ms} failed: {exc}") from exc
+            raise self._failure(exc, f"asking Kafka for the offsets at time {timestamp_ms}") from exc
         return {(tp.topic, tp.partition): (None if found is None else found.offset) for tp, found in answer.items()}
 
     def group_offsets(self, group_id: str, tps: list[TopicPartition]) -> dict[TopicPartition, int | None]:
         try:
             admin = KafkaAdminClient(**{"request_timeout_ms": self.timeout_ms,
+                                        "bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
                                         **self.settings.kafka_python(KafkaAdminClient)})
             try:
                 answer = admin.list_group_offsets({group_id: [KafkaTP(t, p) for t, p in tps]})[group_id]
             finally:
                 admin.close()
         except KafkaError as exc:
-            raise SourceUnavailableError(f"reading the committed offsets of consumer group {group_id!r} failed: "
-                                         f"{exc}") from exc
+            raise self._failure(exc, f"reading the committed offsets of consumer group {group_id!r}") from exc
         found = {(tp.topic, tp.partition): meta.offset for tp, meta in answer.items()}
         return {tp: (found[tp] if found.get(tp, -1) >= 0 else None) for tp in tps}
 
@@ -78,7 +95,7 @@ class KafkaOffsetSource:
         try:
             answer = getattr(self._consumer, method)([KafkaTP(t, p) for t, p in tps], timeout_ms=self.timeout_ms)
         except KafkaError as exc:
-            raise SourceUnavailableError(f"asking Kafka for {method.replace('_', ' ')} failed: {exc}") from exc
+            raise self._failure(exc, f"asking Kafka for {method.replace('_', ' ')}") from exc
         return {(tp.topic, tp.partition): offset for tp, offset in answer.items()}
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from airflow_exactly_once.core.errors import (
     SourceUnavailableError,
     TransformError,
 )
+from airflow_exactly_once.core.kafka_access import diagnose
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
@@ -214,6 +215,12 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
     text = str(exc)
     if isinstance(exc, ExactlyOnceError):  # already says what went wrong (e.g. a sink's SinkError)
         return exc
+    # Spark's Java client names its problem (SaslAuthenticationException, PKIX path building failed,
+    # TopicAuthorizationException): the settings say which of them to change.
+    settings = config.kafka()
+    explained = settings.explain(text, topics=config.topics, topic_operations="READ and DESCRIBE")
+    if explained is not None:
+        return explained
     if "OffsetOutOfRange" in text or "Cannot fetch offset" in text or "data loss" in text.lower():
         return DataLossError(f"Spark could not read the planned offsets (deleted by retention or topic "
                              f"recreated since planning): {text[:500]}. Nothing was committed; the next run "
@@ -223,7 +230,11 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
                                   f"Spark the connector, e.g. spark.jars.packages={kafka_package()}, or on a Spark "
                                   "Connect server --packages with that package")
     if "TimeoutException" in text or "Timed out" in text:
-        return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers}: {text[:500]}")
+        diagnosis = diagnose(settings)  # e.g. security.protocol does not match the listener: the client only waits
+        if diagnosis.error is not None:
+            return diagnosis.error
+        return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers} (now: "
+                                      f"{diagnosis.detail}): {text[:500]}")
     if "AnalysisException" in type(exc).__name__ or "AnalysisException" in text[:200]:
         return TransformError(f"the transformed DataFrame could not be written: {text[:800]}")
     return exc

@@ -25,11 +25,13 @@ from kafka.admin import NewTopic
 
 from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.sinks.kafka.transactions import (
+    END_TXN_TRANSACTIONS_V2,
     KafkaTransactionError,
     TransactionCoordinatorUnavailable,
     TransactionHandle,
     TransactionLost,
     abort_transaction,
+    check_transaction_protocol,
     commit_transaction,
     open_transaction,
     pre_commit,
@@ -184,6 +186,30 @@ def pre_commit_in_subprocess(bootstrap: str, transactional_id: str, topic: str, 
 
 
 # --------------------------------------------------------------------------- tests
+
+
+def test_transactions_keep_the_classic_protocol_on_this_broker(broker, topic, admin):
+    """Kafka 4.x serves transactions v2 (KIP-890: EndTxn v5 bumps the epoch at every commit); the adapter's
+    client ends transactions with EndTxn v3, so the broker keeps the classic protocol: the committed
+    transaction still has the epoch of the handle that committed it. On Kafka 3.9 the same holds trivially."""
+    from kafka.protocol.api_key import ApiKey
+
+    # Raw API versions: Kafka 4.4 also lists keys kafka-python's ApiKey enum does not know.
+    node = admin.describe_cluster()["brokers"][0]["broker_id"]
+    broker_end_txn = admin.get_broker_version_data(node).api_versions[ApiKey.EndTxn.value][1]
+    assert (broker_end_txn >= END_TXN_TRANSACTIONS_V2) is broker.version.startswith("4.")
+    tid = txn_id()
+    producer = open_transaction(broker.bootstrap_servers, tid, TXN_TIMEOUT_MS)
+    assert check_transaction_protocol(producer, broker.bootstrap_servers) == 3
+    producer.send(topic, b"v")
+    handle = pre_commit(producer)
+    commit_transaction(broker.bootstrap_servers, handle)
+    assert visible(broker.bootstrap_servers, topic) == [b"v"]
+    deadline = time.monotonic() + 20
+    while (described := admin.describe_transactions([tid])[tid]).state.value != "CompleteCommit":
+        assert described.state.value == "PrepareCommit" and time.monotonic() < deadline, described
+        time.sleep(0.2)
+    assert described.producer_epoch == handle.epoch  # transactions v2 would have bumped it at the commit
 
 
 def test_aborted_records_invisible_to_read_committed_only(broker, topic):

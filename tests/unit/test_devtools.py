@@ -39,3 +39,35 @@ def test_reserved_ports_are_outside_the_ephemeral_range_and_exclusive():
     finally:
         for port in reserved:
             ports.release_port(port)
+
+
+def test_the_broker_release_comes_from_the_environment_with_its_logging(monkeypatch):
+    from devtools import maven
+
+    monkeypatch.delenv(maven.KAFKA_VERSION_ENV, raising=False)
+    assert maven.kafka_version() == "3.9.1"
+    monkeypatch.setenv(maven.KAFKA_VERSION_ENV, " 4.4.0 ")
+    assert maven.kafka_version() == "4.4.0"
+    kafka4 = maven.kafka_broker_artifacts("4.4.0")
+    assert [(a.name, a.version) for a in kafka4] == [("kafka_2.13", "4.4.0"), ("log4j-slf4j-impl", "2.25.5")]
+    assert [a.name for a in maven.kafka_broker_artifacts("3.9.1")] == ["kafka_2.13", "slf4j-reload4j"]
+    for wrong in ("2.8.2", "latest"):
+        try:
+            maven.kafka_broker_artifacts(wrong)
+        except RuntimeError as error:
+            assert maven.KAFKA_VERSION_ENV in str(error)
+        else:
+            raise AssertionError(f"{wrong} was accepted")
+
+
+def test_pipeline_grants_are_exactly_what_a_pipeline_needs_minus_what_a_test_withholds():
+    from devtools.kafka_secured import pipeline_grants
+
+    every = {(g.operation, g.resource_type, g.name, g.prefixed) for g in pipeline_grants("u", "in-", "out-", "tx")}
+    assert every == {("READ", "TOPIC", "in-", True), ("DESCRIBE", "TOPIC", "in-", True),
+                     ("WRITE", "TOPIC", "out-", True), ("DESCRIBE", "TOPIC", "out-", True),
+                     ("WRITE", "TRANSACTIONAL_ID", "tx", True), ("DESCRIBE", "TRANSACTIONAL_ID", "tx", True),
+                     ("DESCRIBE_CONFIGS", "CLUSTER", "kafka-cluster", False),
+                     ("IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster", False)}
+    no_txn = pipeline_grants("u", "in-", "out-", "tx", without=("transactional_id",))
+    assert {g.resource_type for g in no_txn} == {"TOPIC", "CLUSTER"} and len(no_txn) == 6

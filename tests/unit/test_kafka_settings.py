@@ -84,3 +84,57 @@ def test_kafka_python_spellings_are_accepted_and_overrides_win():
     assert KafkaSettings.from_mapping({}).bootstrap_servers == ""
     with pytest.raises(ConfigurationError, match="no Kafka bootstrap servers"):
         KafkaSettings.from_mapping({}).require_servers()
+
+
+# What each client says when the settings are wrong, word for word (kafka-python, Java's client in Spark,
+# librdkafka); tests/integration/test_kafka_security.py gets the same texts from a real secured broker.
+REFUSED_LOGIN = [
+    "SaslAuthenticationFailedError: Authentication failed during authentication due to invalid credentials",
+    "Caused by: org.apache.kafka.common.errors.SaslAuthenticationException: Authentication failed during "
+    "authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512",
+    "sasl_ssl://b1:9093/bootstrap: SASL authentication error: Authentication failed",
+]
+UNTRUSTED = [
+    "Handshake failed: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable to get local issuer",
+    "javax.net.ssl.SSLHandshakeException: PKIX path building failed: unable to find valid certification path",
+]
+
+
+@pytest.mark.parametrize("said", REFUSED_LOGIN)
+def test_a_refused_login_names_the_credentials_and_where_they_came_from(said):
+    error = KafkaSettings.from_mapping(SCRAM, origin="connection 'kafka_secured'").explain(said)
+    assert isinstance(error, ConfigurationError) and error.retriable is False
+    assert "refused the SASL login of user 'app' (sasl.mechanism=SCRAM-SHA-512)" in str(error)
+    assert "fix sasl.username and sasl.password (or sasl.jaas.config) in connection 'kafka_secured'" in str(error)
+
+
+@pytest.mark.parametrize("said", UNTRUSTED)
+def test_an_untrusted_certificate_names_the_ca_setting(said):
+    error = KafkaSettings.from_mapping(SCRAM, origin="connection 'k'").explain(f"first line\n{said}\n\tat x.y(Z)")
+    assert "ssl.ca.location=/etc/kafka/ca.pem in connection 'k'" in str(error)
+    assert str(error).endswith(said.strip())  # the client's own line, not its stack
+
+
+def test_a_certificate_for_another_host_is_told_apart_from_an_untrusted_one():
+    said = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address mismatch, certificate is not valid"
+    error = KafkaSettings.from_mapping(SCRAM).explain(said)
+    assert "not issued for the host names in bootstrap.servers" in str(error)
+    assert "ssl.endpoint.identification.algorithm" in str(error)
+
+
+def test_denied_operations_name_the_grant():
+    settings = KafkaSettings.from_mapping(SCRAM, origin="connection 'k'")
+    txn = settings.explain("TransactionalIdAuthorizationFailedError", transactional_id_prefix="orders")
+    assert "do not let user 'app' of connection 'k' use its transactional ids" in str(txn)
+    assert "--allow-principal User:app --operation Write --operation Describe --transactional-id orders" in str(txn)
+    topic = settings.explain("org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access "
+                             "topics: [in]", topics=["in"])
+    assert "READ and DESCRIBE topic(s) in" in str(topic) and "--operation Read --operation Describe --topic in" \
+        in str(topic)
+    assert "DescribeConfigs" in str(settings.explain("ClusterAuthorizationFailedError"))
+
+
+def test_failures_that_are_no_settings_problem_are_left_to_the_caller():
+    settings = KafkaSettings.from_mapping(SCRAM)
+    assert settings.explain("KafkaTimeoutError: Unable to bootstrap from b1:9093") is None
+    assert settings.explain(ValueError("a transform bug")) is None

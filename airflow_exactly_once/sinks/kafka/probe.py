@@ -1,6 +1,7 @@
 """Questions the Kafka sink asks the output cluster, with kafka-python's public API only.
 
 - the brokers' transaction.max.timeout.ms (plan-time guardrail),
+- whether the client may write the output topic (plan time, so a missing ACL fails the plan),
 - the state of a batch's transactions (before committing any of them),
 - transactions a dead attempt left open (to abort them instead of waiting for the timeout),
 - whether a record is visible under read_committed: the arbiter when the broker no longer
@@ -19,13 +20,15 @@ import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
+from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS
 from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
 
 
 @contextlib.contextmanager
 def admin_client(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
-    admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
+    admin = KafkaAdminClient(**{"bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
+                                **settings.kafka_python(KafkaAdminClient)})
     try:
         yield admin
     finally:
@@ -41,10 +44,13 @@ def broker_max_transaction_timeout_ms(admin: KafkaAdminClient) -> int:
     return min(int(answer["broker"][b][key]["value"]) for b in brokers)
 
 
-def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.0) -> int:
+def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.0,
+                     operation: str | None = None) -> int:
     """Number of partitions of `topic`; 0 when it does not exist.
 
-    A topic created a moment ago may still answer LEADER_NOT_AVAILABLE: wait for it.
+    A topic created a moment ago may still answer LEADER_NOT_AVAILABLE: wait for it. With
+    `operation` (e.g. "WRITE"), raises TopicAuthorizationFailedError unless the brokers
+    allow this client that operation on the topic (the topic's authorized operations).
     """
     deadline = time.monotonic() + timeout_s
     while True:
@@ -56,6 +62,10 @@ def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.
         if error is Errors.UnknownTopicOrPartitionError:
             return 0
         if error is Errors.NoError and described.get("partitions"):
+            allowed = described.get("authorized_operations")
+            if operation and allowed is not None and operation not in allowed and "ALL" not in allowed:
+                raise Errors.TopicAuthorizationFailedError(f"{operation} on topic {topic!r} (allowed: "
+                                                           f"{', '.join(allowed) or 'nothing'})")
             return len(described["partitions"])
         if time.monotonic() > deadline:
             raise error(f"describing topic {topic!r} failed")

@@ -28,7 +28,14 @@ from typing import Any
 from kafka import KafkaProducer
 
 from airflow_exactly_once.core.bad_records import DEAD_LETTER_COLUMNS
-from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError, TransformError
+from airflow_exactly_once.core.errors import (
+    ConfigurationError,
+    ExactlyOnceError,
+    SinkError,
+    TransactionLostError,
+    TransformError,
+)
+from airflow_exactly_once.core.kafka_access import diagnose, explain_failure, is_connection_failure
 from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink
@@ -106,6 +113,22 @@ class KafkaSink(Sink):
                                      "pipeline a kafka connection")
         return settings.check()
 
+    def _failure(self, settings: KafkaSettings, exc: BaseException | str, doing: str,
+                 retriable: bool = True) -> ExactlyOnceError:
+        """What a client's failure means for this sink: a settings or ACL problem (ConfigurationError), else a
+        SinkError (retriable as given)."""
+        return explain_failure(settings, exc, doing, lambda message: SinkError(message, retriable=retriable),
+                               topics=(self.topic,), topic_operations="WRITE and DESCRIBE",
+                               transactional_id_prefix=self.id_prefix)
+
+    def _explained(self, settings: KafkaSettings, exc: BaseException) -> ConfigurationError | None:
+        """The settings or ACL problem behind a writer's failure, if that is what it was."""
+        explained = settings.explain(exc, topics=(self.topic,), topic_operations="WRITE and DESCRIBE",
+                                     transactional_id_prefix=self.id_prefix)
+        if explained is None and is_connection_failure(exc):
+            explained = diagnose(settings).error
+        return explained
+
     def _producer_settings(self, settings: KafkaSettings) -> dict[str, Any]:
         return {k: v for k, v in settings.kafka_python(KafkaProducer).items() if k != "bootstrap_servers"}
 
@@ -125,7 +148,7 @@ class KafkaSink(Sink):
         settings = self.client_settings()
         try:
             with probe.admin_client(settings) as admin:
-                if not probe.topic_partitions(admin, self.topic):
+                if not probe.topic_partitions(admin, self.topic, operation="WRITE"):
                     raise ConfigurationError(f"the kafka sink topic {self.topic!r} does not exist on "
                                              f"{settings.bootstrap_servers}: create it (the sink never creates topics)")
                 if self.guarantee == "EXACTLY_ONCE":
@@ -133,8 +156,7 @@ class KafkaSink(Sink):
         except ConfigurationError:
             raise
         except Exception as exc:
-            raise SinkError(f"cannot check the kafka sink on {settings.bootstrap_servers} ({type(exc).__name__}: "
-                            f"{exc}); is the output cluster reachable?", retriable=True) from exc
+            raise self._failure(settings, exc, f"checking the kafka sink on {settings.bootstrap_servers}") from exc
 
     # -- write ---------------------------------------------------------------------
 
@@ -145,11 +167,14 @@ class KafkaSink(Sink):
             transaction_timeout_ms=self.transaction_timeout_ms, settings=settings, producer_config=self.producer_config)
         try:
             reports = run_writers(self._key_value(frame), writer)
-        except Exception:
+        except Exception as exc:
             if self.guarantee == "EXACTLY_ONCE":
                 log.warning("the write failed; aborting the transactions its partitions left open")
                 self.abort(batch, None)
-            raise
+            explained = self._explained(settings, exc)
+            if explained is None:
+                raise
+            raise explained from exc
         return KafkaCommittable(self.guarantee, settings.bootstrap_servers, self.topic,
                                 tuple(sorted(reports, key=lambda r: r.partition)))
 
@@ -242,7 +267,7 @@ class KafkaSink(Sink):
             log.warning("%s; reading the output to see whether it was committed", lost)
             return self._judge(settings, report)
         except KafkaTransactionError as exc:
-            raise SinkError(f"committing {handle.transactional_id!r} failed: {exc}", retriable=exc.retriable) from exc
+            raise self._failure(settings, exc, f"committing {handle.transactional_id!r}", exc.retriable) from exc
         return _COMMITTED
 
     def _judge(self, settings: KafkaSettings, report: PartitionReport) -> str:

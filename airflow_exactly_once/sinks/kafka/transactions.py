@@ -48,6 +48,16 @@ Facts about kafka-python 3.0.12 this relies on (checked in its source):
 called on every use; if kafka-python changed, you get `KafkaInternalsChanged`
 naming what is missing instead of a silently wrong commit.
 
+The protocol: resuming a transaction from a stored (producer id, epoch) holds
+only under the classic transaction protocol, where the epoch of a transaction
+is the epoch its producer got from InitProducerId. Transactions v2 (KIP-890,
+on by default from Kafka 4.0) bump the epoch on every commit and are used only
+by clients sending EndTxn version 5 or above; kafka-python 3.0.12 caps EndTxn at
+version 3, so Kafka 4.x brokers keep the classic protocol for it.
+`check_transaction_protocol()` checks, on every transactional producer this
+module makes, the EndTxn version that producer will send to its broker, and
+fails with `TransactionProtocolUnsupported` if it is 5 or above.
+
 No Airflow or PySpark imports here on purpose: this module must be importable
 in any worker (Spark executors, plain subprocesses) that has kafka-python.
 """
@@ -73,13 +83,18 @@ __all__ = [
     "TransactionLost",
     "TransactionCoordinatorUnavailable",
     "KafkaInternalsChanged",
+    "TransactionProtocolUnsupported",
     "TransactionHandle",
     "open_transaction",
     "pre_commit",
     "commit_transaction",
     "abort_transaction",
     "check_kafka_python_internals",
+    "check_transaction_protocol",
 ]
+
+# EndTxn version 5 is transactions v2 (KIP-890 part 2): the epoch changes on every commit.
+END_TXN_TRANSACTIONS_V2 = 5
 
 
 # --------------------------------------------------------------------------- errors
@@ -122,6 +137,12 @@ class TransactionCoordinatorUnavailable(KafkaTransactionError):
 
 class KafkaInternalsChanged(KafkaTransactionError):
     """The installed kafka-python lacks the internals this module drives."""
+
+    retriable = False
+
+
+class TransactionProtocolUnsupported(KafkaTransactionError):
+    """The producer would end transactions with transactions v2 (EndTxn v5+), which resuming cannot work with."""
 
     retriable = False
 
@@ -169,6 +190,42 @@ def check_kafka_python_internals(producer: KafkaProducer | None = None) -> None:
             problems.append("KafkaProducer._sender.wakeup()")
     if problems:
         raise KafkaInternalsChanged(_internals_message(problems))
+
+
+def check_transaction_protocol(producer: KafkaProducer, bootstrap_servers: Any = "") -> int:
+    """The EndTxn version `producer` will send to its broker; raise unless it is below 5.
+
+    The version is what kafka-python negotiates: the lower of the cap its EndTxn handler puts
+    on the request and the broker's highest EndTxn version (known once the producer has
+    bootstrapped, which KafkaProducer does on construction). A kafka-python that raises the
+    cap to 5 against a Kafka 4.x broker would make the broker bump the epoch at every commit,
+    so a stored (producer id, epoch) could no longer be resumed: refused here, never silently.
+    """
+    try:
+        from kafka.producer.transaction_manager import EndTxnHandler
+
+        request = EndTxnHandler(producer._transaction_manager, True).request
+        client = producer._sender._client
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise KafkaInternalsChanged(_internals_message([f"EndTxnHandler(manager, committed).request ({exc})"])) from exc
+    cap = request._max_version if request._max_version is not None else type(request).max_version
+    try:
+        version = client.api_version(request, max_version=cap)
+    except Errors.IllegalStateError:  # not bootstrapped: the client's own cap is all we know
+        version = cap
+    except Errors.IncompatibleBrokerVersion as exc:
+        raise TransactionProtocolUnsupported(
+            f"the Kafka brokers at {bootstrap_servers} do not support EndTxn ({exc}); the Kafka sink's "
+            "EXACTLY_ONCE needs brokers with transactions (Kafka 0.11 or later)") from exc
+    if version >= END_TXN_TRANSACTIONS_V2:
+        raise TransactionProtocolUnsupported(
+            f"the installed kafka-python {getattr(kafka, '__version__', '?')} would end transactions with EndTxn "
+            f"v{version} against the brokers at {bootstrap_servers}: transactions v2 (KIP-890) bump the producer "
+            "epoch on every commit, so a pre-committed transaction could not be resumed and committed by "
+            f"notify_complete. Install kafka-python=={KAFKA_PYTHON_VERSION_READ} (it ends transactions with "
+            "EndTxn v3, which Kafka 4.x brokers serve with the classic protocol), or set the sink's guarantee to "
+            "AT_LEAST_ONCE.")
+    return version
 
 
 def _internals_message(problems: list[str]) -> str:
@@ -244,6 +301,10 @@ def open_transaction(
         producer.begin_transaction()
     except BaseException as exc:
         producer.close(timeout=0)
+        if isinstance(exc, Errors.AuthorizationError):  # e.g. no WRITE on the transactional id: a retry cannot help
+            raise KafkaTransactionError(
+                f"Kafka at {bootstrap_servers} refused transactional id {transactional_id!r}: "
+                f"{type(exc).__name__}: {exc}", retriable=False) from exc
         if isinstance(exc, Errors.KafkaTimeoutError):
             raise TransactionCoordinatorUnavailable(
                 f"Kafka at {bootstrap_servers} did not initialise transactional id {transactional_id!r} "
@@ -404,12 +465,18 @@ def _new_producer(bootstrap_servers, transactional_id, transaction_timeout_ms, p
     if transaction_timeout_ms is not None:
         config["transaction_timeout_ms"] = transaction_timeout_ms
     try:
-        return KafkaProducer(**config)
+        producer = KafkaProducer(**config)
     except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as exc:
         raise TransactionCoordinatorUnavailable(
             f"Cannot connect to Kafka at {bootstrap_servers} ({type(exc).__name__}: {exc}). Check that the "
             f"brokers are running and bootstrap_servers is right, then retry with the same transactional id/handle."
         ) from exc
+    try:
+        check_transaction_protocol(producer, bootstrap_servers)
+    except KafkaTransactionError:
+        producer.close(timeout=0)
+        raise
+    return producer
 
 
 def _resume(producer: KafkaProducer, handle: TransactionHandle) -> None:

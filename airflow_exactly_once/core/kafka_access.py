@@ -1,0 +1,175 @@
+"""Why a Kafka client could not get in, found out actively and quickly.
+
+kafka-python reports a refused login, an untrusted certificate and a stopped broker alike:
+after its bootstrap timeout, "Unable to bootstrap" (the broker's SASL error response arrives
+together with the closed connection, and kafka-python drops both). So when a client only says
+it could not connect, `diagnose` asks the servers itself, within a few seconds:
+
+1. TCP: does anything listen at each bootstrap server? (refused, unreachable: a retry may help)
+2. TLS, when security.protocol is SSL or SASL_SSL: does the handshake pass with the settings'
+   CA, host name check and client certificate? A plaintext port answers a TLS handshake with
+   garbage or silence; for PLAINTEXT settings, a TLS port closes the connection on a Kafka request.
+3. SASL, when security.protocol is SASL_*: one login with librdkafka (confluent-kafka, installed
+   with the official Kafka provider), which reports the broker's answer faithfully.
+
+Settings problems come back as the ConfigurationError of KafkaSettings.explain (never worth a
+retry); a server that cannot be reached is a detail for the caller's retriable error.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.core.kafka_settings import KafkaSettings
+
+DIAGNOSIS_TIMEOUT_S = 5.0
+# How long planning and the Kafka sink's probes wait for a first broker (unless bootstrap.timeout.ms
+# is set) before diagnosing: kafka-python's own default is 30 s.
+PROBE_BOOTSTRAP_TIMEOUT_MS = 10_000
+# What clients say when they found no broker to talk to (kafka-python, Java's client, librdkafka).
+_NO_CONNECTION = ("Unable to bootstrap", "NoBrokersAvailable", "KafkaConnectionError", "Cannot connect to Kafka",
+                  "TimeoutException", "Timed out waiting", "Broker transport failure", "Connection refused",
+                  "TransactionCoordinatorUnavailable", "KafkaTimeoutError")
+# A plaintext listener answers a TLS ClientHello with a Kafka-framed reply or closes the connection.
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer", "PACKET_LENGTH", "UNEXPECTED_EOF", "EOF occurred")
+_LIBRDKAFKA_KEYS = ("bootstrap.servers", "security.protocol", "client.id")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What the servers said: a settings problem (`error`), or how they could (not) be reached (`detail`)."""
+
+    error: ConfigurationError | None
+    detail: str
+    reachable: bool = True
+
+
+def is_connection_failure(failure: BaseException | str) -> bool:
+    text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+    return any(word.lower() in text.lower() for word in _NO_CONNECTION)
+
+
+def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing: str,
+                    unavailable: Callable[[str], ExactlyOnceError], **context) -> ExactlyOnceError:
+    """The error to raise for a Kafka client's `failure` while `doing` something.
+
+    A settings problem (from the failure's own words, or found by `diagnose` when the client only
+    said it could not connect) is a ConfigurationError; anything else is `unavailable(message)`,
+    the caller's retriable error. `context` goes to KafkaSettings.explain (topics, transactional ids).
+    """
+    explained = settings.explain(failure, **context)
+    if explained is not None:
+        return explained
+    text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+    if is_connection_failure(failure):
+        diagnosis = diagnose(settings)
+        if diagnosis.error is not None:
+            return diagnosis.error
+        if not diagnosis.reachable:
+            return unavailable(f"{doing} failed: no Kafka broker answered at {settings.bootstrap_servers!r} "
+                               f"({diagnosis.detail}): check that the brokers run and that the servers of "
+                               f"{settings.origin} are right. The client said: {text[:500]}")
+        return unavailable(f"{doing} failed although {diagnosis.detail}; the client said: {text[:500]}")
+    return unavailable(f"{doing} failed: {text[:800]}")
+
+
+def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> Diagnosis:
+    """Connect to the bootstrap servers as the settings say, and tell what stops a client."""
+    protocol = settings.security_protocol
+    unreachable: list[str] = []
+    for server in [s.strip() for s in settings.bootstrap_servers.split(",") if s.strip()][:3]:
+        host, _, port = server.rpartition(":")
+        host = host.strip("[]")
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+        except (OSError, ValueError) as exc:
+            unreachable.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
+            continue
+        with sock:
+            error = (_check_tls(settings, sock, host, server) if protocol.endswith("SSL")
+                     else _check_plaintext(settings, sock, server))
+        login = "not needed"
+        if error is None and protocol.startswith("SASL"):
+            error, login = _check_login(settings, timeout_s)
+        if error is not None:
+            return Diagnosis(error, f"{server}: {error}")
+        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake (SASL login: {login})")
+    return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers", reachable=False)
+
+
+def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: str) -> ConfigurationError | None:
+    try:
+        context = settings.ssl_context()
+    except (OSError, ssl.SSLError) as exc:
+        return ConfigurationError(f"the TLS files named in {settings.origin} cannot be used ({exc}): check "
+                                  "ssl.ca.location, ssl.certificate.location and ssl.key.location")
+    try:
+        with context.wrap_socket(sock, server_hostname=host):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return settings.explain(f"CERTIFICATE_VERIFY_FAILED: {exc.verify_message or exc}")
+    except ssl.SSLError as exc:
+        if any(sign in str(exc) for sign in _NOT_TLS):
+            return ConfigurationError(
+                f"the Kafka listener at {server} does not speak TLS, but {settings.origin} says "
+                f"security.protocol={settings.security_protocol}: set security.protocol to the listener's protocol "
+                f"(PLAINTEXT or SASL_PLAINTEXT). ({exc})")
+        return ConfigurationError(
+            f"the Kafka brokers at {server} ended the TLS handshake ({exc}): if they require client certificates, "
+            f"set ssl.certificate.location and ssl.key.location in {settings.origin}")
+    except OSError as exc:  # closed or silent during the handshake
+        return ConfigurationError(
+            f"the Kafka listener at {server} did not complete a TLS handshake ({exc}): it probably does not speak "
+            f"TLS; set security.protocol in {settings.origin} to the listener's protocol")
+
+
+def _check_plaintext(settings: KafkaSettings, sock: socket.socket, server: str) -> ConfigurationError | None:
+    """Send ApiVersions v0; a TLS listener closes the connection (or answers with a TLS alert)."""
+    client_id = b"airflow-exactly-once-diagnosis"
+    body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    try:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        answer = sock.recv(8)
+    except socket.timeout:
+        return None  # silent: nothing to conclude
+    except OSError:
+        answer = b""
+    if len(answer) >= 8 and struct.unpack(">i", answer[4:8])[0] == 1:
+        return None  # a Kafka answer in plaintext
+    return ConfigurationError(
+        f"the Kafka listener at {server} closed the connection on a plaintext request: it expects TLS; set "
+        f"security.protocol=SSL (or SASL_SSL) and ssl.ca.location in {settings.origin}")
+
+
+def _check_login(settings: KafkaSettings, timeout_s: float) -> tuple[ConfigurationError | None, str]:
+    """One SASL login with librdkafka: the ConfigurationError of a refused one, and what was found."""
+    try:
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient
+    except ImportError:  # the official Kafka provider brings it; without it the login stays unchecked
+        return None, "not checked, confluent-kafka is not installed"
+    errors: list = []
+    config = {k: v for k, v in settings.librdkafka().items()
+              if k in _LIBRDKAFKA_KEYS or k.startswith(("sasl.", "ssl."))}
+    config.update({"error_cb": errors.append, "log_level": 0, "socket.timeout.ms": int(timeout_s * 1000)})
+    try:
+        admin = AdminClient(config)
+    except (KafkaException, ValueError, TypeError) as exc:
+        return None, f"not checked, librdkafka refused the settings ({exc})"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=0.5)
+            return None, "accepted"
+        except KafkaException:
+            admin.poll(0)
+        refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+        if refused:
+            return settings.explain(f"SASL authentication error: {refused[0].str()}"), "refused"
+    return None, f"no answer within {timeout_s:.0f} s"

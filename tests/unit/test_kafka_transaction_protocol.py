@@ -1,0 +1,80 @@
+"""The transaction adapter refuses a client that would end transactions with transactions v2 (KIP-890).
+
+No broker: the producers are given the broker release (`api_version`), whose EndTxn versions
+kafka-python knows, so they negotiate as they would against that broker. The client's own cap is
+faked by building kafka-python's EndTxn handler with another `max_version`, as a kafka-python
+release implementing KIP-890 would. tests/integration/test_kafka_transactions.py runs the same
+check against the real 3.9 and 4.x brokers.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kafka import KafkaProducer
+from kafka.producer import transaction_manager
+
+from airflow_exactly_once.sinks.kafka.transactions import (
+    END_TXN_TRANSACTIONS_V2,
+    TransactionProtocolUnsupported,
+    _new_producer,
+    check_transaction_protocol,
+)
+
+KAFKA_3_9, KAFKA_4_0 = (3, 9), (4, 0)
+
+
+@pytest.fixture
+def producer_for():
+    made: list[KafkaProducer] = []
+
+    def make(broker_release: tuple[int, int]) -> KafkaProducer:
+        made.append(KafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t", api_version=broker_release))
+        return made[-1]
+
+    yield make
+    for producer in made:
+        producer.close(timeout=0)
+
+
+@pytest.fixture
+def client_end_txn_cap(monkeypatch):
+    """Make kafka-python's EndTxn handler cap its request at another version (None: no cap)."""
+    original = transaction_manager.EndTxnHandler.__init__
+
+    def set_cap(cap: int | None) -> None:
+        def init(self, manager, committed):
+            original(self, manager, committed)
+            self.request._max_version = cap
+
+        monkeypatch.setattr(transaction_manager.EndTxnHandler, "__init__", init)
+
+    return set_cap
+
+
+def test_the_installed_client_ends_transactions_below_v5_against_both_brokers(producer_for):
+    assert check_transaction_protocol(producer_for(KAFKA_3_9)) == 3
+    assert check_transaction_protocol(producer_for(KAFKA_4_0)) == 3
+
+
+def test_a_client_speaking_transactions_v2_is_refused_against_kafka_4(producer_for, client_end_txn_cap):
+    client_end_txn_cap(5)
+    with pytest.raises(TransactionProtocolUnsupported) as refused:
+        check_transaction_protocol(producer_for(KAFKA_4_0), "b:9092")
+    assert refused.value.retriable is False
+    assert "EndTxn v5" in str(refused.value) and "b:9092" in str(refused.value)
+    assert "kafka-python==3.0.12" in str(refused.value)
+    # Kafka 3.9 answers EndTxn up to v4: the same client keeps the classic protocol there.
+    assert check_transaction_protocol(producer_for(KAFKA_3_9)) == 4 < END_TXN_TRANSACTIONS_V2
+
+
+def test_an_uncapped_client_is_judged_by_the_broker_and_never_silently(producer_for, client_end_txn_cap):
+    client_end_txn_cap(None)
+    assert check_transaction_protocol(producer_for(KAFKA_3_9)) == 4
+    with pytest.raises(TransactionProtocolUnsupported):
+        check_transaction_protocol(producer_for(KAFKA_4_0))
+
+
+def test_every_transactional_producer_of_the_adapter_is_checked(client_end_txn_cap):
+    client_end_txn_cap(5)
+    with pytest.raises(TransactionProtocolUnsupported):
+        _new_producer("127.0.0.1:9", "t", 60_000, {"api_version": KAFKA_4_0})
