@@ -97,6 +97,14 @@ class Sink(ABC):
     def check(self, pipeline_id: str) -> None:
         """Plan-time validation against the real system (permissions, server settings)."""
 
+    def spark_packages(self) -> list[str]:
+        """Maven coordinates of JVM libraries the write's Spark needs beyond Kafka's connector.
+
+        Loaded like the Kafka connector (airflow_exactly_once.spark.connector): the user's own
+        Spark settings win, else Spark resolves them itself.
+        """
+        return []
+
     # -- write (the driver, in the Spark job) --------------------------------------
 
     @abstractmethod

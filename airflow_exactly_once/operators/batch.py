@@ -196,7 +196,8 @@ class WriteBatchOperator(_BatchStepOperator):
             summary = self._remote(ClusterWrite(coordinator, self.ledger_hook().get_url(), self.spark_conn_id,
                                                 self.spark_conf, self.transform, self.log), batch_id)
         else:
-            spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf)
+            spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf,
+                                        packages=coordinator.sink.spark_packages())
             try:
                 summary = run_write(spark, coordinator, batch_id, transform=self.transform)
             finally:

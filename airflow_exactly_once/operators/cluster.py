@@ -57,7 +57,8 @@ class ClusterWrite:
         clear_failure(ledger, batch_id)
         self.hook = _submit_hook_class()(spark_conn_id=self.spark_conn_id, batch_id=batch_id,
                                          ledger_url=self.ledger_url, transform=config.transform,
-                                         spark_conf=self.spark_conf, secrets=config.secrets())
+                                         spark_conf=self.spark_conf, secrets=config.secrets(),
+                                         packages=self.coordinator.sink.spark_packages())
         try:
             self.hook.submit_write()
         except AirflowException as exc:
