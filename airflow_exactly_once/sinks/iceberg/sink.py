@@ -114,8 +114,7 @@ class IcebergSink(Sink):
         """Spark's Iceberg writer appends the batch as a staged snapshot (invisible on main)."""
         spark = frame.sparkSession
         self.committer.catalog()  # pyiceberg creates the catalog's tables if they are missing (see CatalogSpec)
-        for key, value in self.catalog.spark_conf().items():
-            spark.conf.set(key, value)
+        self._configure(spark)
         self._ensure_table(spark, frame)
         self._check_columns(spark, frame)
         wap = snaps.wap_id(batch.pipeline_id, batch.seq, batch.epoch)
@@ -132,6 +131,19 @@ class IcebergSink(Sink):
         finally:
             spark.conf.unset("spark.wap.id")
         return StagedSnapshot(self.table, wap, self._staged_snapshot(spark, wap))
+
+    def _configure(self, spark: Any) -> None:
+        """Register the catalog in the session; a long-lived session may have it already, on another database."""
+        conf = self.catalog.spark_conf()
+        prefix = f"spark.sql.catalog.{self.catalog.name}"
+        for key in (f"{prefix}.uri", f"{prefix}.warehouse"):
+            current = spark.conf.get(key, None)
+            if current not in (None, conf[key]):
+                raise ConfigurationError(
+                    f"this Spark session already has an Iceberg catalog named {self.catalog.name!r} on {current} "
+                    f"(Spark keeps a catalog once loaded); give this sink's catalog another 'name'")
+        for key, value in conf.items():
+            spark.conf.set(key, value)
 
     def _ensure_table(self, spark: Any, frame: Any) -> None:
         if spark.catalog.tableExists(f"{self.catalog.name}.{self.table}"):
