@@ -31,6 +31,7 @@ PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
+ICEBERG_EXAMPLE_TOPIC = "events_iceberg"  # dags/kafka_to_iceberg.py
 # Every process a test starts inherits this mark; at the end of the session none may be left.
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
@@ -141,7 +142,12 @@ def example_spark_output(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
+def example_lakehouse(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("example") / "lakehouse"
+
+
+@pytest.fixture(scope="session")
+def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse, tmp_path_factory):
     from devtools.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
@@ -165,6 +171,8 @@ def airflow(kafka, postgres, faults_dir, example_output, example_spark_output, t
              "schema": PG_DATABASE}),
         "EXACTLY_ONCE_DEMO_POSTGRES_CONN": PG_CONN_ID,
         "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_ICEBERG_TOPIC": ICEBERG_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
     }
     stack = AirflowStack(root, dag_files, env)
     stack.start()
