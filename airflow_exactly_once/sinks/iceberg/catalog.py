@@ -180,16 +180,6 @@ def unreachable(catalog: CatalogSpec, exc: Exception) -> SinkError:
 
 
 def _connection_url(conn_id: str) -> str:
-    from airflow_exactly_once.compat import BaseHook
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.hooks.ledger import postgres_connection_url
 
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        raise ConfigurationError(f"the iceberg catalog's Airflow connection {conn_id!r} cannot be read ({exc}); "
-                                 "create it (conn_type 'postgres': host, port, login, password, schema = database) "
-                                 "or give the catalog a 'url'") from exc
-    if conn.conn_type not in ("postgres", "postgresql"):
-        raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; the iceberg catalog needs a "
-                                 "'postgres' connection")
-    return connection_to_url(conn)
+    return postgres_connection_url(conn_id, "the iceberg catalog", "give the catalog a 'url'")

@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import RunWriters, Sink
+from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
@@ -43,16 +43,6 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def _quote(*parts: str) -> str:
     return ".".join(f"`{p}`" for p in parts)
-
-
-def _names(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigurationError(f"the iceberg sink's {what} must be a list of column names, not {value!r}")
-    return tuple(value)
 
 
 class IcebergSink(Sink):
@@ -79,7 +69,7 @@ class IcebergSink(Sink):
         if not isinstance(self.create_table, bool):
             raise ConfigurationError("the iceberg sink's create_table must be True or False")
         self.table_properties = {str(k): str(v) for k, v in (spec.get("table_properties") or {}).items()}
-        self.partitioned_by = _names(spec.get("partitioned_by"), "partitioned_by")
+        self.partitioned_by = column_names(spec.get("partitioned_by"), "the iceberg sink's partitioned_by")
         self.committer = TableCommitter(self.catalog, self.table)
 
     @property
