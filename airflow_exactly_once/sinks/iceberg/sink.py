@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Any
 
-from airflow_exactly_once.core.errors import ConfigurationError, SinkError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
@@ -105,8 +105,13 @@ class IcebergSink(Sink):
         spark = frame.sparkSession
         self.committer.catalog()  # pyiceberg creates the catalog's tables if they are missing (see CatalogSpec)
         self._configure(spark)
-        self._ensure_table(spark, frame)
-        self._check_columns(spark, frame)
+        try:
+            self._ensure_table(spark, frame)
+            self._check_columns(spark, frame)
+        except ExactlyOnceError:
+            raise
+        except Exception as exc:
+            raise self._explain(exc) from exc
         wap = snaps.wap_id(batch.pipeline_id, batch.seq, batch.epoch)
         summary = {**snaps.batch_summary(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id), "aeo.wap": wap}
         writer = frame.writeTo(self.spark_table)
@@ -171,6 +176,13 @@ class IcebergSink(Sink):
 
     def _explain(self, exc: Exception) -> Exception:
         text = str(exc)
+        if "CATALOG_PLUGIN_CLASS_NOT_FOUND" in text or "org.apache.iceberg.spark.SparkCatalog" in text:
+            return ConfigurationError(
+                f"Spark cannot load Iceberg's Spark runtime: give Spark the packages {', '.join(self.spark_packages())} "
+                "(spark.jars.packages, or --packages on a Spark Connect server), or their jars in spark.jars")
+        if "No suitable driver" in text or "ClassNotFoundException: org.sqlite" in text:
+            return ConfigurationError(f"Spark cannot load the JDBC driver of the Iceberg {self.catalog.describe()}: "
+                                      f"give Spark the package {self.catalog.jdbc_package()}")
         if "AnalysisException" in type(exc).__name__ or "INCOMPATIBLE_DATA" in text or "Cannot write" in text:
             return ConfigurationError(
                 f"Iceberg table {self.table} rejects the transform's output: {text[:600]}. Fix the transform to "
