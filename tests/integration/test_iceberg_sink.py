@@ -84,6 +84,7 @@ def test_kafka_to_iceberg_exactly_once(spark, kafka, catalog, tmp_path, unique):
         assert len(read_spark(spark, pipe.sink)) == before
         assert "published" in pipe.commit(batch.id)
         assert "already" in pipe.new_coordinator().commit(batch.id)
+        assert pipe.plan(run).action == "already-committed"  # a cleared, committed run: a recorded no-op
     assert pipe.plan("run-3").action == "empty"
     assert_exactly_once(sent, read_pyiceberg(pipe.sink.committer))
     assert_exactly_once(sent, read_spark(spark, pipe.sink))
@@ -156,6 +157,20 @@ def test_overlapping_runs_commit_once(spark, catalog, tmp_path):
     assert late_zombie.snapshot_id not in {s.snapshot_id for s in pipe.sink.committer.main_history(
         pipe.sink.committer.load())}
     assert_nothing_staged(pipe.sink.committer)  # the commit dropped the late zombie's snapshot too
+
+
+def test_a_run_that_took_the_pipeline_over_is_the_only_one_to_commit(spark, catalog, tmp_path):
+    """Manual trigger + schedule: the later plan supersedes the earlier PLANNED batch, whose write is fenced."""
+    pipe = Pipeline(tmp_path, iceberg_spec(tmp_path, catalog), max_records_per_partition=10)
+    earlier = pipe.plan("manual").batch
+    later = pipe.plan("scheduled").batch
+    assert pipe.state(earlier.id) is BatchState.ABORTED and later.ranges == earlier.ranges
+    with pytest.raises(FencedError):
+        pipe.write(earlier.id, frame(spark, 100, 10)[0])
+    df, values = frame(spark, 0, 10)
+    pipe.commit(pipe.write(later.id, df).id)
+    assert read_pyiceberg(pipe.sink.committer) == sorted(values)
+    assert_nothing_staged(pipe.sink.committer)
 
 
 def test_parallel_batches_publish_in_any_order(spark, catalog, tmp_path):

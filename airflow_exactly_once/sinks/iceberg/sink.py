@@ -32,7 +32,7 @@ from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.iceberg.committer import TableCommitter, TableGone, view
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,7 @@ class IcebergSink(Sink):
         self.committer.catalog()  # pyiceberg creates the catalog's tables if they are missing (see CatalogSpec)
         self._configure(spark)
         try:
-            self._ensure_table(spark, frame)
-            self._check_columns(spark, frame)
+            self._check_columns(self._ensure_table(spark, frame), frame)
         except ExactlyOnceError:
             raise
         except Exception as exc:
@@ -140,12 +139,16 @@ class IcebergSink(Sink):
         for key, value in conf.items():
             spark.conf.set(key, value)
 
-    def _ensure_table(self, spark: Any, frame: Any) -> None:
-        if spark.catalog.tableExists(f"{self.catalog.name}.{self.table}"):
-            properties = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES {self.spark_table}").collect()}
-            if properties.get(WAP_ENABLED) != "true":  # never append without WAP: it would go straight to main
+    def _ensure_table(self, spark: Any, frame: Any) -> Any:
+        """The table (pyiceberg's view, no Spark job), created from the frame's schema if asked, WAP enabled."""
+        try:
+            table = self.committer.load()
+        except TableGone:
+            table = None
+        if table is not None:
+            if table.properties.get(WAP_ENABLED) != "true":  # never append without WAP: it would go straight to main
                 spark.sql(f"ALTER TABLE {self.spark_table} SET TBLPROPERTIES ('{WAP_ENABLED}' = 'true')")
-            return
+            return table
         if not self.create_table:
             raise ConfigurationError(f"table {self.table} does not exist in the Iceberg {self.catalog.describe()} "
                                      "(dropped since the plan?); create it, or set 'create_table': True")
@@ -158,15 +161,16 @@ class IcebergSink(Sink):
         spark.sql(f"CREATE TABLE IF NOT EXISTS {self.spark_table} ({columns}) USING iceberg{partitions} "
                   f"TBLPROPERTIES ({props})")
         log.info("created Iceberg table %s from the transform's schema", self.table)
+        return self.committer.load()
 
-    def _check_columns(self, spark: Any, frame: Any) -> None:
+    def _check_columns(self, table: Any, frame: Any) -> None:
         """The transform's columns against the table's, before anything is written."""
-        table = {f.name.lower(): f for f in spark.table(self.spark_table).schema.fields}
-        given = {f.name.lower(): f for f in frame.schema.fields}
-        extra = [given[c].name for c in given if c not in table]
-        missing = [table[c].name for c in table if c not in given and not table[c].nullable]
+        fields = {f.name.lower(): f for f in table.schema().fields}
+        given = {f.name.lower(): f.name for f in frame.schema.fields}
+        extra = [given[c] for c in given if c not in fields]
+        missing = [fields[c].name for c in fields if c not in given and fields[c].required]
         if extra or missing:
-            shown = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in table.values())
+            shown = ", ".join(f"{f.name} {f.field_type}" for f in fields.values())
             raise ConfigurationError(
                 f"the transform's output does not match Iceberg table {self.table} ({shown}):"
                 f"{f' columns {extra} are not in the table;' if extra else ''}"
@@ -193,17 +197,16 @@ class IcebergSink(Sink):
         return exc
 
     def _staged_snapshot(self, spark: Any, wap: str) -> int | None:
-        """The snapshot this attempt staged, checked to be staged (not on main)."""
-        rows = spark.sql(f"SELECT snapshot_id, summary FROM {self.spark_table}.snapshots "
-                         f"WHERE summary['aeo.wap'] = '{wap}'").collect()
-        if not rows:
+        """The snapshot this attempt staged (read with pyiceberg: no Spark job), checked to be staged, not on main."""
+        found = [view(s) for s in self.committer.load().metadata.snapshots]
+        staged = next((s for s in found if s.summary.get("aeo.wap") == wap), None)
+        if staged is None:
             return None  # Spark commits nothing for an empty output
-        snapshot_id, summary = rows[0]["snapshot_id"], rows[0]["summary"]
-        if summary.get(snaps.WAP_ID) != wap:
+        if staged.summary.get(snaps.WAP_ID) != wap:
             raise SinkError(f"Spark appended batch attempt {wap} to main of {self.table} instead of staging it "
-                            f"(snapshot {snapshot_id}): the table lost '{WAP_ENABLED}=true' during the write. Roll main "
-                            "back to the snapshot before it and set the property again", retriable=False)
-        return int(snapshot_id)
+                            f"(snapshot {staged.snapshot_id}): the table lost '{WAP_ENABLED}=true' during the write. "
+                            "Roll main back to the snapshot before it and set the property again", retriable=False)
+        return staged.snapshot_id
 
     def _drop_attempt(self, spark: Any, batch: Batch, wap: str) -> None:
         """After a failed write: the snapshot this attempt may have staged before failing."""
