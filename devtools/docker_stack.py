@@ -30,6 +30,8 @@ KAFKA_CLUSTER_ID = "ZXhhY3RseS1vbmNlLWRlbW8"
 SPARK_MASTER = "spark://spark-master:7077"
 SPARK_CONNECT_PORT = 15002
 DATA = "/data"  # mounted by the Airflow worker (the Spark driver) and every Spark worker
+ICEBERG_CATALOG_CONN = "iceberg_catalog"  # dags/kafka_to_iceberg.py's catalog
+ICEBERG_CATALOG_DATABASE = "iceberg_catalog"
 
 # Host-specific broker properties: everything else is the tests' broker, unchanged.
 KAFKA_CONTAINER_PROPERTIES = {
@@ -94,6 +96,12 @@ def _airflow_environment() -> dict[str, str]:
             "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
             "password": POSTGRES_PASSWORD, "schema": "exactly_once"}),
         "EXACTLY_ONCE_LEDGER_CONN_ID": "exactly_once_ledger",
+        # The Iceberg sink's production catalog: Iceberg's JDBC catalog in its own database (postgres-init.sql).
+        f"AIRFLOW_CONN_{ICEBERG_CATALOG_CONN.upper()}": json.dumps({
+            "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
+            "password": POSTGRES_PASSWORD, "schema": ICEBERG_CATALOG_DATABASE}),
+        "EXACTLY_ONCE_DEMO_ICEBERG_CATALOG_CONN": ICEBERG_CATALOG_CONN,
+        "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": f"{DATA}/lakehouse",
         "EXACTLY_ONCE_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet",
         "EXACTLY_ONCE_SPARK_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet_on_spark",
     }

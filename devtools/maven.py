@@ -74,8 +74,28 @@ def spark_kafka_artifacts(version: str, scala: str) -> tuple[Artifact, ...]:
                      exclude_groups=("org.apache.hadoop",)),)
 
 
-# PostgreSQL's JDBC driver: only the benchmark's baseline (Spark's own JDBC writer) needs it.
+# PostgreSQL's JDBC driver: the benchmark's baseline (Spark's own JDBC writer) and the Iceberg sink's JDBC catalog.
 POSTGRES_JDBC = (Artifact("org.postgresql", "postgresql", "42.7.4", False),)
+
+
+def artifact(coordinates: str, transitive: bool = False) -> Artifact:
+    """An Artifact from Maven coordinates "group:artifact:version"."""
+    group, name, version = coordinates.split(":")[:3]
+    return Artifact(group, name, version, transitive)
+
+
+def iceberg_jars() -> list[str]:
+    """Iceberg's Spark runtime for the installed pyspark (one shaded jar) and the JDBC drivers of its catalogs."""
+    from airflow_exactly_once.sinks.iceberg.catalog import POSTGRES_JDBC_PACKAGE, SQLITE_JDBC_PACKAGE
+    from airflow_exactly_once.spark.connector import iceberg_package
+
+    runtime = artifact(iceberg_package())
+    jars = []
+    for kind, coordinates in ((runtime.name, iceberg_package()), ("sqlite-jdbc", SQLITE_JDBC_PACKAGE),
+                              ("postgres-jdbc", POSTGRES_JDBC_PACKAGE)):
+        folder = fetch_jars(kind, (artifact(coordinates),), strip_version=True)
+        jars.extend(sorted(str(p) for p in folder.glob("*.jar")))
+    return jars
 
 
 def devenv_home() -> Path:
@@ -179,7 +199,7 @@ def postgres_jdbc_jars() -> list[str]:
 
 
 def spark_conf_dir(folder: str | Path) -> Path:
-    """A SPARK_CONF_DIR whose spark-defaults.conf loads the pre-fetched Kafka connector jars.
+    """A SPARK_CONF_DIR whose spark-defaults.conf loads the pre-fetched Kafka connector and Iceberg jars.
 
     Tests, the demo and the benchmarks pass the connector this way, explicitly, as a Spark user
     would: Spark reads the file in every driver it starts (in-process, spark-submit), so no
@@ -187,7 +207,12 @@ def spark_conf_dir(folder: str | Path) -> Path:
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_kafka_jars())}\n")
+    try:
+        iceberg = iceberg_jars()
+    except RuntimeError as exc:  # e.g. a pyspark release line Iceberg has no runtime for yet
+        print(f"devtools: no Iceberg jars for this pyspark ({str(exc)[:200]}); Iceberg tables cannot be written")
+        iceberg = []
+    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_kafka_jars() + iceberg)}\n")
     return folder
 
 

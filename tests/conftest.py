@@ -32,6 +32,7 @@ PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
+ICEBERG_EXAMPLE_TOPIC = "events_iceberg"  # dags/kafka_to_iceberg.py
 # The secured broker (SASL_SSL, SCRAM-SHA-512, ACLs): its users and what they may do. Pipelines on it read
 # topics "sec-in-*", write topics "sec-out-*" and use transactional ids "sec*" (their pipeline ids).
 SECURED_CONN_ID = "kafka_secured"  # the Airflow connection of the secured broker's PIPELINE_USER
@@ -190,7 +191,12 @@ def _secured_connections(request) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, tmp_path_factory):
+def example_lakehouse(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("example") / "lakehouse"
+
+
+@pytest.fixture(scope="session")
+def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse, tmp_path_factory):
     from devtools.airflow_stack import AirflowStack
 
     root = tmp_path_factory.mktemp("airflow")
@@ -214,6 +220,8 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
              "schema": PG_DATABASE}),
         "EXACTLY_ONCE_DEMO_POSTGRES_CONN": PG_CONN_ID,
         "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_ICEBERG_TOPIC": ICEBERG_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
         **_secured_connections(request),
     }
     stack = AirflowStack(root, dag_files, env)

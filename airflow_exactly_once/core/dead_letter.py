@@ -67,6 +67,9 @@ class SinkWithDeadLetters(Sink):
         self.output.check(pipeline_id)
         self.dead.check(pipeline_id)
 
+    def spark_packages(self) -> list[str]:
+        return list(dict.fromkeys([*self.output.spark_packages(), *self.dead.spark_packages()]))
+
     def commit_deadline_ms(self) -> int | None:
         deadlines = [d for d in (self.output.commit_deadline_ms(), self.dead.commit_deadline_ms()) if d is not None]
         return min(deadlines) if deadlines else None

@@ -27,6 +27,17 @@ from airflow_exactly_once.core.model import Batch
 Handles = dict[str, Any]
 
 
+def column_names(value: Any, what: str) -> tuple[str, ...]:
+    """A spec's list of column names (a single name is a list of one); `what` names the setting in errors."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigurationError(f"{what} must be a list of column names, not {value!r}")
+    return tuple(value)
+
+
 class Committable(ABC):
     """A batch's staged output, as its committer needs it."""
 
@@ -96,6 +107,14 @@ class Sink(ABC):
 
     def check(self, pipeline_id: str) -> None:
         """Plan-time validation against the real system (permissions, server settings)."""
+
+    def spark_packages(self) -> list[str]:
+        """Maven coordinates of JVM libraries the write's Spark needs beyond Kafka's connector.
+
+        Loaded like the Kafka connector (airflow_exactly_once.spark.connector): the user's own
+        Spark settings win, else Spark resolves them itself.
+        """
+        return []
 
     # -- write (the driver, in the Spark job) --------------------------------------
 

@@ -32,6 +32,21 @@ def connection_to_url(conn) -> str:
     return uri.replace("postgres://", "postgresql+psycopg2://", 1)
 
 
+def postgres_connection_url(conn_id: str, user: str, instead: str) -> str:
+    """The SQLAlchemy URL of the Airflow `postgres` connection `conn_id` that `user` (e.g. "the postgres sink")
+    reads; errors say to create it, or to do `instead` (e.g. "give the sink a 'url'")."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:
+        raise ConfigurationError(f"{user}'s Airflow connection {conn_id!r} cannot be read ({exc}); create it "
+                                 "(conn_type 'postgres': host, port, login, password, schema = database) or "
+                                 f"{instead}") from exc
+    if conn.conn_type not in ("postgres", "postgresql"):
+        raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; {user} needs a 'postgres' "
+                                 "connection")
+    return connection_to_url(conn)
+
+
 def ledger_connection_url(conn) -> str:
     """The URL of an `exactly_once_ledger` connection (see docs/install.md, "The ledger connection").
 

@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Sequence
 
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 
@@ -32,7 +32,7 @@ except ImportError as exc:
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.spark.job import LEDGER_URL_ENV, SECRETS_ENV
 from airflow_exactly_once.spark.parent_death import die_with_parent
-from airflow_exactly_once.spark.connector import spark_home, with_kafka_connector
+from airflow_exactly_once.spark.connector import spark_home, with_connectors
 from airflow_exactly_once.spark.shipping import build_bundle
 
 
@@ -44,8 +44,9 @@ class WriteJobSubmitHook(SparkSubmitHook):
     """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
-                 spark_conf: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None) -> None:
-        conf = {k: str(v) for k, v in with_kafka_connector(spark_conf or {}).items()}
+                 spark_conf: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None,
+                 packages: Sequence[str] = ()) -> None:
+        conf = {k: str(v) for k, v in with_connectors(spark_conf or {}, packages).items()}
         master = conf.pop("spark.master", None)
         # --jars and --py-files replace spark.jars and spark.submit.pyFiles: merge, never drop the user's.
         user_jars = conf.pop("spark.jars", None)

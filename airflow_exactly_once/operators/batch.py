@@ -29,6 +29,7 @@ from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import ConnectWrite
+from airflow_exactly_once.spark.connector import pipeline_packages
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 
@@ -198,7 +199,8 @@ class WriteBatchOperator(_BatchStepOperator):
                                                 self.spark_conf, self.transform, self.log), batch_id)
         else:
             started = time.monotonic()
-            spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf)
+            spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf,
+                                        packages=pipeline_packages(coordinator.config, coordinator.sink))
             session_s = time.monotonic() - started
             try:
                 summary = run_write(spark, coordinator, batch_id, transform=self.transform)

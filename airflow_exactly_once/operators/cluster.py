@@ -18,6 +18,7 @@ from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
+from airflow_exactly_once.spark.connector import pipeline_packages
 
 
 class ClusterWrite:
@@ -57,7 +58,8 @@ class ClusterWrite:
         clear_failure(ledger, batch_id)
         self.hook = _submit_hook_class()(spark_conn_id=self.spark_conn_id, batch_id=batch_id,
                                          ledger_url=self.ledger_url, transform=config.transform,
-                                         spark_conf=self.spark_conf, secrets=config.secrets())
+                                         spark_conf=self.spark_conf, secrets=config.secrets(),
+                                         packages=pipeline_packages(config, self.coordinator.sink))
         try:
             self.hook.submit_write()
         except AirflowException as exc:

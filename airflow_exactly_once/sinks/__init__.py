@@ -20,6 +20,7 @@ SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
     "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
     "kafka": "airflow_exactly_once.sinks.kafka.sink:KafkaSink",
+    "iceberg": "airflow_exactly_once.sinks.iceberg.sink:IcebergSink",
 }
 
 

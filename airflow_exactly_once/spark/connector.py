@@ -1,9 +1,11 @@
-"""Spark's Kafka connector (`spark-sql-kafka-0-10`), found the way Spark users find it.
+"""Spark's connectors (its Kafka source, a sink's runtime such as Iceberg's), found the way Spark users find them.
 
-pyspark does not ship the connector. If the user's Spark settings already name it, in
-`spark_conf`, in `PYSPARK_SUBMIT_ARGS` or in `spark-defaults.conf`, nothing is added.
-Otherwise Spark resolves it from Maven Central by itself (`spark.jars.packages`), with the
-coordinates of the installed pyspark and its Scala version. Nothing here runs Maven.
+pyspark ships none of them. Every pipeline needs Spark's Kafka connector
+(`spark-sql-kafka-0-10`); a sink may need more (`Sink.spark_packages()`: Iceberg's Spark
+runtime and its catalog's JDBC driver). For each one: if the user's Spark settings already
+name it, in `spark_conf`, in `PYSPARK_SUBMIT_ARGS` or in `spark-defaults.conf`, nothing is
+added. Otherwise Spark resolves it from Maven Central by itself (`spark.jars.packages`), with
+coordinates that follow the installed pyspark and its Scala version. Nothing here runs Maven.
 
 Spark's resolver (Ivy) looks into `~/.m2/repository` first, and a pom there without its jar
 (Maven leaves such entries for managed dependencies) fails the whole resolution. So when
@@ -17,7 +19,10 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.sink import Sink
 
 CONNECTOR = "spark-sql-kafka-0-10"
 GROUP = "org.apache.spark"
@@ -58,6 +63,18 @@ def kafka_package(version: str | None = None, scala: str | None = None) -> str:
     return f"{GROUP}:{CONNECTOR}_{scala or scala_version(version=version)}:{version}"
 
 
+def artifact_of(coordinates: str) -> str:
+    """What names a package in the user's jar settings: its artifact id without the Scala suffix.
+
+    "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0" -> "spark-sql-kafka-0-10", found in both
+    `--packages` coordinates and jar file names ("spark-sql-kafka-0-10_2.13-4.0.0.jar").
+    """
+    parts = coordinates.split(":")
+    if len(parts) < 3 or not all(parts[:3]):
+        raise ValueError(f"not Maven coordinates 'group:artifact:version': {coordinates!r}")
+    return re.sub(r"_\d+\.\d+$", "", parts[1])
+
+
 def _defaults_file() -> Path | None:
     folder = os.environ.get("SPARK_CONF_DIR")
     if folder:
@@ -80,33 +97,73 @@ def _read_defaults(path: Path | None) -> dict[str, str]:
     return settings
 
 
-def _submit_args_name_connector(text: str) -> bool:
+def _submit_args_name(artifact: str, text: str) -> bool:
     args = shlex.split(text or "")
     for flag, value in zip(args, args[1:]):
-        if flag in ("--jars", "--packages") and CONNECTOR in value:
+        if flag in ("--jars", "--packages") and artifact in value:
             return True
-        if flag == "--conf" and value.split("=", 1)[0] in _JAR_KEYS and CONNECTOR in value:
+        if flag == "--conf" and value.split("=", 1)[0] in _JAR_KEYS and artifact in value:
             return True
     return False
 
 
-def names_kafka_connector(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
-    """Whether Spark will already load the connector from the user's own settings."""
+def names_package(artifact: str, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Spark will already load `artifact` (see artifact_of) from the user's own settings."""
     environ = os.environ if environ is None else environ
-    if any(CONNECTOR in str(conf.get(key) or "") for key in _JAR_KEYS):
+    if any(artifact in str(conf.get(key) or "") for key in _JAR_KEYS):
         return True
-    if _submit_args_name_connector(environ.get("PYSPARK_SUBMIT_ARGS", "")):
+    if _submit_args_name(artifact, environ.get("PYSPARK_SUBMIT_ARGS", "")):
         return True
     defaults = _read_defaults(_defaults_file())
-    return any(CONNECTOR in defaults.get(key, "") for key in _JAR_KEYS)
+    return any(artifact in defaults.get(key, "") for key in _JAR_KEYS)
+
+
+def names_kafka_connector(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether Spark will already load the Kafka connector from the user's own settings."""
+    return names_package(CONNECTOR, conf, environ)
+
+
+def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> dict[str, Any]:
+    """`conf` plus what Spark needs to load the Kafka connector and `packages` (Maven coordinates).
+
+    Each package the user's settings do not name already goes to `spark.jars.packages`, for
+    Spark's own resolution.
+    """
+    result = dict(conf)
+    missing = [p for p in dict.fromkeys([kafka_package(), *packages]) if not names_package(artifact_of(p), result)]
+    if not missing:
+        return result
+    given = [p for p in str(result.get("spark.jars.packages") or "").split(",") if p.strip()]
+    result["spark.jars.packages"] = ",".join([*given, *missing])
+    result.setdefault("spark.jars.ivySettings", str(IVY_SETTINGS))
+    return result
 
 
 def with_kafka_connector(conf: Mapping[str, Any]) -> dict[str, Any]:
     """`conf` plus what Spark needs to load the connector, if the user's settings do not name it."""
-    result = dict(conf)
-    if names_kafka_connector(result):
-        return result
-    packages = [p for p in str(result.get("spark.jars.packages") or "").split(",") if p.strip()]
-    result["spark.jars.packages"] = ",".join([*packages, kafka_package()])
-    result.setdefault("spark.jars.ivySettings", str(IVY_SETTINGS))
-    return result
+    return with_connectors(conf)
+
+
+# The Iceberg release whose Spark runtime Spark resolves when the user's settings name none
+# (Maven Central has iceberg-spark-runtime-3.5_2.12 and -4.0_2.13 in it); a user who needs another
+# one names it in spark.jars.packages, which wins.
+ICEBERG_RELEASE = "1.10.1"
+
+
+def iceberg_package(version: str | None = None, scala: str | None = None, release: str = ICEBERG_RELEASE) -> str:
+    """Maven coordinates of Iceberg's Spark runtime for the installed pyspark's release line and Scala."""
+    version = version or spark_version()
+    line = ".".join(version.split(".")[:2])
+    return f"org.apache.iceberg:iceberg-spark-runtime-{line}_{scala or scala_version(version=version)}:{release}"
+
+
+def avro_package(version: str | None = None, scala: str | None = None) -> str:
+    """Maven coordinates of Spark's Avro functions (`from_avro`), which pyspark does not ship either."""
+    version = version or spark_version()
+    return f"{GROUP}:spark-avro_{scala or scala_version(version=version)}:{version}"
+
+
+def pipeline_packages(config: PipelineConfig, sink: Sink) -> list[str]:
+    """What a pipeline's write loads besides Kafka's connector: its sink's packages, and spark-avro when the
+    Kafka values are Avro (value_format="avro")."""
+    return [*sink.spark_packages(), *([avro_package()] if config.value_format == "avro" else [])]

@@ -1,22 +1,23 @@
-"""The SparkSession of an in-process write: local[*] by default, with Kafka's connector."""
+"""The SparkSession of an in-process write: local[*] by default, with Kafka's connector and the sink's."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Iterable
 
-from airflow_exactly_once.spark.connector import with_kafka_connector
+from airflow_exactly_once.spark.connector import with_connectors
 
 DEFAULT_MASTER = "local[*]"
 
 
-def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None):
-    """A session that can read Kafka (see spark.connector for where the connector comes from)."""
+def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None,
+                        packages: Iterable[str] = ()):
+    """A session that can read Kafka and load the sink's `packages` (see spark.connector for where they come from)."""
     from pyspark.sql import SparkSession
 
-    conf = with_kafka_connector(spark_conf or {})
+    conf = with_connectors(spark_conf or {}, packages)
     # Python workers must run the interpreter that has this package and the transform.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -104,3 +104,12 @@ def test_a_compose_client_accepts_the_file():
                              "(`make setup` does)")
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)} rejected the file:\n{result.stdout}{result.stderr}"
+
+
+def test_the_iceberg_example_gets_its_catalog_database(services):
+    env = services["airflow-scheduler"]["environment"]
+    conn = json.loads(env[f"AIRFLOW_CONN_{docker_stack.ICEBERG_CATALOG_CONN.upper()}"])
+    assert conn["conn_type"] == "postgres" and conn["host"] == "postgres"
+    assert f"CREATE DATABASE {conn['schema']};" in (COMPOSE.parent / "postgres-init.sql").read_text()
+    assert env["EXACTLY_ONCE_DEMO_ICEBERG_CATALOG_CONN"] == docker_stack.ICEBERG_CATALOG_CONN
+    assert env["EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE"].startswith(docker_stack.DATA)

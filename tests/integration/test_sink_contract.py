@@ -17,6 +17,7 @@ import pytest
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import rollback_prepared
 from airflow_exactly_once.spark.runner import run_partition_writers
@@ -68,7 +69,25 @@ class PostgresUnderTest:
             rollback_prepared(self.dsn, gid)
 
 
-SINKS = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest, "postgres": PostgresUnderTest}
+class IcebergUnderTest:
+    def __init__(self, request, tmp_path: Path) -> None:
+        name = uuid.uuid4().hex[:8]  # one Spark session for every test: a catalog name per table
+        self.spec = {"type": "iceberg", "table": f"db.contract_{name}", "warehouse": str(tmp_path / "lake"),
+                     "catalog": {"name": f"c{name}"}, "create_table": True}
+        self.committer = create_sink(self.spec).committer
+
+    def visible(self) -> list[str]:
+        table = self.committer.load() if self.committer.exists() else None
+        if table is None or table.current_snapshot() is None:
+            return []
+        return sorted(table.scan().to_arrow().column("value").to_pylist())
+
+    def lose(self, committable) -> None:  # e.g. snapshot maintenance expired the staged snapshot
+        self.committer.load().maintenance.expire_snapshots().by_id(committable.snapshot_id).commit()
+
+
+SINKS = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest, "postgres": PostgresUnderTest,
+         "iceberg": IcebergUnderTest}
 
 
 @pytest.fixture(params=sorted(SINKS))

@@ -136,7 +136,7 @@ def test_declared_dependencies_cover_every_third_party_import():
     third_party = {n for n in imported if n not in sys.stdlib_module_names and n != "airflow_exactly_once"}
     where = {"airflow": "apache-airflow", "kafka": "kafka-python", "confluent_kafka": "confluent-kafka",
              "pyspark": "pyspark", "pyarrow": "pyarrow",
-             "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary",
+             "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary", "pyiceberg": "pyiceberg",
              # the FAB connection form: only called on Airflow < 3.2 with the FAB UI, which brings them
              "flask_appbuilder": None, "flask_babel": None, "wtforms": None}
     assert third_party <= set(where), f"imports without a declared distribution: {sorted(third_party - set(where))}"
@@ -147,6 +147,7 @@ def test_declared_dependencies_cover_every_third_party_import():
     assert "psycopg2-binary" in groups["postgres"]
     assert groups["spark-submit"] == ["apache-airflow-providers-apache-spark"]
     assert groups["spark-connect"] == ["pyspark"]  # pyspark[connect]: the Spark Connect client's gRPC stack
+    assert groups["iceberg"] == ["pyiceberg"]  # pyiceberg[sql-postgres,pyarrow]: the Iceberg sink's committer
     # pyspark-client installs into pyspark's own folder: nothing of ours may pull it in.
     assert not any("pyspark-client" in names for names in groups.values())
 

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import RunWriters, Sink
+from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.postgres import transactions as pgx
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
 from airflow_exactly_once.sinks.postgres.writer import PostgresPartitionWriter
@@ -44,20 +44,9 @@ def resolve_dsn(spec: dict[str, Any]) -> str:
     """The server URL of a sink spec: its `url`, or its Airflow `postgres` connection's."""
     if spec.get("url"):
         return str(spec["url"])
-    from airflow_exactly_once.compat import BaseHook
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.hooks.ledger import postgres_connection_url
 
-    conn_id = spec["conn_id"]
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        raise ConfigurationError(f"the postgres sink's Airflow connection {conn_id!r} cannot be read ({exc}); "
-                                 "create it (conn_type 'postgres': host, port, login, password, schema = "
-                                 "database) or give the sink a 'url'") from exc
-    if conn.conn_type not in ("postgres", "postgresql"):
-        raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; the postgres sink needs "
-                                 "a 'postgres' connection")
-    return connection_to_url(conn)
+    return postgres_connection_url(spec["conn_id"], "the postgres sink", "give the sink a 'url'")
 
 
 def with_lock_timeout(dsn: str, lock_timeout_ms: int) -> str:
@@ -73,16 +62,6 @@ def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
     prefix = pgx.gid_prefix(pipeline_id)
     match = _GID_TAIL.match(gid[len(prefix):]) if gid.startswith(prefix) else None
     return None if match is None else tuple(int(g) for g in match.groups())  # type: ignore[return-value]
-
-
-def _names(value: Any, what: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
-        raise ConfigurationError(f"the postgres sink's {what} must be a list of column names, not {value!r}")
-    return tuple(value)
 
 
 class PostgresSink(Sink):
@@ -107,8 +86,8 @@ class PostgresSink(Sink):
         self.mode: str = spec.get("mode", "insert")
         if self.mode not in MODES:
             raise ConfigurationError(f"postgres sink mode {self.mode!r} is not supported; choose insert or upsert")
-        self.key_columns = _names(spec.get("key_columns"), "key_columns")
-        self.order_by = _names(spec.get("order_by"), "order_by")
+        self.key_columns = column_names(spec.get("key_columns"), "the postgres sink's key_columns")
+        self.order_by = column_names(spec.get("order_by"), "the postgres sink's order_by")
         self.marker_schema: str = spec.get("marker_schema", "public")
         self.writers: int | None = int(spec["writers"]) if spec.get("writers") else None
         self.lock_timeout_ms = int(spec.get("lock_timeout_ms", 60_000))

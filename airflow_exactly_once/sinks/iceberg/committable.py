@@ -1,0 +1,24 @@
+"""The committable of an Iceberg batch: the staged snapshot of one write attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_exactly_once.core.sink import Committable, Handles
+
+
+@dataclass(frozen=True)
+class StagedSnapshot(Committable):
+    """A write attempt's staged snapshot (None: the attempt had no rows, so Spark staged nothing)."""
+
+    table: str  # namespace.name in the catalog
+    wap_id: str
+    snapshot_id: int | None
+
+    def to_handles(self) -> Handles:
+        return {"table": self.table, "wap_id": self.wap_id, "snapshot_id": self.snapshot_id}
+
+    @classmethod
+    def from_handles(cls, handles: Handles) -> "StagedSnapshot":
+        snapshot = handles.get("snapshot_id")
+        return cls(str(handles["table"]), str(handles["wap_id"]), None if snapshot is None else int(snapshot))
