@@ -39,3 +39,15 @@ def test_reserved_ports_are_outside_the_ephemeral_range_and_exclusive():
     finally:
         for port in reserved:
             ports.release_port(port)
+
+
+def test_the_triggerer_log_server_listens_on_a_reserved_port(tmp_path):
+    """Two stacks at once (the demo beside a test run) would collide on Airflow's fixed default ports."""
+    from devtools.airflow_stack import AirflowStack
+
+    stack = AirflowStack(tmp_path, [], triggerer=True)
+    env = stack.env()
+    worker, trigger = (int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]),
+                       int(env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"]))
+    assert {worker, trigger, stack.port} <= set(ports._held) and len({worker, trigger, stack.port}) == 3
+    assert stack.components[-1] == "triggerer" and "triggerer" not in AirflowStack(tmp_path, []).components
