@@ -24,7 +24,7 @@ from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
 from airflow.models.dagrun import DagRun
-from airflow_exactly_once.core.monitor import PipelineReport
+from airflow_exactly_once.core.monitor import PipelineReport, utc
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.ui.access import pipeline_dag_ids, visible_pipelines
 from airflow_exactly_once.ui.loading import (
@@ -38,6 +38,7 @@ from airflow_exactly_once.ui.loading import (
 from airflow_exactly_once.ui.page import error_page, pipeline_page
 
 CONFIG_SECTION = "exactly_once"
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _RUN_ID_CHUNK = 500
 
 
@@ -125,7 +126,9 @@ def create_app() -> FastAPI:
             description = reader.description
             pipelines = visible(reader, user, session)
             names = [p.pipeline_id for p in pipelines]
-            chosen = pipeline if pipeline in names else (names[0] if names else None)
+            # Unless one is asked for: the pipeline that changed last (most likely the one being looked after).
+            newest = max(pipelines, key=lambda p: utc(p.updated_at) or EPOCH).pipeline_id if pipelines else None
+            chosen = pipeline if pipeline in names else newest
             notice = (f"No pipeline {pipeline!r} that you may see; showing {chosen}." if pipeline and chosen != pipeline
                       else None)
             report = reader.report(chosen, now=now) if chosen else None
