@@ -9,6 +9,7 @@ its frames, take a screenshot.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import shutil
@@ -92,7 +93,8 @@ class Page:
     """One tab, over its DevTools websocket."""
 
     def __init__(self, ws_url: str, size: tuple[int, int]) -> None:
-        self._ws = connect(ws_url, max_size=64 * 1024 * 1024, open_timeout=30)
+        self._resources = contextlib.ExitStack()  # websockets wants its connection used as a context manager
+        self._ws = self._resources.enter_context(connect(ws_url, max_size=64 * 1024 * 1024, open_timeout=30))
         self._ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
         self.send("Page.enable")
@@ -190,4 +192,4 @@ class Page:
         return path
 
     def close(self) -> None:
-        self._ws.close()
+        self._resources.close()
