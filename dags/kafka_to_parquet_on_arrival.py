@@ -29,12 +29,14 @@ OUTPUT = os.environ.get(
 MIN_RECORDS = int(os.environ.get("EXACTLY_ONCE_ARRIVAL_MIN_RECORDS", "1000"))
 MAX_WAIT_SECONDS = float(os.environ.get("EXACTLY_ONCE_ARRIVAL_MAX_WAIT_SECONDS", "300"))
 POLL_SECONDS = float(os.environ.get("EXACTLY_ONCE_ARRIVAL_POLL_SECONDS", "30"))
+LEDGER_CONN_ID = os.environ.get("EXACTLY_ONCE_LEDGER_CONN_ID")  # unset: the embedded SQLite ledger
 
 # [START kafka_to_parquet_on_arrival]
 backlog = PipelineBacklogTrigger(
     pipeline_id="kafka_to_parquet_on_arrival",  # the pipeline_id of exactly_once_batch below
     topics=[TOPIC],
     kafka_conn_id="kafka_default",
+    ledger_conn_id=LEDGER_CONN_ID,  # the pipeline's ledger: the triggerer must read the same one
     min_records=MIN_RECORDS,  # a run as soon as this many records wait beyond the ledger ...
     max_wait_seconds=MAX_WAIT_SECONDS,  # ... or when the oldest waiting record is this old
     poll_interval_seconds=POLL_SECONDS,  # offsets only: cheap for the broker
@@ -54,6 +56,7 @@ with DAG(
         pipeline_id="kafka_to_parquet_on_arrival",
         topics=[TOPIC],
         kafka_conn_id="kafka_default",
+        ledger_conn_id=LEDGER_CONN_ID,
         sink={"type": "parquet", "path": OUTPUT},
         transform=parse_events,
         startup_mode="earliest",

@@ -89,6 +89,10 @@ def _airflow_environment() -> dict[str, str]:
             "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
             "password": POSTGRES_PASSWORD, "schema": "exactly_once"}),
         "EXACTLY_ONCE_LEDGER_CONN_ID": "exactly_once_ledger",
+        # The ledger page reads the pipelines' ledger (each container has its own AIRFLOW_HOME, so not the
+        # embedded file); the event-driven example and its trigger share it too.
+        "AIRFLOW__EXACTLY_ONCE__LEDGER_CONN_ID": "exactly_once_ledger",
+        "EXACTLY_ONCE_ARRIVAL_OUTPUT": f"{DATA}/arrivals",
         "EXACTLY_ONCE_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet",
         "EXACTLY_ONCE_SPARK_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet_on_spark",
     }
@@ -164,6 +168,8 @@ def compose_spec() -> dict[str, Any]:
                 depends_on={"airflow-init": {"condition": "service_completed_successfully"},
                             "kafka": {"condition": "service_healthy"}, "spark-worker": {"condition": "service_started"}}),
             "airflow-dag-processor": _airflow_service("dag-processor", shared),
+            # Asset watchers (dags/kafka_to_parquet_on_arrival.py: runs when records arrive) need a triggerer.
+            "airflow-triggerer": _airflow_service("triggerer", shared),
         },
         "volumes": {"kafka-data": {}, "postgres-data": {}, "exactly-once-data": {}},
     }
