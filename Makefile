@@ -30,11 +30,16 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 
 setup: system-deps python-deps jars
 
-# Java (Kafka broker, Spark), Maven (fetches their jars) and PostgreSQL (sink and ledger tests).
+# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests) and Chromium (UI tests).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openjdk-17-jre-headless maven postgresql; \
+	fi
+	@# Headless Chromium for the ledger page's browser tests (devtools/browser.py drives it; no browser download).
+	@if ! command -v chromium >/dev/null; then \
+	  echo ">> installing Debian packages: chromium"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
 	fi
 	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \

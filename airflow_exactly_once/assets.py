@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from airflow_exactly_once.compat import Asset, AssetAlias
+from airflow_exactly_once.compat import Asset, AssetAlias, AssetWatcher
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.timestamps import iso
 
@@ -22,6 +22,15 @@ GROUP = "exactly-once"
 def pipeline_asset(pipeline_id: str) -> Asset:
     """The Asset a DAG can be scheduled on to run after each committed batch of `pipeline_id`."""
     return Asset(name=f"exactly-once/{pipeline_id}", uri=f"x-exactly-once://{pipeline_id}", group=GROUP)
+
+
+def pipeline_backlog_asset(pipeline_id: str, trigger: Any) -> Asset:
+    """The Asset to schedule a pipeline's DAG on so that it runs when records wait (event-driven scheduling).
+
+    `trigger` is its watcher's trigger, e.g. a triggers.backlog.PipelineBacklogTrigger of the same pipeline.
+    """
+    return Asset(name=f"exactly-once/{pipeline_id}/backlog", uri=f"x-exactly-once-backlog://{pipeline_id}",
+                 group=GROUP, watchers=[AssetWatcher(name=f"{pipeline_id}-backlog", trigger=trigger)])
 
 
 def batches_alias() -> AssetAlias:

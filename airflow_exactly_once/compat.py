@@ -4,9 +4,11 @@ Names move between Airflow releases: Airflow 3.3 deprecates the exceptions in
 `airflow.exceptions` for `airflow.sdk.exceptions`, which 3.1 does not have yet.
 apache-airflow-providers-common-compat's `sdk` module picks the right home on each release,
 as the official providers do, so hooks, operators, the task group and the assets import from
-here and stay free of DeprecationWarnings on every supported release. The two other Airflow
-imports are not SDK names: the Spark provider (hooks/spark_submit.py, the optional extra) and
-Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI).
+here and stay free of DeprecationWarnings on every supported release. The other Airflow
+imports are not SDK names: the Spark provider (hooks/spark_submit.py, the optional extra),
+Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI) and the
+api-server's own names that the ledger page needs (ui/plugin.py, ui/app.py: the plugin base
+class, configuration, authentication, the DB session), which exist only where it runs.
 
 Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
 no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
@@ -55,6 +57,11 @@ from airflow.providers.common.compat.sdk import (  # noqa: E402
     BaseOperator,
     TaskGroup,
 )
+from airflow.sdk import AssetWatcher  # noqa: E402  (3.0+; not in common-compat's sdk map)
+
+# Event-driven scheduling: an AssetWatcher's trigger must be a BaseEventTrigger (Airflow 3.0+). They live
+# in airflow.triggers.base on every supported release (the SDK has no home for them yet).
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent  # noqa: E402
 
 __all__ = [
     "AIRFLOW_FLOOR",
@@ -63,9 +70,12 @@ __all__ = [
     "AirflowSkipException",
     "Asset",
     "AssetAlias",
+    "AssetWatcher",
+    "BaseEventTrigger",
     "BaseHook",
     "BaseOperator",
     "TaskGroup",
+    "TriggerEvent",
     "airflow_release",
     "check_airflow_version",
 ]

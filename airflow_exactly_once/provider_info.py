@@ -52,6 +52,33 @@ OPERATOR_MODULES = [
 ]
 # Airflow >= 3.2 adds these to its own CLI (`airflow exactly-once ...`); older releases ignore the key.
 CLI_COMMANDS = ["airflow_exactly_once.cli.definition.get_cli_commands"]
+TRIGGER_MODULES = ["airflow_exactly_once.triggers.backlog"]
+# The ledger page (a FastAPI app and a UI entry). Also the `airflow.plugins` entry point in setup.cfg:
+# Airflow 3.1 loads providers' plugins only with lazy_discover_providers off, entry points always.
+PLUGIN = {"name": "exactly_once", "plugin-class": "airflow_exactly_once.ui.plugin.ExactlyOncePlugin"}
+# [exactly_once] in airflow.cfg (AIRFLOW__EXACTLY_ONCE__...): what the ledger page reads.
+CONFIG: dict[str, Any] = {
+    "exactly_once": {
+        "description": "The ledger page (Browse -> Exactly-once ledger) of airflow-exactly-once.",
+        "options": {
+            "ledger_conn_id": {
+                "description": "The connection of the offset ledger the page shows (the one the pipelines' "
+                               "ledger_conn_id names). Default: the embedded SQLite file in AIRFLOW_HOME.",
+                "version_added": "0.1.0", "type": "string", "example": "exactly_once_ledger_default",
+                "default": None,
+            },
+            "ledger_url": {
+                "description": "A SQLAlchemy URL of the ledger, instead of ledger_conn_id.",
+                "version_added": "0.1.0", "type": "string",
+                "example": "postgresql+psycopg2://reader@db:5432/ledger", "default": None,
+            },
+            "kafka_timeout_ms": {
+                "description": "How long the page waits for Kafka's offsets before it shows the lag as unknown.",
+                "version_added": "0.1.0", "type": "integer", "example": "5000", "default": "5000",
+            },
+        },
+    },
+}
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -83,5 +110,8 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": LEDGER_CONN_FIELDS,
             }
         ],
+        "triggers": [{"integration-name": INTEGRATION, "python-modules": list(TRIGGER_MODULES)}],
+        "plugins": [dict(PLUGIN)],
+        "config": CONFIG,
         "cli": list(CLI_COMMANDS),
     }

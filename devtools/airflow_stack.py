@@ -28,8 +28,10 @@ SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
 class AirflowStack:
+    """`triggerer=True` adds Airflow's triggerer (deferred tasks, Asset watchers: event-driven runs)."""
+
     def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
-                 parallelism: int = 4) -> None:
+                 parallelism: int = 4, triggerer: bool = False) -> None:
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
@@ -40,6 +42,7 @@ class AirflowStack:
         self.log_server_ports = (reserve_port(), reserve_port())
         self.extra_env = extra_env or {}
         self.parallelism = parallelism
+        self.components = ("api-server", "scheduler", "dag-processor") + (("triggerer",) if triggerer else ())
         self.processes: dict[str, subprocess.Popen] = {}
         self._token: str | None = None
 
@@ -96,10 +99,8 @@ class AirflowStack:
         migrate = subprocess.run([self._airflow(), "db", "migrate"], env=self.env(), capture_output=True, text=True)
         if migrate.returncode != 0:
             raise RuntimeError(f"`airflow db migrate` failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
-        for name in ("api-server", "scheduler", "dag-processor"):
-            log = open(self.home / f"{name}.log", "ab")
-            self.processes[name] = subprocess.Popen([self._airflow(), name], env=self.env(), stdout=log,
-                                                    stderr=subprocess.STDOUT, start_new_session=True)
+        for name in self.components:
+            self._spawn(name, [self._airflow(), name], self.env())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
@@ -111,6 +112,37 @@ class AirflowStack:
         self.stop()
         raise RuntimeError(f"Airflow's api-server did not answer on {self.base_url} in {timeout:.0f}s; "
                            f"see {self.home}/api-server.log")
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        with open(self.home / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        return self.processes[name]
+
+    def start_api_server(self, name: str, env: dict[str, str], timeout: float = 180.0) -> str:
+        """Another api-server on this stack's home and database, with `env` on top (e.g. another auth manager).
+
+        Returns its base URL; it stops with the stack. Its log is <home>/<name>.log.
+        """
+        port = reserve_port()
+        base_url = f"http://127.0.0.1:{port}"
+        self._spawn(name, [self._airflow(), "api-server"], {
+            **self.env(), "AIRFLOW__API__PORT": str(port), "AIRFLOW__API__BASE_URL": base_url, **env})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with urllib.request.urlopen(f"{base_url}/api/v2/monitor/health", timeout=10):
+                    return base_url
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(1)
+        raise RuntimeError(f"the api-server {name} did not answer on {base_url} in {timeout:.0f}s; "
+                           f"see {self.home}/{name}.log")
+
+    def log_text(self, name: str) -> str:
+        """What a component (api-server, scheduler, triggerer, ...) wrote to its log so far."""
+        path = self.home / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def _check_alive(self) -> None:
         check_alive(self.processes, self.home, "airflow")
@@ -213,6 +245,10 @@ class AirflowStack:
                 raise
             self.api("PATCH", f"/connections/{conn_id}", body)
 
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        """The DAG's runs, oldest first (what the Runs tab lists)."""
+        return self.api("GET", f"/dags/{dag_id}/dagRuns?order_by=run_after&limit=100")["dag_runs"]
+
     def task_log(self, dag_id: str, run_id: str, task_id: str) -> str:
         """All attempts' logs of a task (matched by the last part of its id), as one text."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}"
@@ -224,3 +260,12 @@ class AirflowStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def login(base_url: str, username: str, password: str) -> str:
+    """A JWT of a SimpleAuthManager user, as the login form gets it (POST /auth/token)."""
+    request = urllib.request.Request(f"{base_url}/auth/token", method="POST",
+                                     data=json.dumps({"username": username, "password": password}).encode())
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read().decode())["access_token"]

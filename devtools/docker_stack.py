@@ -102,6 +102,10 @@ def _airflow_environment() -> dict[str, str]:
             "password": POSTGRES_PASSWORD, "schema": ICEBERG_CATALOG_DATABASE}),
         "EXACTLY_ONCE_DEMO_ICEBERG_CATALOG_CONN": ICEBERG_CATALOG_CONN,
         "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": f"{DATA}/lakehouse",
+        # The ledger page reads the pipelines' ledger (each container has its own AIRFLOW_HOME, so not the
+        # embedded file); the event-driven example and its trigger share it too.
+        "AIRFLOW__EXACTLY_ONCE__LEDGER_CONN_ID": "exactly_once_ledger",
+        "EXACTLY_ONCE_ARRIVAL_OUTPUT": f"{DATA}/arrivals",
         "EXACTLY_ONCE_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet",
         "EXACTLY_ONCE_SPARK_DEMO_OUTPUT": f"{DATA}/kafka_to_parquet_on_spark",
     }
@@ -196,6 +200,8 @@ def compose_spec() -> dict[str, Any]:
                 depends_on={"airflow-init": {"condition": "service_completed_successfully"},
                             "kafka": {"condition": "service_healthy"}, "spark-worker": {"condition": "service_started"}}),
             "airflow-dag-processor": _airflow_service("dag-processor", shared),
+            # Asset watchers (dags/kafka_to_parquet_on_arrival.py: runs when records arrive) need a triggerer.
+            "airflow-triggerer": _airflow_service("triggerer", shared),
         },
         "volumes": {"kafka-data": {}, "postgres-data": {}, "exactly-once-data": {}},
     }

@@ -158,7 +158,19 @@ def check_provider(problems: list[str]) -> dict[str, Any]:
     result["ledger_connection_type"] = '"exactly_once_ledger"' in hooks.stdout
     if not result["ledger_connection_type"]:
         problems.append(f"`airflow providers hooks` lacks exactly_once_ledger: {hooks.stderr[-1500:]}")
-    complaints = [line for out in (listed.stderr, hooks.stderr) for line in out.splitlines()
+    # The ledger page: Airflow finds the plugin through the `airflow.plugins` entry point of the installed package.
+    plugins = _airflow("plugins", "-o", "json")
+    try:
+        found = {p["name"]: p for p in json.loads(plugins.stdout[plugins.stdout.index("["):])}
+    except ValueError:
+        found = {}
+    page = found.get("exactly_once", {})
+    result["ledger_page"] = [a["url_prefix"] for a in page.get("fastapi_apps", [])] + \
+        [v["href"] for v in page.get("external_views", [])]
+    if result["ledger_page"] != ["/exactly-once", "/exactly-once/ui"]:
+        problems.append(f"`airflow plugins` does not show the ledger page plugin exactly_once: {plugins.stdout[-800:]}"
+                        f"{plugins.stderr[-1500:]}")
+    complaints = [line for out in (listed.stderr, hooks.stderr, plugins.stderr) for line in out.splitlines()
                   if "airflow_exactly_once" in line and re.search(r"(?i)error|exception|warning|traceback", line)]
     result["complaints"] = complaints
     problems.extend(f"Airflow complains about the provider: {line}" for line in complaints)

@@ -44,6 +44,8 @@ NO_WRITE_USER = "no-write"  # ... but may only DESCRIBE the output topics
 NO_READ_USER = "no-read"  # ... but may only DESCRIBE the input topics
 SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret", NO_WRITE_USER: "no-write-secret",
                  NO_READ_USER: "no-read-secret"}
+ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
+ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS = 20, 2
 # Every process a test starts inherits this mark; at the end of the session none may be left.
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
@@ -196,9 +198,28 @@ def example_lakehouse(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse, tmp_path_factory):
-    from devtools.airflow_stack import AirflowStack
+def arrival_output(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("example") / "arrivals"
 
+
+@pytest.fixture(scope="session")
+def unreachable() -> dict[str, str]:
+    """A broker and a ledger that never answer (ports reserved by this session, never listened on)."""
+    from devtools.ports import reserve_port
+
+    return {"kafka": f"127.0.0.1:{reserve_port()}",
+            "ledger": f"postgresql+psycopg2://postgres@127.0.0.1:{reserve_port()}/ledger"}
+
+
+@pytest.fixture(scope="session")
+def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
+            arrival_output, unreachable, tmp_path_factory):
+    """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
+    from devtools.airflow_stack import AirflowStack
+    from tests.helpers import create_topic
+
+    # The backlog trigger of the event-driven example starts polling as soon as the stack runs.
+    create_topic(kafka.bootstrap_servers, ARRIVAL_TOPIC, partitions=3)
     root = tmp_path_factory.mktemp("airflow")
     dag_files = sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "tests" / "dags").glob("*.py"))
     env = {
@@ -223,8 +244,16 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EXACTLY_ONCE_DEMO_ICEBERG_TOPIC": ICEBERG_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
         **_secured_connections(request),
+        "EXACTLY_ONCE_ARRIVAL_TOPIC": ARRIVAL_TOPIC,
+        "EXACTLY_ONCE_ARRIVAL_OUTPUT": str(arrival_output),
+        "EXACTLY_ONCE_ARRIVAL_MIN_RECORDS": str(ARRIVAL_MIN_RECORDS),
+        "EXACTLY_ONCE_ARRIVAL_MAX_WAIT_SECONDS": "3600",  # by count only here: the idle check stays quiet
+        "EXACTLY_ONCE_ARRIVAL_POLL_SECONDS": str(ARRIVAL_POLL_SECONDS),
+        # tests/dags/eo_backlog_unreachable_dag.py: watchers of a broker and a ledger that never answer
+        "EO_UNREACHABLE_KAFKA": unreachable["kafka"],
+        "EO_UNREACHABLE_LEDGER": unreachable["ledger"],
     }
-    stack = AirflowStack(root, dag_files, env)
+    stack = AirflowStack(root, dag_files, env, triggerer=True)
     stack.start()
     yield stack
     stack.stop()

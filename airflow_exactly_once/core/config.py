@@ -97,6 +97,9 @@ class PipelineConfig:
                                                          "(a count, or a fraction below 1), whatever the policy.")
     # Where bootstrap_servers came from, for error messages (set by the operators; not an argument).
     kafka_origin: str = field(default="bootstrap_servers", metadata={"argument": False})
+    # The `kafka` connection the settings came from (set by the operators; not an argument): readers of
+    # the ledger (the ledger page) take the secrets that the ledger does not store from it.
+    kafka_conn_id: str | None = field(default=None, metadata={"argument": False})
 
     def validate(self) -> "PipelineConfig":
         if not _PIPELINE_ID.match(self.pipeline_id or ""):

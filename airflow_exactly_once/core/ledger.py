@@ -9,13 +9,19 @@ rather than by timing.
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError, MissingExtraError
+from airflow_exactly_once.core.errors import (
+    ConfigurationError,
+    FencedError,
+    IllegalTransitionError,
+    MissingExtraError,
+)
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
 from airflow_exactly_once.core.states import BatchState, check_initial, check_transition
 
@@ -130,6 +136,16 @@ boundaries = sa.Table(
     sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
 )
 
+# Which Airflow DAGs drive a pipeline (recorded by the plan task): the ledger page shows a
+# pipeline only to users who may read all of its DAGs.
+pipeline_dags = sa.Table(
+    "aeo_pipeline_dag",
+    metadata,
+    sa.Column("pipeline_id", sa.String(250), primary_key=True),
+    sa.Column("dag_id", sa.String(250), primary_key=True),
+    sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
+)
+
 TopicPartition = tuple[str, int]
 Reset = tuple[int, str]  # new offset, reason
 Boundary = tuple[TopicPartition, int]  # partition, time (epoch ms)
@@ -140,8 +156,15 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-def create_ledger_engine(url: str) -> Engine:
-    """An engine whose write transactions serialize properly on SQLite as well."""
+def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
+    """An engine whose write transactions serialize properly on SQLite as well.
+
+    `read_only`: for readers that must never write or lock (the ledger page, the trigger): SQLite
+    opens the file read-only and never takes its write lock; PostgreSQL sessions are read-only
+    and give up connecting after a few seconds.
+    """
+    if read_only:
+        return _read_only_engine(url)
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"timeout": 60})
 
@@ -164,9 +187,55 @@ def create_ledger_engine(url: str) -> Engine:
         raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
 
 
+def missing_sqlite_file(url: str) -> bool:
+    """A SQLite ledger whose file does not exist yet: nothing was recorded (a reader must not create it)."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except sa.exc.ArgumentError:
+        return False
+    database = parsed.database or ""
+    return (parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:")
+            and not database.startswith("file:") and not os.path.exists(database))
+
+
+def _read_only_engine(url: str) -> Engine:
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database or ""
+        if not database or database == ":memory:" or database.startswith("file:"):
+            raise ConfigurationError(f"a read-only ledger needs a SQLite file, not {database or 'memory'!r}")
+        # mode=ro: a missing file is an error (not a new empty ledger) and nothing is ever written.
+        return sa.create_engine(f"sqlite:///file:{database}?mode=ro&uri=true", connect_args={"timeout": 10})
+    connect_args: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        connect_args["connect_timeout"] = 5
+    try:
+        engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    except ModuleNotFoundError as exc:
+        if exc.name != "psycopg2":
+            raise
+        raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
+    if engine.dialect.name == "postgresql":
+        @sa.event.listens_for(engine, "connect")
+        def _read_only_session(dbapi_conn, _record):  # pragma: no cover - driver hook
+            with dbapi_conn.cursor() as cursor:
+                cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            dbapi_conn.commit()
+    return engine
+
+
 class Ledger:
     def __init__(self, engine: Engine | str) -> None:
         self.engine = create_ledger_engine(engine) if isinstance(engine, str) else engine
+
+    @classmethod
+    def read_only(cls, url: str) -> "Ledger":
+        """A ledger that can only be read (create_ledger_engine's `read_only`); its schema is never created."""
+        return cls(create_ledger_engine(url, read_only=True))
+
+    def has_schema(self) -> bool:
+        """Whether the ledger's tables exist (a reader must not create them)."""
+        return sa.inspect(self.engine).has_table(pipelines.name)
 
     # -- schema and pipeline -------------------------------------------------------
 
@@ -539,6 +608,49 @@ class Ledger:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(boundaries).where(boundaries.c.pipeline_id == pipeline_id))
             return {((r.topic, r.partition), r.at_ms): r.boundary_offset for r in rows}
+
+    # -- the DAGs that drive a pipeline ---------------------------------------------
+
+    def record_dag(self, pipeline_id: str, dag_id: str) -> None:
+        """Remember that `dag_id` drives `pipeline_id` (once; later calls read only)."""
+        key = (pipeline_dags.c.pipeline_id == pipeline_id, pipeline_dags.c.dag_id == dag_id)
+        with self.engine.connect() as conn:
+            if conn.execute(sa.select(pipeline_dags.c.dag_id).where(*key)).first() is not None:
+                return
+        try:
+            with self.engine.begin() as conn:
+                if conn.execute(sa.select(pipeline_dags.c.dag_id).where(*key)).first() is None:
+                    conn.execute(pipeline_dags.insert().values(pipeline_id=pipeline_id, dag_id=dag_id,
+                                                               first_seen_at=_now()))
+        except sa.exc.IntegrityError:
+            pass  # another task recorded the same pair at the same moment
+
+    def pipeline_dags(self) -> dict[str, set[str]]:
+        """{pipeline_id: the DAG ids recorded for it} (pipelines without any are left out)."""
+        found: dict[str, set[str]] = {}
+        with self.engine.connect() as conn:
+            for row in conn.execute(sa.select(pipeline_dags.c.pipeline_id, pipeline_dags.c.dag_id)):
+                found.setdefault(row.pipeline_id, set()).add(row.dag_id)
+        return found
+
+    def run_ids(self, pipeline_id: str) -> set[str]:
+        """Every Airflow run id that recorded a batch of the pipeline."""
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(sa.select(batches.c.run_id).distinct()
+                                               .where(batches.c.pipeline_id == pipeline_id))}
+
+    def state_counts(self, pipeline_id: str) -> dict[str, int]:
+        """{state: how many batches of the pipeline are in it}."""
+        query = (sa.select(batches.c.state, sa.func.count()).where(batches.c.pipeline_id == pipeline_id)
+                 .group_by(batches.c.state))
+        with self.engine.connect() as conn:
+            return {state: count for state, count in conn.execute(query)}
+
+    def last_batch_seq(self, pipeline_id: str) -> int:
+        """The newest batch number of the pipeline (0 before its first batch)."""
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
+                                .where(batches.c.pipeline_id == pipeline_id)).scalar() or 0
 
     # -- events --------------------------------------------------------------------
 

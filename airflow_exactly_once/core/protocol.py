@@ -53,9 +53,15 @@ class BatchCoordinator:
             try:
                 results.append(self.commit(batch.id))
                 self.recovered.append(batch.id)
+                self.ledger.record_event(self.pipeline_id, batch.seq, "recovered",
+                                         f"batch {batch.seq} of run {batch.run_id} was left PREPARED and was "
+                                         "committed by recovery")
             except TransactionLostError as exc:
                 log.warning("recovery: %s", exc)
                 results.append(f"batch {batch.seq} lost and aborted")
+                self.ledger.record_event(self.pipeline_id, batch.seq, "recovery-lost",
+                                         f"batch {batch.seq} of run {batch.run_id} was left PREPARED and its "
+                                         f"output was found lost; its range is processed again ({exc})")
         return results
 
     # -- write (the Spark job drives these two) ------------------------------------

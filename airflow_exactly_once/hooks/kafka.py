@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_exactly_once.compat import BaseHook
+from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
+from airflow_exactly_once.core.kafka_settings import REDACTED, KafkaSettings
 
 
 def connection_kafka_settings(kafka_conn_id: str) -> KafkaSettings:
@@ -50,3 +51,29 @@ def source_kafka_settings(kafka_conn_id: str | None, kafka_config: dict[str, Any
     if bootstrap_servers:
         settings = KafkaSettings(bootstrap_servers, settings.properties, "bootstrap_servers")
     return settings.require_servers()
+
+
+def stored_pipeline_kafka_settings(config: PipelineConfig) -> KafkaSettings:
+    """A pipeline's source settings as the ledger stored them, secrets taken back from its `kafka` connection.
+
+    The ledger keeps the servers and client properties with secrets replaced; readers of the
+    ledger (the ledger page) fill them in from the connection the pipeline's tasks used.
+    """
+    settings = config.kafka().require_servers()
+    redacted = sorted(k for k, v in settings.properties.items() if v == REDACTED)
+    if not redacted:
+        return settings
+    if not config.kafka_conn_id:
+        raise ConfigurationError(
+            f"pipeline {config.pipeline_id!r} reads Kafka with secrets ({', '.join(redacted)}) that the ledger does "
+            "not store and names no kafka connection to take them from: run it once with this release of "
+            "airflow-exactly-once (its tasks record the connection id)")
+    secrets = connection_kafka_settings(config.kafka_conn_id).secrets()
+    missing = [k for k in redacted if k not in secrets]
+    if missing:
+        raise ConfigurationError(
+            f"pipeline {config.pipeline_id!r}: {', '.join(missing)} came from the DAG's kafka_config, not from "
+            f"connection {config.kafka_conn_id!r}, so no reader of the ledger can know it; keep secrets in the "
+            "kafka connection's extra")
+    return KafkaSettings(settings.bootstrap_servers, {**settings.properties, **{k: secrets[k] for k in redacted}},
+                         settings.origin)

@@ -61,7 +61,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
             topics=[self.topics] if isinstance(self.topics, str) else list(self.topics),
             sink=dict(self.sink), transform=transform_name(self.transform),
             bootstrap_servers=settings.bootstrap_servers, kafka_config=dict(settings.properties),
-            kafka_origin=settings.origin,
+            kafka_origin=settings.origin, kafka_conn_id=_optional(self.kafka_conn_id),
             max_records_per_partition=_optional_int(self.max_records_per_partition),
             mirror_consumer_group=_optional(self.mirror_consumer_group),
             startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
@@ -154,6 +154,8 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
 
     def run_step(self, context) -> str | None:
         coordinator = self.coordinator()
+        # The ledger page shows a pipeline to the users who may read the DAGs that drive it.
+        coordinator.ledger.record_dag(coordinator.pipeline_id, self.dag_id)
         check_commit_deadline(self, coordinator.sink, self.write_task_id, self.notify_task_id, self.log)
         interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
         settings = coordinator.config.kafka()

@@ -8,6 +8,9 @@ against servers that refuse or do not answer fails in seconds, not minutes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Mapping
+
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KafkaTP
 from kafka.errors import KafkaError
@@ -15,6 +18,7 @@ from kafka.errors import KafkaError
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
 from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
 from airflow_exactly_once.core.kafka_settings import KafkaSettings
+from airflow_exactly_once.core.monitor import start_of_waiting
 
 TopicPartition = tuple[str, int]
 
@@ -22,14 +26,19 @@ TopicPartition = tuple[str, int]
 class KafkaOffsetSource:
     """Partitions and offsets of the source topics (read_committed), with the pipeline's client settings."""
 
-    def __init__(self, settings: KafkaSettings, timeout_ms: int = 15_000) -> None:
+    def __init__(self, settings: KafkaSettings, timeout_ms: int = 15_000, bootstrap_timeout_ms: int | None = None
+                 ) -> None:
+        """`bootstrap_timeout_ms`: how long to wait for a first broker (default: PROBE_BOOTSTRAP_TIMEOUT_MS, then
+        the connection's bootstrap.timeout.ms wins); readers that must answer quickly when the broker is down
+        (the ledger page, the backlog trigger) shorten it."""
         self.settings = settings
         self.bootstrap_servers = settings.bootstrap_servers
         self.timeout_ms = timeout_ms
         self._topics: list[str] = []
+        wait = PROBE_BOOTSTRAP_TIMEOUT_MS if bootstrap_timeout_ms is None else bootstrap_timeout_ms
+        quick = {"bootstrap_timeout_ms": wait} if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG else {}
         try:
-            self._consumer = KafkaConsumer(**{"request_timeout_ms": timeout_ms,
-                                              "bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
+            self._consumer = KafkaConsumer(**{"request_timeout_ms": timeout_ms, **quick,
                                               **settings.kafka_python(KafkaConsumer),
                                               "enable_auto_commit": False, "isolation_level": "read_committed"})
         except KafkaError as exc:
@@ -100,3 +109,28 @@ class KafkaOffsetSource:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """Kafka's side of a pipeline's backlog, read with offset requests only (no records, no consumer group)."""
+
+    last_stable: dict[TopicPartition, int]
+    log_start: dict[TopicPartition, int]
+    # offsets_for_times(cutoff) of the partitions with records waiting (only when a cutoff was asked for)
+    first_at_cutoff: dict[TopicPartition, int | None] = field(default_factory=dict)
+
+
+def read_topic_offsets(source: KafkaOffsetSource, topics: list[str], *,
+                       positions: Mapping[TopicPartition, int] | None = None,
+                       cutoff_ms: int | None = None) -> TopicOffsets:
+    """Last stable offsets and log starts of `topics`; with `cutoff_ms`, where that time falls in the
+    partitions holding records beyond `positions` (to tell how old the oldest waiting record is)."""
+    tps = source.partitions(topics)
+    last_stable, log_start = source.end_offsets(tps), source.log_start_offsets(tps)
+    first_at_cutoff: dict[TopicPartition, int | None] = {}
+    if cutoff_ms is not None:
+        waiting = [tp for tp in tps if last_stable[tp] > start_of_waiting(tp, positions or {}, log_start)]
+        if waiting:
+            first_at_cutoff = source.offsets_for_times(waiting, cutoff_ms)
+    return TopicOffsets(last_stable, log_start, first_at_cutoff)

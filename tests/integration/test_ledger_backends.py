@@ -291,3 +291,22 @@ def test_ledger_hook_reads_an_exactly_once_ledger_connection(postgres, pg_ledger
     assert [b.run_id for b in Ledger(pg_ledger_url).list_batches(pid)] == ["run-1"]
     with ledger.engine.connect() as conn:
         assert conn.exec_driver_sql("SHOW application_name").scalar() == "eo own ledger"
+
+
+def test_a_read_only_ledger_reads_everything_and_can_write_nothing(ledger, ledger_url, pid):
+    """What the ledger page and the backlog trigger use: never a write, never a lock a writer waits for."""
+    ledger.ensure_pipeline(pid, "fp", {})
+    batch = ledger.create_batch(pid, "run-1", ranges(0, 5), expected_epoch=0)
+    ledger.record_dag(pid, "dag_a")
+    reader = Ledger.read_only(ledger_url)
+    try:
+        assert reader.has_schema() and reader.get_batch(batch.id).state is BatchState.PLANNED
+        assert reader.pipeline_dags()[pid] == {"dag_a"} and reader.state_counts(pid) == {"PLANNED": 1}
+        with reader.engine.connect() as held:  # a reader's open connection does not block the writer
+            held.exec_driver_sql("SELECT COUNT(*) FROM aeo_batch").scalar()
+            ledger.mark_aborted(batch.id, "the writer goes on while a reader reads")
+        assert reader.get_batch(batch.id).state is BatchState.ABORTED
+        with pytest.raises(Exception, match="(?i)read-only|readonly"):
+            reader.record_event(pid, None, "x", "a reader must not write")
+    finally:
+        reader.engine.dispose()

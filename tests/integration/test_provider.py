@@ -19,8 +19,8 @@ import airflow
 from airflow_exactly_once.compat import airflow_release
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE_DAGS = ("kafka_to_kafka", "kafka_to_parquet", "kafka_to_parquet_hourly", "kafka_to_parquet_on_spark",
-                "kafka_to_postgres")
+EXAMPLE_DAGS = ("kafka_to_kafka", "kafka_to_parquet", "kafka_to_parquet_hourly", "kafka_to_parquet_on_arrival",
+                "kafka_to_parquet_on_spark", "kafka_to_postgres")
 
 
 def test_install_checks_pass_in_the_test_environment(tmp_path):
@@ -41,6 +41,7 @@ def test_install_checks_pass_in_the_test_environment(tmp_path):
     assert data["dags"]["dags"]["kafka_to_parquet"] == [
         "exactly_once.abort", "exactly_once.notify_complete", "exactly_once.plan", "exactly_once.write"]
     assert data["provider"]["listed_version"] == "0.1.0" and data["provider"]["ledger_connection_type"]
+    assert data["provider"]["ledger_page"] == ["/exactly-once", "/exactly-once/ui"]
     assert data["cli"]["console script"]
     # Provider CLI commands exist from Airflow 3.2 on; older releases ignore the provider info's `cli` key.
     assert data["cli"].get("airflow exactly-once", False) == (airflow_release(airflow.__version__) >= (3, 2, 0))

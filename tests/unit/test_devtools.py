@@ -71,3 +71,15 @@ def test_pipeline_grants_are_exactly_what_a_pipeline_needs_minus_what_a_test_wit
                      ("IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster", False)}
     no_txn = pipeline_grants("u", "in-", "out-", "tx", without=("transactional_id",))
     assert {g.resource_type for g in no_txn} == {"TOPIC", "CLUSTER"} and len(no_txn) == 6
+
+
+def test_the_triggerer_log_server_listens_on_a_reserved_port(tmp_path):
+    """Two stacks at once (the demo beside a test run) would collide on Airflow's fixed default ports."""
+    from devtools.airflow_stack import AirflowStack
+
+    stack = AirflowStack(tmp_path, [], triggerer=True)
+    env = stack.env()
+    worker, trigger = (int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"]),
+                       int(env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"]))
+    assert {worker, trigger, stack.port} <= set(ports._held) and len({worker, trigger, stack.port}) == 3
+    assert stack.components[-1] == "triggerer" and "triggerer" not in AirflowStack(tmp_path, []).components

@@ -1,0 +1,1 @@
+"""Deferrable triggers: event-driven runs of exactly-once pipelines (Asset watchers)."""

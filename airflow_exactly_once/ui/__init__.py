@@ -1,0 +1,1 @@
+"""The ledger page in Airflow's UI: an Airflow plugin (a FastAPI app and a nav entry), read-only."""

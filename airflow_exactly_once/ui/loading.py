@@ -1,0 +1,148 @@
+"""What the ledger page reads: the ledger (read-only) and Kafka's offsets, each failure kept as a message.
+
+A ledger or broker that does not answer must not break the page (nor the api-server that
+serves it): every read here turns the failure into text that the page shows in place of
+the data it could not get.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from kafka.errors import KafkaError
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource, read_topic_offsets
+
+DEFAULT_KAFKA_TIMEOUT_MS = 5_000
+
+
+class LedgerUnavailable(Exception):
+    """The ledger could not be read; the message says which one and why."""
+
+
+def redacted_url(url: str) -> str:
+    """The ledger's URL without its password, for the page."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "(not a SQLAlchemy URL)"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return (text.splitlines() or [type(exc).__name__])[0][:500]
+
+
+@dataclass
+class PipelineSummary:
+    pipeline_id: str
+    epoch: int
+    counts: dict[str, int]
+    updated_at: datetime | None
+    dag_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class LagResult:
+    """Per-partition lag, or why Kafka could not be asked (the rows then hold the ledger's positions only)."""
+
+    rows: list[PartitionLag]
+    servers: str = ""
+    error: str | None = None
+
+    @property
+    def total(self) -> int | None:
+        if self.error is not None or any(r.lag is None for r in self.rows):
+            return None
+        return sum(r.lag or 0 for r in self.rows)
+
+
+class LedgerReader:
+    """The ledger the page shows, opened read-only (SQLite: the file must exist; PostgreSQL: read-only sessions)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.description = redacted_url(url)
+        self._ledger: Ledger | None = None
+
+    def _open(self) -> Ledger:
+        if self._ledger is None:
+            try:
+                self._ledger = Ledger.read_only(self.url)
+            except (ExactlyOnceError, sa.exc.SQLAlchemyError, ValueError) as exc:
+                raise LedgerUnavailable(f"the ledger {self.description} cannot be opened: {_first_line(exc)}") from exc
+        return self._ledger
+
+    def read(self, what: str, reader: Any) -> Any:
+        """`reader(ledger)`, with any database failure turned into LedgerUnavailable; None on an empty ledger."""
+        if missing_sqlite_file(self.url):  # the embedded ledger before the first pipeline ran
+            return None
+        ledger = self._open()
+        try:
+            if not ledger.has_schema():
+                return None
+            return reader(ledger)
+        except sa.exc.SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger {self.description} did not answer while reading {what}: "
+                                    f"{_first_line(exc)}") from exc
+
+    def pipelines(self) -> list[PipelineSummary]:
+        """Every pipeline with its batch counts and recorded DAGs ([] before the first pipeline ran)."""
+        def read(ledger: Ledger) -> list[PipelineSummary]:
+            dags = ledger.pipeline_dags()
+            return [PipelineSummary(p["pipeline_id"], p["epoch"], ledger.state_counts(p["pipeline_id"]),
+                                    p["updated_at"], dags.get(p["pipeline_id"], set()))
+                    for p in ledger.list_pipelines()]
+        return self.read("its pipelines", read) or []
+
+    def run_ids(self, pipeline_id: str) -> set[str]:
+        return self.read(f"the runs of {pipeline_id}", lambda ledger: ledger.run_ids(pipeline_id)) or set()
+
+    def report(self, pipeline_id: str, *, now: datetime | None = None) -> PipelineReport | None:
+        def read(ledger: Ledger) -> PipelineReport | None:
+            stored = ledger.pipeline(pipeline_id)
+            if stored is None:
+                return None
+            report = read_pipeline(ledger, pipeline_id, now=now or datetime.now(timezone.utc),
+                                   commit_deadline_ms=commit_deadline_ms(stored["config"]))
+            if report is not None:
+                report.dag_ids = ledger.pipeline_dags().get(pipeline_id, set())
+            return report
+        return self.read(f"pipeline {pipeline_id}", read)
+
+
+def commit_deadline_ms(config: dict[str, Any]) -> int | None:
+    """How long the pipeline's sink keeps staged output (Kafka: transaction_timeout_ms), if it has a limit."""
+    try:
+        return create_sink(dict(config.get("sink") or {})).commit_deadline_ms()
+    except (ExactlyOnceError, ImportError, TypeError, ValueError):
+        return None
+
+
+def read_lag(report: PipelineReport, timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> LagResult:
+    """The ledger's positions against the topics' last stable offsets, read with the pipeline's Kafka settings."""
+    from airflow_exactly_once.hooks.kafka import stored_pipeline_kafka_settings  # Airflow: the connection
+
+    ledger_only = partition_lags(report.committed, report.claimed, {}, {})
+    servers = str(report.config.get("bootstrap_servers") or "")
+    try:
+        settings = stored_pipeline_kafka_settings(PipelineConfig.from_dict(report.config))
+        servers = settings.bootstrap_servers
+        source = KafkaOffsetSource(settings, timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms)
+        try:
+            offsets = read_topic_offsets(source, report.topics)
+        finally:
+            source.close()
+    except (ExactlyOnceError, KafkaError, OSError, ValueError, TypeError) as exc:
+        return LagResult(ledger_only, servers, f"Kafka at {servers or '(no servers)'} could not be asked for the "
+                                               f"topics' offsets: {_first_line(exc)}")
+    return LagResult(partition_lags(report.committed, report.claimed, offsets.last_stable, offsets.log_start),
+                     servers)

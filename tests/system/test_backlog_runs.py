@@ -1,0 +1,133 @@
+"""Event-driven runs end to end: Airflow's triggerer runs the backlog trigger of an Asset watcher.
+
+dags/kafka_to_parquet_on_arrival.py is scheduled on the Asset; the session's stack has a real
+triggerer (tests/conftest.py: min_records 20, a poll every 2 s, max_wait an hour). Nobody
+triggers a run here: records are produced and the runs start by themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from airflow_exactly_once.core.monitor import utc
+from airflow_exactly_once.core.states import BatchState
+from tests.conftest import ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS, ARRIVAL_TOPIC
+from tests.harness import airflow_ledger
+from tests.helpers import assert_exactly_once, assert_ranges_tile, produce, read_parquet
+
+DAG_ID = PIPELINE = "kafka_to_parquet_on_arrival"
+
+
+def wait_until(what: str, check, timeout: float, stack=None, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        if stack is not None:
+            stack._check_alive()
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(every)
+
+
+def parse(moment: str) -> datetime:
+    return datetime.fromisoformat(moment.replace("Z", "+00:00"))
+
+
+def finished(runs: list[dict]) -> bool:
+    return all(r["state"] in ("success", "failed") for r in runs)
+
+
+def ids_in(output) -> list[str]:
+    return [str(row["id"]) for row in read_parquet(output)]
+
+
+def committed_at(ledger, run_id: str) -> datetime:
+    batch = ledger.latest_batch_for_run(PIPELINE, run_id)
+    assert batch is not None and batch.state is BatchState.COMMITTED, batch
+    return utc(batch.updated_at)
+
+
+def test_records_start_runs_by_themselves_once_per_batch_never_a_pile_up(kafka, airflow, arrival_output):
+    airflow.wait_for_dag(DAG_ID)
+    # The triggerer picked the watcher up and looked at the (empty) topic.
+    wait_until("the backlog trigger reports the idle topic",
+               lambda: f"pipeline {PIPELINE}: 0 records wait" in airflow.log_text("triggerer"), 180, airflow)
+    time.sleep(4 * ARRIVAL_POLL_SECONDS)
+    assert airflow.runs(DAG_ID) == [], "a run started while the topic was idle"
+
+    # Records arrive: one run starts by itself and commits them, exactly once.
+    produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 30, json_values=True)
+    produced_at = first_produced_at = datetime.now(timezone.utc)
+    [first] = wait_until("a run started by the records", lambda: airflow.runs(DAG_ID), 120, airflow)
+    assert first["run_type"] == "asset_triggered", first
+    assert airflow.wait_run(DAG_ID, first["dag_run_id"]) == "success"
+    ledger = airflow_ledger(airflow)
+    latencies = [(committed_at(ledger, first["dag_run_id"]) - produced_at).total_seconds()]
+    assert_exactly_once([str(i) for i in range(30)], ids_in(arrival_output))
+
+    # More records, and more again while that run's batch is in flight: one more run, not one per burst.
+    produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 30, start=30, json_values=True)
+    produced_at = datetime.now(timezone.utc)
+    second = wait_until("a second run", lambda: airflow.runs(DAG_ID)[1:], 120, airflow)[0]
+
+    def in_flight():
+        batch = ledger.latest_batch_for_run(PIPELINE, second["dag_run_id"])
+        return batch is not None and batch.state in (BatchState.PLANNED, BatchState.PREPARED)
+
+    wait_until("the second run's batch in flight", in_flight, 180, airflow, every=0.2)
+    for burst in range(3):
+        produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 25, start=60 + 25 * burst, json_values=True)
+        time.sleep(1.5 * ARRIVAL_POLL_SECONDS)  # the trigger looks in between
+    assert airflow.wait_run(DAG_ID, second["dag_run_id"]) == "success"
+    latencies.append((committed_at(ledger, second["dag_run_id"]) - produced_at).total_seconds())
+    runs = wait_until("the run for the bursts", lambda: airflow.runs(DAG_ID)[2:] and airflow.runs(DAG_ID), 120,
+                      airflow)
+    wait_until("every run finished", lambda: finished(airflow.runs(DAG_ID)), 600, airflow, every=2)
+    time.sleep(4 * ARRIVAL_POLL_SECONDS)  # time for a pile-up to show
+    runs = airflow.runs(DAG_ID)
+    assert [r["state"] for r in runs] == ["success"] * 3, [(r["dag_run_id"], r["state"]) for r in runs]
+    assert all(r["run_type"] == "asset_triggered" for r in runs)
+    # max_active_runs=1: one after the other
+    for before, after in zip(runs, runs[1:]):
+        assert before["end_date"] <= after["start_date"], (before, after)
+
+    assert_exactly_once([str(i) for i in range(135)], ids_in(arrival_output))
+    batches = ledger.list_batches(PIPELINE, newest_first=False)
+    assert [(b.state, b.output_records) for b in batches] == [(BatchState.COMMITTED, 30), (BatchState.COMMITTED, 30),
+                                                             (BatchState.COMMITTED, 75)]
+    assert_ranges_tile(ledger, PIPELINE)
+    assert ledger.pipeline_dags()[PIPELINE] == {DAG_ID}  # plan recorded the DAG (the ledger page's permission)
+    # What the latency is made of (docs/triggers.md): the run's creation after the records, then the run.
+    first_run = runs[0]
+    created = (parse(first_run["queued_at"]) - first_produced_at).total_seconds()
+    duration = (parse(first_run["end_date"]) - parse(first_run["start_date"])).total_seconds()
+    print(f"\nproduce -> committed output: {', '.join(f'{s:.1f} s' for s in latencies)} (min_records="
+          f"{ARRIVAL_MIN_RECORDS}, poll {ARRIVAL_POLL_SECONDS} s); first run: queued {created:.1f} s after the "
+          f"records, ran {duration:.1f} s")
+
+
+def test_an_unreachable_broker_or_ledger_shows_in_the_triggerer_log_and_never_stops_it(airflow, unreachable):
+    """tests/dags/eo_backlog_unreachable_dag.py watches a broker and a ledger that never answer."""
+    for dag_id in ("eo_backlog_no_broker", "eo_backlog_no_ledger"):
+        airflow.wait_for_dag(dag_id)
+
+    def reported() -> list[str]:
+        lines = [line for line in airflow.log_text("triggerer").splitlines()
+                 if "cannot tell whether records wait" in line]
+        broker = [line for line in lines if "eo_backlog_no_broker" in line and unreachable["kafka"] in line]
+        ledger = [line for line in lines if "eo_backlog_no_ledger" in line and "Connection refused" in line]
+        return [*broker[:1], *ledger[:1]] if broker and ledger else []
+
+    wait_until("both errors in the triggerer's log", lambda: len(reported()) == 2, 180, airflow)
+    time.sleep(5 * 2)  # several more polls of both watchers
+    airflow._check_alive()  # the triggerer is still running
+    log = airflow.log_text("triggerer")
+    for pipeline in ("eo_backlog_no_broker", "eo_backlog_no_ledger"):
+        lines = [line for line in log.splitlines() if "cannot tell whether records wait" in line and pipeline in line]
+        assert len(lines) == 1, lines  # once per distinct error, not at every poll
+    assert "Trigger exited" not in log and "Trigger runner failed" not in log
+    for dag_id in ("eo_backlog_no_broker", "eo_backlog_no_ledger"):
+        assert airflow.runs(dag_id) == []
