@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from devtools.kafka_broker import LocalKafkaBroker, stop_pidfile
-from devtools.maven import devenv_home, kafka_broker_jars, spark_kafka_jars
+from devtools.maven import avro_jars, devenv_home, kafka_broker_jars, spark_kafka_jars
 from devtools.postgres import LocalPostgres, stop_data_dir
 
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "fetch-jars":
         print(f"Kafka broker jars: {kafka_broker_jars()}")
-        print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files")
+        print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files, spark-avro: {len(avro_jars())}")
     elif args.command == "kafka-start":
         broker = LocalKafkaBroker(args.data_dir, port=args.port, controller_port=args.controller_port).start()
         broker.process = None  # leave it running after this command exits

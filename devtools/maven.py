@@ -98,6 +98,20 @@ def iceberg_jars() -> list[str]:
     return jars
 
 
+def avro_jars() -> list[str]:
+    """Spark's Avro functions (spark-avro) for the installed pyspark: Avro itself ships with pyspark."""
+    from airflow_exactly_once.spark.connector import avro_package
+
+    coordinates = avro_package()
+    folder = fetch_jars(artifact(coordinates).name, (artifact(coordinates),), strip_version=True)
+    return sorted(str(p) for p in folder.glob("*.jar"))
+
+
+def spark_connector_jars() -> list[str]:
+    """What a test's Spark loads: Kafka's connector and spark-avro (Iceberg's jars: spark_conf_dir)."""
+    return spark_kafka_jars() + avro_jars()
+
+
 def devenv_home() -> Path:
     """Where downloaded jars and local service data live (outside the package)."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "airflow-exactly-once"
@@ -199,7 +213,7 @@ def postgres_jdbc_jars() -> list[str]:
 
 
 def spark_conf_dir(folder: str | Path) -> Path:
-    """A SPARK_CONF_DIR whose spark-defaults.conf loads the pre-fetched Kafka connector and Iceberg jars.
+    """A SPARK_CONF_DIR whose spark-defaults.conf loads the pre-fetched Kafka connector, spark-avro and Iceberg jars.
 
     Tests, the demo and the benchmarks pass the connector this way, explicitly, as a Spark user
     would: Spark reads the file in every driver it starts (in-process, spark-submit), so no
@@ -212,7 +226,7 @@ def spark_conf_dir(folder: str | Path) -> Path:
     except RuntimeError as exc:  # e.g. a pyspark release line Iceberg has no runtime for yet
         print(f"devtools: no Iceberg jars for this pyspark ({str(exc)[:200]}); Iceberg tables cannot be written")
         iceberg = []
-    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_kafka_jars() + iceberg)}\n")
+    (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_connector_jars() + iceberg)}\n")
     return folder
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from airflow_exactly_once.spark.connector import spark_home
-from devtools.maven import spark_kafka_jars
+from devtools.maven import spark_connector_jars
 from devtools.ports import reserve_port
 from devtools.processes import stop_session
 
@@ -75,7 +75,7 @@ class LocalSparkConnectServer:
 
     def _command(self) -> list[str]:
         conf = server_conf(self.port, "127.0.0.1", str(self.data_dir / "tmp"),
-                           spark_kafka_jars() if self.with_kafka_connector else [])
+                           spark_connector_jars() if self.with_kafka_connector else [])
         return server_command(str(spark_home() / "bin" / "spark-submit"), self.cores, {**conf, **self.extra_conf})
 
     def start(self, timeout: float = 180.0) -> "LocalSparkConnectServer":

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Callable
 
+from airflow_exactly_once.core.avro_schema import record_fields
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.kafka_settings import KafkaSettings, redact_settings, secret_settings
 from airflow_exactly_once.core.model import dumps
@@ -146,9 +148,13 @@ class PipelineConfig:
                                      "that does not decode under it is a bad record")
         if self.value_schema is not None and self.value_format not in ("json", "avro"):
             raise ConfigurationError("value_schema is only used with value_format='json' or 'avro'")
+        if self.value_format == "avro" and isinstance(self.value_schema, dict):
+            self.value_schema = json.dumps(self.value_schema)  # stored as the JSON Spark's from_avro takes
         if self.value_schema is not None and not isinstance(self.value_schema, str):
             self.value_schema = self.value_schema.simpleString() if hasattr(self.value_schema, "simpleString") \
                 else str(self.value_schema)  # a StructType is stored as its DDL
+        if self.value_format == "avro":
+            record_fields(self.value_schema)
         if self.dead_letter is not None and self.bad_record_policy != "dead_letter":
             raise ConfigurationError("dead_letter is only used with bad_record_policy='dead_letter'")
         if self.dead_letter is not None and (not isinstance(self.dead_letter, dict) or "type" not in self.dead_letter):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from airflow_exactly_once.core.avro_schema import all_null_encoding, record_fields
 from airflow_exactly_once.core.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.core.config import PipelineConfig
 
@@ -93,8 +94,15 @@ def decode(frame: Any, config: PipelineConfig) -> Any:
         from pyspark.sql.avro.functions import from_avro
 
         parsed = from_avro(F.col("value"), config.value_schema, {"mode": "PERMISSIVE"})
+        # PERMISSIVE gives a record of nulls for a value it cannot decode (core.avro_schema)
+        all_null = F.lit(True)
+        for name in (f["name"] for f in record_fields(config.value_schema)):
+            all_null = all_null & F.col(f"_aeo_parsed.{name}").isNull()
+        real_all_null = all_null_encoding(config.value_schema)
+        undecoded = all_null if real_all_null is None else all_null & (F.col("value") != F.lit(real_all_null))
         error = F.when(F.col("value").isNull(), F.lit("a null value (a tombstone)")).when(
-            F.col("_aeo_parsed").isNull(), F.lit("not an Avro record of value_schema (malformed or truncated)"))
+            F.col("_aeo_parsed").isNull() | undecoded,
+            F.lit("not an Avro record of value_schema (malformed or truncated)"))
     decoded = frame.withColumn("_aeo_parsed", parsed).withColumn(DECODE_ERROR, error)
     fields = [f.name for f in decoded.schema["_aeo_parsed"].dataType.fields if f.name != DECODE_ERROR]
     kept = [c for c in frame.columns if c not in fields]  # a decoded field named like a Kafka column wins

@@ -48,3 +48,22 @@ def explode(df):
 
 def wrong_type(df):
     return df.collect()
+
+
+def _share(amount):
+    return 1000 // amount  # amount 0: ZeroDivisionError, for that record only
+
+
+def guarded_share(df):
+    """Decoded JSON in, `id` and `share` out; a record whose share cannot be computed is marked bad."""
+    from airflow_exactly_once.spark.records import guarded_column
+
+    df = guarded_column(df, "share", _share, "long", "amount")
+    return df.select("id", "share", "_source", "_bad_record")
+
+
+def guarded_share_as_value(df):
+    """guarded_share as a Kafka record: key = id, value = JSON."""
+    return guarded_share(df).selectExpr("CAST(id AS STRING) AS key",
+                                        "to_json(named_struct('id', id, 'share', share)) AS value",
+                                        "_source", "_bad_record")

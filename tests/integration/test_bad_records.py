@@ -227,3 +227,53 @@ def test_dead_letters_commit_with_the_output_and_every_record_lands_once(kafka, 
     assert {d["source_topic"] for d in letters} == {topic}
     assert len(letters) + len(target.output()) == len(sent)  # every input record exactly once
     assert p.state(batch_id) is BatchState.COMMITTED
+
+
+AVRO_SCHEMA = json.dumps({"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "long"}, {"name": "name", "type": "string"}]})
+
+
+def test_avro_values_decode_and_truncated_ones_are_dead_letters(kafka, spark, tmp_path):
+    """value_format='avro': spark-avro decodes with value_schema; a truncated record is a bad record, not nulls."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    # What a producer with this schema sends: each record's Avro binary encoding.
+    rows = spark.createDataFrame([(i, f"item-{i}") for i in range(20)], "id LONG, name STRING").orderBy("id")
+    values = [bytes(r["v"]) for r in rows.select(to_avro(F.struct("id", "name"), AVRO_SCHEMA).alias("v")).collect()]
+    truncated = values[5][:-2]  # the name's length says 6 bytes, 4 follow
+    topic = f"avro-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.bootstrap_servers, topic, partitions=1)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    for value in values + [truncated]:
+        producer.send(topic, value=value, partition=0)
+    producer.flush()
+    producer.close()
+    out = tmp_path / "out"
+    config = pipeline_config(f"{topic}-p", [topic], {"type": "parquet", "path": str(out)},
+                             bootstrap=kafka.bootstrap_servers, value_format="avro", value_schema=AVRO_SCHEMA,
+                             bad_record_policy="dead_letter")
+    p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+             run_writers=run_partition_writers)
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "name"))
+    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (21, 20, 1)
+    p.commit(batch_id)
+    assert sorted((r["id"], r["name"]) for r in read_parquet(out)) == [(i, f"item-{i}") for i in range(20)]
+    [letter] = read_parquet(out / "_dead_letter")
+    assert (letter["source_offset"], letter["value"]) == (20, truncated)
+    assert "not an Avro record of value_schema" in letter["error"]
+
+
+def test_an_avro_record_of_nulls_is_good_only_when_encoded_as_one(spark):
+    """from_avro gives a record of nulls for garbage too: only the exact encoding of the all-null record is good."""
+    from airflow_exactly_once.spark import records
+
+    schema = json.dumps({"type": "record", "name": "R", "fields": [
+        {"name": "a", "type": ["null", "string"]}, {"name": "b", "type": ["null", "long"]}]})
+    config = pipeline_config("nulls", ["t"], {"type": "parquet", "path": "/tmp/unused"}, value_format="avro",
+                             value_schema=schema)
+    frame = spark.createDataFrame([(b"\x00\x00",), (b"\x02\x02x\x02\x04",), (b"\xff\xff",)], "value BINARY")
+    got = [(r["a"], r["b"], r[records.DECODE_ERROR]) for r in records.decode(frame, config).collect()]
+    assert got[:2] == [(None, None, None), ("x", 2, None)]
+    assert got[2][:2] == (None, None) and "not an Avro record" in got[2][2]

@@ -162,3 +162,21 @@ def test_a_failing_dead_letter_stage_takes_the_output_back(tmp_path):
         write_with_dead_letters(pipe)
     assert not list((tmp_path / "out" / "_staging").iterdir())
 
+
+
+def test_avro_schema_is_checked_and_its_all_null_record_known(tmp_path):
+    import json
+
+    from airflow_exactly_once.core.avro_schema import all_null_encoding
+
+    record = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
+    stored = config(tmp_path, value_format="avro", value_schema=record).value_schema
+    assert json.loads(stored) == record  # a dict is stored as the JSON from_avro takes
+    with pytest.raises(ConfigurationError, match="not an Avro schema in JSON"):
+        config(tmp_path, value_format="avro", value_schema="id BIGINT")
+    with pytest.raises(ConfigurationError, match="an Avro record schema with fields"):
+        config(tmp_path, value_format="avro", value_schema='"string"')
+    assert all_null_encoding(stored) is None  # id cannot be null: a record of nulls is never real
+    fields = [{"name": "a", "type": ["null", "string"]}, {"name": "b", "type": ["long", "null"]},
+              {"name": "c", "type": "null"}]
+    assert all_null_encoding(json.dumps({**record, "fields": fields})) == b"\x00\x02"
