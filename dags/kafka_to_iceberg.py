@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
-from example_transforms import parse_events  # the DAG folder is on the Python path
+from example_transforms import EVENT_SCHEMA, select_events  # the DAG folder is on the Python path
 
 from airflow_exactly_once.task_group import exactly_once_batch
 
@@ -49,7 +49,9 @@ with DAG(
             "catalog": CATALOG,
             "create_table": True,  # the first write creates it from the transform's schema
         },
-        transform=parse_events,
+        value_format="json",  # decoded by the provider: a malformed value is a bad record
+        value_schema=EVENT_SCHEMA,
+        transform=select_events,
         startup_mode="earliest",
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
-from example_transforms import parse_events  # the DAG folder is on the Python path
+from example_transforms import EVENT_SCHEMA, select_events  # the DAG folder is on the Python path
 
 from airflow_exactly_once.task_group import exactly_once_batch
 
@@ -38,7 +38,11 @@ with DAG(
         topics=[os.environ.get("EXACTLY_ONCE_DEMO_TOPIC", "events")],
         kafka_conn_id="kafka_default",  # extra: {"bootstrap.servers": "host:port"}
         sink={"type": "parquet", "path": OUTPUT},
-        transform=parse_events,
+        value_format="json",  # decoded by the provider: a malformed value is a bad record
+        value_schema=EVENT_SCHEMA,
+        # Bad records go to <path>/_dead_letter, committed with the batch (default policy: fail the batch).
+        bad_record_policy="dead_letter",
+        transform=select_events,
         # A `spark_connect` connection: write on a warm Spark Connect server; None: a Spark driver in the task.
         spark_conn_id=os.environ.get("EXACTLY_ONCE_DEMO_SPARK_CONN_ID"),
         startup_mode="earliest",

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from airflow.sdk import DAG
-from example_transforms import parse_events  # the DAG folder is on the Python path
+from example_transforms import EVENT_SCHEMA, select_events  # the DAG folder is on the Python path
 
 from airflow_exactly_once.assets import pipeline_backlog_asset
 from airflow_exactly_once.task_group import exactly_once_batch
@@ -58,7 +58,9 @@ with DAG(
         kafka_conn_id="kafka_default",
         ledger_conn_id=LEDGER_CONN_ID,
         sink={"type": "parquet", "path": OUTPUT},
-        transform=parse_events,
+        value_format="json",  # decoded by the provider: a malformed value is a bad record
+        value_schema=EVENT_SCHEMA,
+        transform=select_events,
         startup_mode="earliest",
     )
 # [END kafka_to_parquet_on_arrival]

@@ -48,7 +48,9 @@ with DAG(
         spark_conf={"spark.executor.cores": "1", "spark.executor.memory": "512m", "spark.cores.max": "2"},
         ledger_conn_id=os.environ.get("EXACTLY_ONCE_LEDGER_CONN_ID"),  # unset: the embedded SQLite ledger
         sink={"type": "parquet", "path": OUTPUT},
-        transform="example_transforms:parse_events",  # dags/example_transforms.py
+        value_format="json",
+        value_schema="id BIGINT, name STRING, amount DOUBLE",
+        transform="example_transforms:select_events",  # dags/example_transforms.py
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )
     # [END kafka_to_parquet_on_spark]

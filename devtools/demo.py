@@ -1,6 +1,10 @@
 """`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line.
 
-    python -m devtools.demo [--records 3000] [--keep] [--spark-connect]
+    python -m devtools.demo [--records 3000] [--bad-records 6] [--keep] [--spark-connect]
+
+The input mixes good JSON events with a few bad ones (not JSON, a field of the wrong type); the
+example DAG decodes values strictly and sends bad records to `<output>/_dead_letter`, so the
+verification line counts both: every record lands exactly once, in the output or as a dead letter.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
-def produce_events(bootstrap: str, count: int, partitions: int) -> None:
+def bad_value(n: int) -> bytes:
+    """The n-th bad record's value: alternately not JSON at all, and JSON with a field of the wrong type."""
+    return b"{not json" if n % 2 == 0 else json.dumps({"id": f"bad-{n}", "name": "x", "amount": 1}).encode()
+
+
+def produce_events(bootstrap: str, count: int, bad: int, partitions: int) -> None:
+    """`count` good events (ids 0..count-1) with `bad` bad records spread among them."""
     from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -37,28 +47,42 @@ def produce_events(bootstrap: str, count: int, partitions: int) -> None:
     admin.create_topics([NewTopic(TOPIC, partitions, 1)])
     admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    every = max(1, count // (bad + 1))
+    sent_bad = 0
     for i in range(count):
         value = {"id": i, "name": f"item-{i}", "amount": round(i * 0.25, 2)}
         producer.send(TOPIC, key=str(i).encode(), value=json.dumps(value).encode(), partition=i % partitions)
+        if sent_bad < bad and (i + 1) % every == 0:
+            producer.send(TOPIC, key=f"bad-{sent_bad}".encode(), value=bad_value(sent_bad), partition=i % partitions)
+            sent_bad += 1
     producer.flush()
     producer.close()
 
 
-def verify(output: Path, count: int) -> tuple[str, bool]:
+def verify(output: Path, count: int, bad: int) -> tuple[str, bool]:
+    """Every good event once in the output, every bad record once among the dead letters."""
     import pyarrow.dataset as ds
 
+    # The dataset skips `_dead_letter`, `_manifest` and `_staging` (names starting with "_").
     ids = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(columns=["id"]).column("id")
     counts = Counter(ids.to_pylist())
-    duplicates = sum(c - 1 for c in counts.values() if c > 1)
-    missing = len(set(range(count)) - set(counts))
-    out = sum(counts.values())
-    line = f"exactly-once check: in={count} out={out} duplicates={duplicates} missing={missing}"
-    return line, out == count and duplicates == 0 and missing == 0
+    dead_folder = output / "_dead_letter"
+    dead_keys = (ds.dataset(str(dead_folder), format="parquet", partitioning="hive").to_table(columns=["key"])
+                 .column("key").to_pylist() if dead_folder.exists() else [])
+    dead = Counter(dead_keys)
+    duplicates = sum(c - 1 for c in counts.values() if c > 1) + sum(c - 1 for c in dead.values() if c > 1)
+    missing = len(set(range(count)) - set(counts)) + len({f"bad-{n}".encode() for n in range(bad)} - set(dead))
+    out, dead_letters = sum(counts.values()), sum(dead.values())
+    line = (f"exactly-once check: in={count + bad} out={out} dead_letters={dead_letters} "
+            f"duplicates={duplicates} missing={missing}")
+    return line, out == count and dead_letters == bad and duplicates == 0 and missing == 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.demo")
-    parser.add_argument("--records", type=int, default=3000)
+    parser.add_argument("--records", type=int, default=3000, help="good JSON events")
+    parser.add_argument("--bad-records", type=int, default=6,
+                        help="malformed records among them (they become dead letters)")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--max-records-per-partition", type=int, default=400)
     parser.add_argument("--workdir", default=None,
@@ -85,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.spark_connect:
             say("starting a Spark Connect server (local mode, with Spark's Kafka connector)")
             connect = LocalSparkConnectServer(workdir / "spark-connect").start()
-        say(f"producing {args.records} JSON records to topic '{TOPIC}' ({args.partitions} partitions)")
-        produce_events(broker.bootstrap_servers, args.records, args.partitions)
+        say(f"producing {args.records} JSON events and {args.bad_records} malformed records to topic '{TOPIC}' "
+            f"({args.partitions} partitions)")
+        produce_events(broker.bootstrap_servers, args.records, args.bad_records, args.partitions)
         env = {
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
                 {"conn_type": "kafka", "extra": {"bootstrap.servers": broker.bootstrap_servers}}),
@@ -106,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
 
         per_batch = args.max_records_per_partition * args.partitions
-        runs = -(-args.records // per_batch) + 1  # one more run than batches: it finds nothing new
+        runs = -(-(args.records + args.bad_records) // per_batch) + 1  # one more run than batches: it finds nothing new
         for n in range(1, runs + 1):
             if n == 2:
                 arm(faults, "write.after_stage", "kill", 1)
@@ -126,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
 
         ledger = Ledger(f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}")
         for batch in ledger.list_batches(DAG_ID, newest_first=False):
-            say(f"ledger: {batch.describe()} in={batch.input_records} out={batch.output_records}")
-        line, ok = verify(output, args.records)
+            bad = (batch.details.get("bad_records") or {}).get("count", 0)
+            say(f"ledger: {batch.describe()} in={batch.input_records} out={batch.output_records} bad={bad}")
+        say(f"dead letters (source offset, error, raw value) are in {output / '_dead_letter'}")
+        line, ok = verify(output, args.records, args.bad_records)
         print(line, flush=True)
         return 0 if ok else 1
     finally:

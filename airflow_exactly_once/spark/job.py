@@ -133,20 +133,22 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     from pyspark.sql import functions as F
 
     config, sink = coordinator.config, coordinator.sink
-    decoded = records.decode(records.with_source(read_batch(spark, batch, config)), config)
+    # Observations sit outside our own columns: Spark does not prune columns through them, so an
+    # observation above `_source` would copy every key and value once more.
+    seen_in, seen_out = Observation("input"), Observation("output")
+    source = read_batch(spark, batch, config).observe(seen_in, F.count(F.lit(1)).alias("records"))
+    decoded = records.decode(records.with_source(source), config)
     checks_decoding = records.DECODE_ERROR in decoded.columns
     if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
         decoded = decoded.persist()
-    seen_in, seen_out = Observation("input"), Observation("output")
-    observed = decoded.observe(seen_in, F.count(F.lit(1)).alias("records"))
-    good_input = observed.filter(F.col(records.DECODE_ERROR).isNull()).drop(records.DECODE_ERROR) \
-        if checks_decoding else observed
+    good_input = decoded.filter(F.col(records.DECODE_ERROR).isNull()).drop(records.DECODE_ERROR) \
+        if checks_decoding else decoded
     output = apply_transform(transform, good_input)
     marks = records.BAD_RECORD in output.columns
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
-            output = output.observe(seen_out, F.count(F.lit(1)).alias("records"))
-            committable = sink.stage(records.without_internal(output), batch, run_partition_writers)
+            staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
+            committable = sink.stage(staged, batch, run_partition_writers)
             # None when Spark did not report it: Spark Connect returns only the outermost observation of a
             # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
             return _Staged(committable, seen_in.get.get("records"), seen_out.get.get("records"))

@@ -33,12 +33,13 @@ def test_example_dag_two_batches(kafka, airflow, example_lakehouse):
     assert_ranges_tile(airflow_ledger(airflow), "kafka_to_iceberg")
 
 
+# The points where the Iceberg sink's own state differs: a staged snapshot nobody published, a snapshot
+# published before the ledger knew. plan.after_ledger and notify.after_ledger touch only the ledger; the
+# Parquet system tests kill the task there (the protocol is the same for every sink).
 @pytest.mark.parametrize("point, catalog", [
-    ("plan.after_ledger", "embedded"),
     ("write.after_stage", "postgres"),
     ("write.after_prepare", "embedded"),
     ("notify.after_sink_commit", "postgres"),
-    ("notify.after_ledger", "embedded"),
 ])
 def test_worker_killed_at_protocol_step(kafka, postgres, airflow, faults, tmp_path, unique, point, catalog):
     name = f"ice-{point.replace('.', '-').replace('_', '-')}-{unique}"
