@@ -20,6 +20,7 @@ from typing import Any
 
 from devtools.maven import kafka_broker_jars, kafka_major, kafka_version
 from devtools.ports import reserve_port
+from devtools.processes import LocalServer
 
 # Kafka 3.x logs through reload4j (log4j 1 syntax), Kafka 4.x through log4j2.
 _LOG4J1 = (
@@ -39,7 +40,7 @@ _LOG4J2 = (
 )
 
 
-class LocalKafkaBroker:
+class LocalKafkaBroker(LocalServer):
     """Start, stop and restart one broker whose data lives in `data_dir`."""
 
     def __init__(
@@ -177,23 +178,6 @@ class LocalKafkaBroker:
                 self.process.kill()
                 self.process.wait()
         self.process = None
-
-    def kill(self) -> None:
-        """SIGKILL the broker, as a crashed machine would."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> "LocalKafkaBroker":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def cluster_id() -> str:

@@ -11,6 +11,36 @@ from pathlib import Path
 import psutil
 
 
+class LocalServer:
+    """What the dev tooling's servers share: `with` starts and stops one, `kill` crashes it as a
+    lost machine would, `restart` brings it back on the same data. Subclasses start and stop."""
+
+    process: subprocess.Popen | None = None
+
+    def start(self) -> "LocalServer":
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown hook runs, what it kept in memory is gone."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 def check_alive(processes: dict[str, subprocess.Popen], log_dir: Path, what: str) -> None:
     """Raise with the tail of its log if any named process has exited."""
     for name, process in processes.items():

@@ -19,7 +19,7 @@ from pathlib import Path
 from airflow_exactly_once.spark.connector import spark_home
 from devtools.maven import spark_connector_jars
 from devtools.ports import reserve_port
-from devtools.processes import stop_session
+from devtools.processes import LocalServer, stop_session
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 # An operation whose client went away (a killed write task) is interrupted after this long
@@ -49,7 +49,7 @@ def server_command(spark_submit: str, cores: int, conf: dict[str, str]) -> list[
     return command + ["spark-internal"]
 
 
-class LocalSparkConnectServer:
+class LocalSparkConnectServer(LocalServer):
     """Start, stop and restart one Spark Connect server whose files live in `data_dir`."""
 
     def __init__(self, data_dir: str | Path, port: int = 0, cores: int = 2, with_kafka_connector: bool = True,
@@ -109,20 +109,3 @@ class LocalSparkConnectServer:
         if self.process is not None:
             stop_session(self.process, timeout)
             self.process = None
-
-    def kill(self) -> None:
-        """SIGKILL the server, as a crashed machine would (its driver state, sessions and jobs are gone)."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def __enter__(self) -> "LocalSparkConnectServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
