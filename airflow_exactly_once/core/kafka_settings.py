@@ -67,11 +67,11 @@ _HOST_NOT_IN_CERTIFICATE = ("Hostname mismatch", "IP address mismatch", "No subj
                             "No name matching", "doesn't match any of the subject alternative")
 _UNTRUSTED_CERTIFICATE = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "PKIX path building failed",
                           "unable to find valid certification path")
-_DENIED = {  # the broker's authorizer said no, by resource
-    "transactional_id": ("TransactionalIdAuthorization",),
-    "topic": ("TopicAuthorization", "Not authorized to access topics"),
-    "group": ("GroupAuthorization", "Not authorized to access group"),
-    "cluster": ("ClusterAuthorization", "Cluster authorization failed"),
+_DENIED = {  # the broker's authorizer said no, by resource (kafka-python and Java; then librdkafka's names)
+    "transactional_id": ("TransactionalIdAuthorization", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+    "topic": ("TopicAuthorization", "Not authorized to access topics", "TOPIC_AUTHORIZATION_FAILED"),
+    "group": ("GroupAuthorization", "Not authorized to access group", "GROUP_AUTHORIZATION_FAILED"),
+    "cluster": ("ClusterAuthorization", "Cluster authorization failed", "CLUSTER_AUTHORIZATION_FAILED"),
 }
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _JAAS_MODULES = {

@@ -125,6 +125,19 @@ def close_session(spark: Any) -> None:
         log.info("could not release the Spark Connect session %s: %s", spark.session_id, _first_line(str(exc)))
 
 
+def release_only(spark: Any) -> None:
+    """Release a session on the server and close its channel, but not as `stop()` does: that also shuts
+    down pyspark's process-wide thread pool under the operations of the process's other sessions (they
+    then fail with "cannot schedule new futures after shutdown")."""
+    try:
+        spark.client.release_session()
+    except Exception as exc:
+        log.info("could not release the Spark Connect session %s: %s", spark.session_id, _first_line(str(exc)))
+    channel = getattr(spark.client, "_channel", None)  # pyspark keeps it private; gRPC would close it when collected
+    if channel is not None:
+        channel.close()
+
+
 class ConnectWrite:
     """One write attempt on a Spark Connect server, owned by the write task (which calls `kill` from on_kill)."""
 
@@ -171,7 +184,7 @@ class ConnectWrite:
         try:
             old = open_session(session_url(self.url, session_id))
             interrupted = old.interruptAll()
-            close_session(old)  # releases the old session on the server
+            release_only(old)
             if interrupted:
                 self.log.warning("interrupted %d operation(s) an earlier attempt of batch %s left running on %s",
                                  len(interrupted), batch_id, self.url)

@@ -10,6 +10,9 @@ from typing import Any, Iterable
 from airflow_exactly_once.spark.connector import with_connectors
 
 DEFAULT_MASTER = "local[*]"
+# pyspark's mark of a process that made a Spark Connect session: once set, every classic getOrCreate()
+# asks for a Connect URL instead of starting a driver. Child processes inherit it.
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 
 def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None,
@@ -21,6 +24,7 @@ def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None,
     # Python workers must run the interpreter that has this package and the transform.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    drop_stale_connect_mode()
     builder = SparkSession.builder.appName(app_name).master(master or conf.pop("spark.master", DEFAULT_MASTER))
     defaults = {
         "spark.ui.enabled": "false",
@@ -32,6 +36,29 @@ def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None,
     for key, value in {**defaults, **conf}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def drop_stale_connect_mode() -> bool:
+    """Remove pyspark's Connect mark when no Spark Connect session of this process is open.
+
+    pyspark sets it for good when it creates a remote session and never clears it (except for
+    its own local Connect server), so a process that used Spark Connect earlier (a benchmark, a
+    test session) and every process it starts later (an Airflow stack's tasks) could no longer
+    start the local driver they ask for. True when it was removed.
+    """
+    if CONNECT_MODE_ENV not in os.environ or _connect_session_open():
+        return False
+    del os.environ[CONNECT_MODE_ENV]
+    return True
+
+
+def _connect_session_open() -> bool:
+    connect = sys.modules.get("pyspark.sql.connect.session")  # never imported: no Connect session
+    if connect is None:
+        return False
+    # The default session is process-wide (the active one is per thread); pyspark resets it on stop().
+    session = getattr(connect.SparkSession, "_default_session", None) or connect.SparkSession.getActiveSession()
+    return session is not None and not session.is_stopped
 
 
 def stop_spark(spark, timeout_s: float = 30.0) -> None:

@@ -211,7 +211,7 @@ def test_an_acl_denying_the_output_topic_after_planning_fails_the_write(secured_
 
     message = str(refused(lambda: run_write(spark, writer, batch_id, transform=upper_value)))
     assert f"do not let user {NO_WRITE_USER!r} of {ORIGIN} WRITE and DESCRIBE topic(s) {output}" in message
-    assert "TopicAuthorizationFailedError" in message  # what the producer said
+    assert "TOPIC_AUTHORIZATION_FAILED" in message  # what the producer (librdkafka) said
     assert pipe.state(batch_id) is BatchState.PLANNED
     assert "ABORTED" in writer.abort(batch_id, "the write failed for good")
     assert pipe.state(batch_id) is BatchState.ABORTED
@@ -231,7 +231,7 @@ def test_an_acl_denying_the_transactional_ids_fails_the_write(secured_kafka, nam
     message = str(refused(lambda: run_write(spark, pipe.coordinator, batch_id, transform=upper_value)))
     assert f"do not let user {NO_TXN_USER!r} of {ORIGIN} use its transactional ids" in message
     assert f"grant WRITE and DESCRIBE on the transactional ids with prefix {name!r}" in message
-    assert "TransactionalIdAuthorizationFailedError" in message
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in message  # what the producer (librdkafka) said
     assert "ABORTED" in pipe.abort(batch_id)
     assert set(settled_ends(secured_kafka.client_config(), output).values()) == {0}  # not even aborted records
     assert set(pipe.ledger.committed_positions(name).values()) == {0}

@@ -85,6 +85,23 @@ def transaction_error(exc: BaseException, what: str) -> KafkaTransactionError:
                                  retriable=bool(error.retriable()) and not error.fatal())
 
 
+def transaction_failure(producer: confluent_kafka.Producer) -> Any:
+    """Why librdkafka failed the producer's open transaction, or None.
+
+    When the broker refuses a step of the transaction (a topic the user may not write), librdkafka
+    purges the queued records and reports each only as _PURGE_QUEUE. A transactional call that the
+    failed state does not allow returns the transaction's own error; begin_transaction() is such a
+    call that can never commit anything.
+    """
+    try:
+        producer.begin_transaction()
+    except confluent_kafka.KafkaException as exc:
+        error = exc.args[0] if exc.args and isinstance(exc.args[0], confluent_kafka.KafkaError) else None
+        if error is not None and (error.txn_requires_abort() or error.fatal()):
+            return error
+    return None
+
+
 def describe_open(admin: KafkaAdminClient, transactional_id: str, timeout_s: float = 30.0) -> TransactionHandle:
     """The coordinator's view of an open transaction, as the handle that commits it later."""
     deadline = time.monotonic() + timeout_s

@@ -105,6 +105,8 @@ class KafkaPartitionWriter(PartitionWriter):
                                             f"to {self.topic!r} within {self.flush_timeout_s:g} s", retriable=True)
             if deliveries.errors:
                 error = deliveries.errors[0]
+                if exactly_once and error.code() == confluent_kafka.KafkaError._PURGE_QUEUE:
+                    error = librdkafka.transaction_failure(holder[0]) or error  # the cause, not its symptom
                 raise KafkaTransactionError(
                     f"{len(deliveries.errors)} of {count} records of partition {partition} could not be written to "
                     f"{self.topic!r}: {error.str()} ({error.name()})",
@@ -151,10 +153,17 @@ class KafkaPartitionWriter(PartitionWriter):
 
 
 def _give_up(producer: confluent_kafka.Producer, exactly_once: bool) -> None:
-    """Best effort: abort the attempt's transaction (the next attempt of this partition would fence it)."""
-    if exactly_once:
-        try:
+    """Best effort: abort the attempt's transaction (the next attempt of this partition would fence it).
+
+    Never raises: after a refused operation the producer is in a fatal state, its abort and close fail
+    with INVALID_TXN_STATE, and that must not hide the error that made the writer give up.
+    """
+    try:
+        if exactly_once:
             producer.abort_transaction(10)
-        except confluent_kafka.KafkaException:
-            pass
-    producer.close()
+    except confluent_kafka.KafkaException:
+        pass
+    try:
+        producer.close()
+    except confluent_kafka.KafkaException:
+        pass
