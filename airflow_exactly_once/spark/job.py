@@ -34,6 +34,7 @@ from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.session import drop_stale_connect_mode
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FOR_GOOD
     config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "{}"))
     coordinator = BatchCoordinator(config, ledger, pipeline_sink(config))
+    drop_stale_connect_mode()  # a Spark Connect mark inherited from the process that submitted the job
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()
     watch = FenceWatch(ledger, batch_id, on_fenced=lambda _reason: spark.sparkContext.cancelAllJobs())
     try:
