@@ -270,3 +270,17 @@ def faults(faults_dir):
 @pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The session's one local[2] SparkSession with the Kafka connector (see SPARK_CONF_DIR above).
+
+    One for every tier: a second `build_spark_session` in the same process returns this same session
+    (getOrCreate), so a test that stopped "its own" would end the JVM under every later user.
+    """
+    from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+
+    session = build_spark_session("tests", {"spark.master": "local[2]"})
+    yield session
+    stop_spark(session)

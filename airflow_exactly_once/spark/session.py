@@ -58,7 +58,7 @@ def _connect_session_open() -> bool:
         return False
     # The default session is process-wide (the active one is per thread); pyspark resets it on stop().
     session = getattr(connect.SparkSession, "_default_session", None) or connect.SparkSession.getActiveSession()
-    return session is not None and not session.is_stopped
+    return session is not None and not getattr(session, "is_stopped", False)
 
 
 def stop_spark(spark, timeout_s: float = 30.0) -> None:

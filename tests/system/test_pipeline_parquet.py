@@ -110,7 +110,7 @@ def test_spark_job_dies_mid_write(kafka, airflow, faults, tmp_path, unique):
     assert staging_leftovers(output) == []
 
 
-def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path, unique):
+def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, spark, tmp_path, unique):
     """A batch left PREPARED (notify_complete never ran) is invisible to Spark until committed."""
     name = f"staged-{unique}"
     create_topic(kafka.bootstrap_servers, name)
@@ -125,9 +125,6 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
     output = tmp_path / name
     assert len(staging_leftovers(output)) == 1
 
-    from airflow_exactly_once.spark.session import build_spark_session, stop_spark
-
-    spark = build_spark_session("reader", {"spark.master": "local[1]"})
     try:
         assert spark.read.format("parquet").load(str(output)).count() == 0
     except Exception as exc:  # no visible file at all: Spark cannot even infer a schema
@@ -136,7 +133,6 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, tmp_path,
     assert airflow.run(TEST_DAG, f"{name}-2", conf) == "success"
     assert ledger.get_batch(batch.id).state is BatchState.COMMITTED
     assert spark.read.parquet(str(output)).count() == 90
-    stop_spark(spark)
     assert_exactly_once(sent, values_of(output))
 
 
