@@ -78,7 +78,7 @@ jars: python-deps
 	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m devtools fetch-jars
 
 newest-jars: newest-deps
-	$(PY_NEWEST) -m devtools fetch-jars
+	AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m devtools fetch-jars
 
 # make demo DEMO_ARGS=--spark-connect: the write tasks run on a Spark Connect server.
 DEMO_ARGS ?=
@@ -95,7 +95,7 @@ test: setup
 
 # The newest stack: builds .venv-newest from constraints-newest.txt, runs NEWEST_TESTS on it.
 test-newest: system-deps newest-jars
-	$(PY_NEWEST) -m pytest $(NEWEST_TESTS)
+	AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m pytest $(NEWEST_TESTS)
 
 # The built wheel in fresh virtualenvs beside the oldest and newest supported Airflow and pyspark
 # (devtools/install_matrix.py; also tests/integration/test_install_matrix.py).
