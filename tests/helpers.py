@@ -112,3 +112,19 @@ def pg_query(dsn: str, statement: str, params=()) -> list[tuple]:
             return cur.fetchall() if cur.description else []
     finally:
         conn.close()
+
+
+def values_of(output: Path) -> list[str]:
+    """The `v` column of a Parquet output (what the test DAGs write)."""
+    return [row["v"] for row in read_parquet(output)]
+
+
+def wait_for(predicate, what: str, timeout: float = 300.0, poll: float = 0.3):
+    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")

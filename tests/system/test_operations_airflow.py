@@ -26,7 +26,7 @@ from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from tests.harness import airflow_ledger
-from tests.helpers import assert_exactly_once, read_parquet, staging_leftovers
+from tests.helpers import assert_exactly_once, read_parquet, staging_leftovers, values_of
 
 REPO = Path(__file__).resolve().parents[2]
 CONTINUATION = "eo_ops_continuation"
@@ -96,9 +96,6 @@ def send_in_transactions(kafka, topic: str, batches: list[tuple[list[str], bool]
     producer.close()
     return committed
 
-
-def values_of(output: Path) -> list[str]:
-    return [row["v"] for row in read_parquet(output)]
 
 
 def values_by_batch(output: Path) -> dict[int, list[str]]:

@@ -8,7 +8,6 @@ steps; Airflow notices and retries, as it would for a dying worker.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from airflow_exactly_once.core.states import BatchState
 from tests.conftest import EXAMPLE_TOPIC
 from tests.harness import airflow_ledger
 from tests.helpers import (
+    values_of,
     assert_exactly_once,
     assert_ranges_tile,
     create_topic,
@@ -28,9 +28,6 @@ from tests.helpers import (
 TEST_DAG = "eo_parquet_test"
 
 
-
-def values_of(output: Path) -> list[str]:
-    return [row["v"] for row in read_parquet(output)]
 
 
 def pipeline_conf(kafka, tmp_path, name: str, **overrides) -> dict:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -23,7 +22,8 @@ from tests.conftest import SPARK_EXAMPLE_TOPIC
 from tests.dags.eo_cluster_transforms import HOLD, STARTED
 from tests.dags.exactly_once_cluster_test_dag import SPARK_CONN_ID
 from tests.harness import airflow_ledger
-from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet, staging_leftovers
+from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet,
+                           staging_leftovers, values_of, wait_for)
 
 HELD_DAG = "eo_cluster_test_held"
 SUBMIT_MAIN_CLASS = "org.apache.spark.deploy.SparkSubmit"
@@ -46,18 +46,6 @@ def cluster_airflow(airflow, spark_cluster):
 
 
 
-def values_of(output: Path) -> list[str]:
-    return [row["v"] for row in read_parquet(output)]
-
-
-def wait_for(predicate, what: str, timeout: float = 300.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def spark_submit_of(pipeline_id: str) -> psutil.Process | None:

@@ -9,7 +9,6 @@ restarted while a batch is PREPARED.
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -21,7 +20,8 @@ from airflow_exactly_once.spark.connect import SESSION_DETAIL
 from tests.dags.eo_cluster_transforms import HOLD, STARTED
 from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
 from tests.harness import airflow_ledger
-from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet, staging_leftovers
+from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,
+                           wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +31,6 @@ def connect_airflow(airflow, spark_connect):
     return airflow
 
 
-def values_of(output: Path) -> list[str]:
-    return [row["v"] for row in read_parquet(output)]
-
-
-def wait_for(predicate, what: str, timeout: float = 300.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def clients_of(server) -> list[psutil.Process]:
