@@ -17,18 +17,20 @@ COMMON = dict(schedule=None, start_date=datetime(2024, 1, 1), catchup=False, max
 DECODING = dict(value_format="json", value_schema="id BIGINT, amount BIGINT", bad_record_policy="dead_letter")
 
 with DAG(dag_id="eo_bad_records_parquet", params={"pipeline_id": "test", "topic": "test", "output": "/tmp/eo",
-                                                  "max_records": 100}, **COMMON):
+                                                  "max_records": 100, "spark_conn_id": ""}, **COMMON):
     exactly_once_batch(
         pipeline_id="{{ params.pipeline_id }}",
         topics="{{ params.topic }}",
         sink={"type": "parquet", "path": "{{ params.output }}"},
         transform="eo_test_transforms:guarded_share",
         max_records_per_partition="{{ params.max_records }}",
+        spark_conn_id="{{ params.spark_conn_id }}",  # "": the write starts its own Spark driver
         **DECODING,
     )
 
 with DAG(dag_id="eo_bad_records_kafka", params={"pipeline_id": "test", "topic": "test", "output_topic": "test-out",
-                                                "dead_letter_topic": "test-dlq", "max_records": 100}, **COMMON):
+                                                "dead_letter_topic": "test-dlq", "max_records": 100,
+                                                "spark_conn_id": ""}, **COMMON):
     exactly_once_batch(
         pipeline_id="{{ params.pipeline_id }}",
         topics="{{ params.topic }}",
@@ -36,5 +38,6 @@ with DAG(dag_id="eo_bad_records_kafka", params={"pipeline_id": "test", "topic": 
         dead_letter={"type": "kafka", "topic": "{{ params.dead_letter_topic }}"},
         transform="eo_test_transforms:guarded_share_as_value",
         max_records_per_partition="{{ params.max_records }}",
+        spark_conn_id="{{ params.spark_conn_id }}",  # "": the write starts its own Spark driver
         **DECODING,
     )

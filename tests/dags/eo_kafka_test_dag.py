@@ -30,6 +30,7 @@ for dag_id, notify_kwargs in (
             "max_records": 100,
             "guarantee": "EXACTLY_ONCE",
             "transaction_timeout_ms": 120_000,
+            "spark_conn_id": "",  # "": the write starts its own Spark driver; a connection: it runs there
         },
         default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
     ):
@@ -41,5 +42,6 @@ for dag_id, notify_kwargs in (
             guarantee="{{ params.guarantee }}",
             transform="eo_kafka_transforms:upper_value",
             max_records_per_partition="{{ params.max_records }}",
+            spark_conn_id="{{ params.spark_conn_id }}",
             notify_kwargs=notify_kwargs,
         )

@@ -30,6 +30,7 @@ PIPELINE = dict(  # the same pipeline arguments, from each run's conf
     sink={"type": "parquet", "path": "{{ params.output }}"},
     transform="eo_test_transforms:rows",
     bootstrap_servers="{{ params.bootstrap_servers }}",
+    spark_conn_id="{{ params.spark_conn_id }}",  # "": the write starts its own Spark driver
 )
 
 with DAG(
@@ -39,6 +40,7 @@ with DAG(
     max_active_runs=1,
     params={
         "pipeline_id": "ops", "topic": "ops", "output": "/tmp/eo-ops-output", "bootstrap_servers": "",
+        "spark_conn_id": "",
         "startup_mode": "earliest", "startup_timestamp": None, "data_loss_policy": "fail",
     },
     **COMMON,
@@ -57,7 +59,7 @@ with DAG(
     end_date=datetime(2024, 1, 2),
     max_active_runs=3,
     params={"pipeline_id": "ops-interval", "topic": "ops-interval", "output": "/tmp/eo-ops-interval",
-            "bootstrap_servers": "", "interval_rerun": "noop"},
+            "bootstrap_servers": "", "spark_conn_id": "", "interval_rerun": "noop"},
     **COMMON,
 ):
     exactly_once_batch(

@@ -20,7 +20,8 @@ with DAG(
     catchup=False,
     max_active_runs=4,
     render_template_as_native_obj=True,
-    params={"pipeline_id": "test", "topic": "test", "table": "test", "mode": "insert", "max_records": 100},
+    params={"pipeline_id": "test", "topic": "test", "table": "test", "mode": "insert", "max_records": 100,
+            "spark_conn_id": ""},
     default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
 ):
     exactly_once_batch(
@@ -30,4 +31,5 @@ with DAG(
         ledger_conn_id=PG_CONN_ID,
         transform="eo_test_transforms:rows",
         max_records_per_partition="{{ params.max_records }}",
+        spark_conn_id="{{ params.spark_conn_id }}",  # "": the write starts its own Spark driver
     )

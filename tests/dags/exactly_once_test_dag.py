@@ -26,6 +26,7 @@ for transform in ("rows", "slow_rows", "kill_spark_once", "explode", "wrong_type
             "output": "/tmp/eo-test-output",
             "max_records": 100,
             "bootstrap_servers": "",
+            "spark_conn_id": "",  # "": the write starts its own Spark driver; a connection: it runs there
         },
         default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
     ):
@@ -36,4 +37,5 @@ for transform in ("rows", "slow_rows", "kill_spark_once", "explode", "wrong_type
             transform=f"eo_test_transforms:{transform}",
             max_records_per_partition="{{ params.max_records }}",
             bootstrap_servers="{{ params.bootstrap_servers }}",
+            spark_conn_id="{{ params.spark_conn_id }}",
         )

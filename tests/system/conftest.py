@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
 
 UI_LEDGER_CONN = "eo_ui_ledger"
 PASSWORDS = {"admin": "admin-pass", "alice": "alice-pass", "bob": "bob-pass"}
@@ -50,3 +51,16 @@ def ledger_ui(airflow, tmp_path_factory) -> LedgerUI:
         "AIRFLOW__EXACTLY_ONCE__KAFKA_TIMEOUT_MS": "3000",
     })
     return LedgerUI(base_url, ledger_url)
+
+
+@pytest.fixture(scope="session")
+def warm_spark(airflow, spark_connect) -> dict[str, str]:
+    """DAG run conf that sends a test pipeline's write to the session's Spark Connect server.
+
+    A write task that starts its own Spark driver spends 7 to 15 s on it (benchmarks/dag_run.py);
+    on the warm server a DAG run takes a third of the time. Tests about the protocol (crash points,
+    fencing, clears, backfills, startup modes) use it; the example DAGs and the tests about the
+    in-task driver itself (its JVM killed, errors raised in it) keep the driver of their own.
+    """
+    airflow.put_connection(SPARK_CONN_ID, spark_connect.connection())
+    return {"spark_conn_id": SPARK_CONN_ID}

@@ -48,11 +48,12 @@ def runs_until_done(airflow, dag: str, name: str, conf: dict, runs: int) -> None
 
 @pytest.mark.parametrize("point", ["write.after_stage", "notify.after_dead_letter_commit"])
 def test_parquet_output_and_dead_letters_exactly_once_through_a_crash(kafka, airflow, faults, tmp_path, unique,
-                                                                       point):
+                                                                       point, warm_spark):
     name = f"badrec-{point.replace('.', '-').replace('_', '-')}-{unique}"
     good, bad = produce_with_bad_records(kafka.bootstrap_servers, name, 150)
     output = tmp_path / name
-    conf = {"pipeline_id": name, "topic": name, "output": str(output), "max_records": 30}  # 52 a partition: 2 batches
+    conf = {"pipeline_id": name, "topic": name, "output": str(output), "max_records": 30,
+            **warm_spark}  # 52 a partition: 2 batches
     airflow.wait_for_dag("eo_bad_records_parquet")
     arm(faults, point, "kill", times=1)
     runs_until_done(airflow, "eo_bad_records_parquet", name, conf, 2)
@@ -67,13 +68,14 @@ def test_parquet_output_and_dead_letters_exactly_once_through_a_crash(kafka, air
     assert sum(b.details.get("bad_records", {}).get("count", 0) for b in ledger.list_batches(name)) == len(bad)
 
 
-def test_kafka_output_and_dead_letters_exactly_once_when_killed_between_their_commits(kafka, airflow, faults, unique):
+def test_kafka_output_and_dead_letters_exactly_once_when_killed_between_their_commits(kafka, airflow, faults, unique,
+                                                                                      warm_spark):
     name = f"badrec-kafka-{unique}"
     good, bad = produce_with_bad_records(kafka.bootstrap_servers, name, 150)
     create_topic(kafka.bootstrap_servers, f"{name}-out", partitions=2)
     create_topic(kafka.bootstrap_servers, f"{name}-dlq", partitions=1)
     conf = {"pipeline_id": name, "topic": name, "output_topic": f"{name}-out", "dead_letter_topic": f"{name}-dlq",
-            "max_records": 30}
+            "max_records": 30, **warm_spark}
     airflow.wait_for_dag("eo_bad_records_kafka")
     arm(faults, "notify.after_dead_letter_commit", "kill", times=1)
     runs_until_done(airflow, "eo_bad_records_kafka", name, conf, 2)

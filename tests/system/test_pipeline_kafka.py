@@ -54,13 +54,14 @@ def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka,
     assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == ledger.committed_positions("kafka_to_kafka")
 
 
-def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(kafka, airflow, faults, unique):
+def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(kafka, airflow, faults, unique,
+                                                                               warm_spark):
     """The write task is SIGKILLed after its records reached Kafka, before the batch became PREPARED."""
     airflow.wait_for_dag(TEST_DAG)
     outputs = {}
     for guarantee in ("AT_LEAST_ONCE", "EXACTLY_ONCE"):
         name = f"k-crash-{guarantee.lower().replace('_', '-')}-{unique}"
-        conf, expected = new_pipeline(kafka, name, 90, guarantee=guarantee)
+        conf, expected = new_pipeline(kafka, name, 90, guarantee=guarantee, **warm_spark)
         arm(faults, "write.after_stage", "kill", times=1)
         assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
         assert airflow.task_states(TEST_DAG, f"{name}-1")["write"] == ("success", 2)
@@ -75,11 +76,11 @@ def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(ka
     assert sorted(physical) == sorted(expected * 2)  # the killed attempt's copy is in the log, aborted
 
 
-def test_write_killed_after_prepare_then_notify_commits_twice(kafka, airflow, faults, unique):
+def test_write_killed_after_prepare_then_notify_commits_twice(kafka, airflow, faults, unique, warm_spark):
     """write dies after PREPARED; notify_complete, in a fresh process, commits the stored transactions,
     dies right after the commit and commits them again on its retry."""
     name = f"k-resume-{unique}"
-    conf, expected = new_pipeline(kafka, name, 120)
+    conf, expected = new_pipeline(kafka, name, 120, **warm_spark)
     airflow.wait_for_dag(TEST_DAG)
     arm(faults, "write.after_prepare", "kill", times=1)
     arm(faults, "notify.after_sink_commit", "kill", times=1)
@@ -101,9 +102,10 @@ def test_write_killed_after_prepare_then_notify_commits_twice(kafka, airflow, fa
     assert batch.state is BatchState.COMMITTED
 
 
-def test_transaction_timeout_aborts_the_batch_and_the_range_is_processed_again(kafka, airflow, faults, unique):
+def test_transaction_timeout_aborts_the_batch_and_the_range_is_processed_again(kafka, airflow, faults, unique,
+                                                                               warm_spark):
     name = f"k-timeout-{unique}"
-    conf, expected = new_pipeline(kafka, name, 60, transaction_timeout_ms=6000)
+    conf, expected = new_pipeline(kafka, name, 60, transaction_timeout_ms=6000, **warm_spark)
     airflow.wait_for_dag(TEST_DAG)
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails for good
     airflow.run(TEST_DAG, f"{name}-1", conf)

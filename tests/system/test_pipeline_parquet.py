@@ -71,12 +71,12 @@ def test_example_dag_three_batches_then_an_empty_run(kafka, airflow, example_out
     "notify.after_sink_commit",
     "notify.after_ledger",
 ])
-def test_worker_killed_at_protocol_step(kafka, airflow, faults, tmp_path, unique, point):
+def test_worker_killed_at_protocol_step(kafka, airflow, faults, tmp_path, unique, point, warm_spark):
     name = f"crash-{point.replace('.', '-').replace('_', '-')}-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 700)  # batches of 3 x 100: 300 + 300 + 100
     airflow.wait_for_dag(TEST_DAG)
-    conf = pipeline_conf(kafka, tmp_path, name, max_records=100)
+    conf = pipeline_conf(kafka, tmp_path, name, max_records=100, **warm_spark)
     arm(faults, point, "kill", times=1)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
     assert (faults / "fired.log").read_text().count(point) == 1, "the crash point was never reached"
@@ -107,14 +107,14 @@ def test_spark_job_dies_mid_write(kafka, airflow, faults, tmp_path, unique):
     assert staging_leftovers(output) == []
 
 
-def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, spark, tmp_path, unique):
+def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, spark, tmp_path, unique, warm_spark):
     """A batch left PREPARED (notify_complete never ran) is invisible to Spark until committed."""
     name = f"staged-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 90)
     airflow.wait_for_dag(TEST_DAG)
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails for good
-    conf = pipeline_conf(kafka, tmp_path, name)
+    conf = pipeline_conf(kafka, tmp_path, name, **warm_spark)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "failed"
     ledger = airflow_ledger(airflow)
     [batch] = ledger.list_batches(name)
@@ -133,12 +133,12 @@ def test_spark_reader_never_sees_staged_output(kafka, airflow, faults, spark, tm
     assert_exactly_once(sent, values_of(output))
 
 
-def test_clearing_a_committed_run_does_not_duplicate(kafka, airflow, tmp_path, unique):
+def test_clearing_a_committed_run_does_not_duplicate(kafka, airflow, tmp_path, unique, warm_spark):
     name = f"replay-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     produce(kafka.bootstrap_servers, name, 150)
     airflow.wait_for_dag(TEST_DAG)
-    conf = pipeline_conf(kafka, tmp_path, name, max_records=30)
+    conf = pipeline_conf(kafka, tmp_path, name, max_records=30, **warm_spark)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
     output = tmp_path / name
     first = values_of(output)
@@ -154,14 +154,14 @@ def test_clearing_a_committed_run_does_not_duplicate(kafka, airflow, tmp_path, u
     assert "already committed" in airflow.task_log(TEST_DAG, f"{name}-1", "plan")
 
 
-def test_overlapping_runs_are_fenced(kafka, airflow, tmp_path, unique):
+def test_overlapping_runs_are_fenced(kafka, airflow, tmp_path, unique, warm_spark):
     """Run B is triggered while run A writes the same range: only one of them commits it."""
     name = f"fence-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 120)
     dag = f"{TEST_DAG}_slow_rows"
     airflow.wait_for_dag(dag)
-    conf = pipeline_conf(kafka, tmp_path, name, max_records=1000)
+    conf = pipeline_conf(kafka, tmp_path, name, max_records=1000, **warm_spark)
     airflow.trigger(dag, f"{name}-a", conf)
     deadline = time.monotonic() + 300
     while airflow.task_states(dag, f"{name}-a").get("write", (None,))[0] != "running":
@@ -213,13 +213,13 @@ def test_bad_input_fails_clearly_and_changes_nothing(kafka, airflow, tmp_path, u
     assert staging_leftovers(tmp_path / name) == []
 
 
-def test_broker_crash_between_write_and_notify_complete(kafka, airflow, faults, tmp_path, unique):
+def test_broker_crash_between_write_and_notify_complete(kafka, airflow, faults, tmp_path, unique, warm_spark):
     """Invariant 1 with a broker restart: a PREPARED batch and the next plan survive a SIGKILLed broker."""
     name = f"brokercrash-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 450)
     airflow.wait_for_dag(TEST_DAG)
-    conf = pipeline_conf(kafka, tmp_path, name, max_records=100)
+    conf = pipeline_conf(kafka, tmp_path, name, max_records=100, **warm_spark)
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # run 1 ends with its batch PREPARED
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "failed"
     kafka.kill()

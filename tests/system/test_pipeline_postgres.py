@@ -40,8 +40,9 @@ def ledger_of(postgres) -> Ledger:
     return Ledger(postgres.url(PG_DATABASE))
 
 
-def conf(name: str, table: str, max_records: int = 100) -> dict:
-    return {"pipeline_id": name, "topic": name, "table": table, "mode": "insert", "max_records": max_records}
+def conf(name: str, table: str, warm_spark: dict[str, str], max_records: int = 100) -> dict:
+    return {"pipeline_id": name, "topic": name, "table": table, "mode": "insert", "max_records": max_records,
+            **warm_spark}
 
 
 def clear_task(airflow, dag_id: str, run_id: str, task_id: str) -> None:
@@ -72,7 +73,7 @@ def test_example_dag_and_notify_complete_run_twice(kafka, postgres, airflow):
     assert prepared_xacts(postgres) == []
 
 
-def test_worker_killed_between_postgres_and_the_ledger(kafka, postgres, airflow, faults, unique):
+def test_worker_killed_between_postgres_and_the_ledger(kafka, postgres, airflow, faults, unique, warm_spark):
     """Two SIGKILLs in one run: after PREPARE (before the ledger says PREPARED), then after
     COMMIT PREPARED (before the ledger says COMMITTED). Airflow retries each task once."""
     name = f"pgkill-{unique}"
@@ -83,7 +84,7 @@ def test_worker_killed_between_postgres_and_the_ledger(kafka, postgres, airflow,
     points = ("write.after_stage", "notify.after_sink_commit")
     for point in points:
         arm(faults, point, "kill", times=1)
-    airflow.run(TEST_DAG, f"{name}-1", conf(name, table))
+    airflow.run(TEST_DAG, f"{name}-1", conf(name, table, warm_spark))
     fired = (faults / "fired.log").read_text()
     assert all(fired.count(p) == 1 for p in points), fired
     states = airflow.task_states(TEST_DAG, f"{name}-1")
@@ -101,14 +102,14 @@ def test_worker_killed_between_postgres_and_the_ledger(kafka, postgres, airflow,
     assert_ranges_tile(ledger, name)
 
 
-def test_postgres_crashes_and_restarts_between_write_and_notify(kafka, postgres, airflow, faults, unique):
+def test_postgres_crashes_and_restarts_between_write_and_notify(kafka, postgres, airflow, faults, unique, warm_spark):
     name = f"pgcrash-{unique}"
     table = make_table(postgres, name)
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 240)
     airflow.wait_for_dag(TEST_DAG)
     arm(faults, "notify.before_sink_commit", "raise", times=3)  # notify_complete fails, all 3 tries
-    assert airflow.run(TEST_DAG, f"{name}-1", conf(name, table)) == "failed"
+    assert airflow.run(TEST_DAG, f"{name}-1", conf(name, table, warm_spark)) == "failed"
     states = airflow.task_states(TEST_DAG, f"{name}-1")
     # abort only follows write: a PREPARED batch is left for notify_complete or recovery
     assert states["notify_complete"] == ("failed", 3) and states["abort"][0] == "skipped", states
@@ -128,18 +129,18 @@ def test_postgres_crashes_and_restarts_between_write_and_notify(kafka, postgres,
     assert ledger_of(postgres).get_batch(batch.id).state is BatchState.COMMITTED
 
 
-def test_a_row_violating_a_constraint_fails_the_batch_and_changes_nothing(kafka, postgres, airflow, unique):
+def test_a_row_violating_a_constraint_fails_the_batch_and_changes_nothing(kafka, postgres, airflow, unique, warm_spark):
     name = f"pgbad-{unique}"
     table = make_table(postgres, name, check="v <> 'value-40'")
     create_topic(kafka.bootstrap_servers, name)
     first = produce(kafka.bootstrap_servers, name, 30)
     airflow.wait_for_dag(TEST_DAG)
-    assert airflow.run(TEST_DAG, f"{name}-1", conf(name, table)) == "success"
+    assert airflow.run(TEST_DAG, f"{name}-1", conf(name, table, warm_spark)) == "success"
     ledger = ledger_of(postgres)
     before = ledger.committed_positions(name)
 
     produce(kafka.bootstrap_servers, name, 30, start=30)  # value-40 violates the table's check
-    assert airflow.run(TEST_DAG, f"{name}-2", conf(name, table)) == "failed"
+    assert airflow.run(TEST_DAG, f"{name}-2", conf(name, table, warm_spark)) == "failed"
     log = airflow.task_log(TEST_DAG, f"{name}-2", "write")
     assert f"check constraint '{table}_v_check' on {table} was violated" in log
     assert "Fix: correct the offending values, or change the check constraint" in log

@@ -18,19 +18,15 @@ from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.spark.connect import SESSION_DETAIL
 from tests.dags.eo_cluster_transforms import HOLD, STARTED
-from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,
                            wait_for)
 
 
 @pytest.fixture(scope="module")
-def connect_airflow(airflow, spark_connect):
+def connect_airflow(airflow, warm_spark):
     """The session's Airflow with a `spark_connect` connection to the session's server."""
-    airflow.put_connection(SPARK_CONN_ID, spark_connect.connection())
     return airflow
-
-
 
 
 def clients_of(server) -> list[psutil.Process]:
