@@ -7,7 +7,18 @@ import time
 from pathlib import Path
 
 HOLD = "hold-write"  # while this file is in the faults folder, executor tasks wait
-STARTED = "write-started"  # touched by every executor task that reached the transform
+STARTED = "write-started"  # written by every executor task that reached the transform: the id of its attempt
+
+
+def started_attempt(folder: Path, seen: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """The attempt (Spark application or Spark Connect session) whose executors last reached the
+    transform, unless it is one of `seen`: a dying attempt's executors may still write the marker
+    after a test moved on to the next attempt."""
+    try:
+        attempt = (folder / STARTED).read_text()
+    except FileNotFoundError:
+        return None
+    return attempt if attempt and attempt not in seen else None
 
 
 def held_rows(df):
@@ -17,9 +28,13 @@ def held_rows(df):
     from pyspark.sql.types import StringType
 
     folder = os.environ["AIRFLOW_EXACTLY_ONCE_FAULTS"]
+    spark = df.sparkSession
+    attempt = getattr(spark, "session_id", None) or spark.conf.get("spark.app.id")  # Connect, else classic
 
     def hold(value):
-        Path(folder, STARTED).touch()
+        partial = Path(folder, f".{STARTED}.{os.getpid()}")
+        partial.write_text(attempt)
+        os.replace(partial, Path(folder, STARTED))  # never seen half-written
         deadline = time.monotonic() + 120
         while os.path.exists(os.path.join(folder, HOLD)) and time.monotonic() < deadline:
             time.sleep(0.2)

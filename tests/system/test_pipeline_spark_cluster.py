@@ -19,7 +19,7 @@ import pytest
 from airflow_exactly_once.core.states import BatchState
 from devtools.spark_cluster import LocalSparkCluster
 from tests.conftest import SPARK_EXAMPLE_TOPIC
-from tests.dags.eo_cluster_transforms import HOLD, STARTED
+from tests.dags.eo_cluster_transforms import HOLD, started_attempt
 from tests.dags.exactly_once_cluster_test_dag import SPARK_CONN_ID
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet,
@@ -65,7 +65,7 @@ def start_held_run(kafka, airflow, faults: Path, output: Path, name: str, record
     airflow.wait_for_dag(HELD_DAG)
     airflow.trigger(HELD_DAG, f"{name}-1", {"pipeline_id": name, "topic": name, "output": str(output),
                                             "max_records": 1000})
-    wait_for(lambda: (faults / STARTED).exists(), "an executor task to reach the transform")
+    wait_for(lambda: started_attempt(faults), "an executor task to reach the transform")
     return sent
 
 
@@ -100,23 +100,24 @@ def test_killed_task_driver_and_executor_never_change_the_range(kafka, cluster_a
     ledger = airflow_ledger(cluster_airflow)
     [planned] = ledger.list_batches(name)  # already claimed by attempt 1
 
+    first_app = wait_for(lambda: started_attempt(faults), "attempt 1's executors to reach the transform")
     first = wait_for(lambda: spark_submit_of(name), "the spark-submit of attempt 1")
-    (faults / STARTED).unlink()
     first.parent().send_signal(signal.SIGKILL)  # the Airflow task process that ran spark-submit
     wait_for(lambda: not first.is_running(), "spark-submit to die with its task", 60)
 
-    wait_for(lambda: (faults / STARTED).exists(), "attempt 2's executors to reach the transform")
+    second_app = wait_for(lambda: started_attempt(faults, {first_app}), "attempt 2's executors to reach the transform")
     second = spark_submit_of(name)
     assert second is not None and second.pid != first.pid
-    (faults / STARTED).unlink()
     second.send_signal(signal.SIGKILL)
 
-    wait_for(lambda: (faults / STARTED).exists(), "attempt 3's executors to reach the transform")
+    third_app = wait_for(lambda: started_attempt(faults, {first_app, second_app}),
+                         "attempt 3's executors to reach the transform")
     third = spark_submit_of(name)
-    [app] = spark_cluster.applications(f"exactly-once {planned.id}", active_only=True)
-    victim = spark_cluster.executor_pids(app["id"])[0]
+    assert third_app in {app["id"] for app in spark_cluster.applications(f"exactly-once {planned.id}",
+                                                                         active_only=True)}
+    victim = spark_cluster.executor_pids(third_app)[0]
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: victim not in spark_cluster.executor_pids(app["id"]), "the executor to die", 30)
+    wait_for(lambda: victim not in spark_cluster.executor_pids(third_app), "the executor to die", 30)
     (faults / HOLD).unlink()
 
     assert cluster_airflow.wait_run(HELD_DAG, f"{name}-1") == "success"

@@ -17,7 +17,7 @@ import pytest
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.spark.connect import SESSION_DETAIL
-from tests.dags.eo_cluster_transforms import HOLD, STARTED
+from tests.dags.eo_cluster_transforms import HOLD, started_attempt
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,
                            wait_for)
@@ -49,15 +49,14 @@ def test_write_task_killed_mid_write_is_retried_and_interrupts_the_dead_attempt(
     (faults / HOLD).touch()  # the server's Python workers wait inside the write while this exists
     connect_airflow.wait_for_dag("eo_connect_test_held")
     connect_airflow.trigger("eo_connect_test_held", f"{name}-1", conf_for(name, output))
-    wait_for(lambda: (faults / STARTED).exists(), "the server's workers to reach the transform")
+    first_attempt = wait_for(lambda: started_attempt(faults), "the server's workers to reach the transform")
     ledger = airflow_ledger(connect_airflow)
     [claimed] = ledger.list_batches(name)
     first_session = claimed.details[SESSION_DETAIL]
     [task] = wait_for(lambda: clients_of(spark_connect), "the write task's connection to the server")
-    (faults / STARTED).unlink()
     task.send_signal(signal.SIGKILL)  # the job keeps running on the server, held in the transform
 
-    wait_for(lambda: (faults / STARTED).exists(), "the retry's workers to reach the transform")
+    wait_for(lambda: started_attempt(faults, {first_attempt}), "the retry's workers to reach the transform")
     (faults / HOLD).unlink()
     assert connect_airflow.wait_run("eo_connect_test_held", f"{name}-1") == "success"
     assert connect_airflow.task_states("eo_connect_test_held", f"{name}-1")["write"] == ("success", 2)
