@@ -89,6 +89,16 @@ def transaction_state(bootstrap: Cluster, transactional_id: str) -> str:
         admin.close()
 
 
+def settled_transaction_state(bootstrap: Cluster, transactional_id: str, timeout_s: float = 30.0) -> str:
+    """The transaction's state once the coordinator has finished ending it: an abort or commit is
+    acknowledged in PrepareAbort / PrepareCommit, and Complete* follows once the markers are written."""
+    deadline = time.monotonic() + timeout_s
+    while (state := transaction_state(bootstrap, transactional_id)) in ("PrepareAbort", "PrepareCommit"):
+        assert time.monotonic() < deadline, f"{transactional_id} stayed {state} for {timeout_s:.0f}s"
+        time.sleep(0.2)
+    return state
+
+
 def wait_transactions_ended(bootstrap: Cluster, committable: Any, timeout_s: float = 60.0) -> None:
     """Wait until the broker has ended (here: timed out) every transaction of a batch's KafkaCommittable
     (or of the handles the ledger stores for it)."""

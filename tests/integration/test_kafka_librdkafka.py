@@ -15,7 +15,7 @@ import pytest
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.transactions import commit_transaction
 from tests.helpers import create_topic
-from tests.kafka_helpers import read_all, transaction_state
+from tests.kafka_helpers import read_all, settled_transaction_state, transaction_state
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_a_released_producer_leaves_its_transaction_open_for_another_process(kaf
 def test_close_would_abort_which_is_why_the_writer_never_calls_it(kafka, topic):
     tid = f"rdk-{uuid.uuid4().hex[:6]}"
     open_producer(kafka, topic, tid, ["x"]).close()
-    assert transaction_state(kafka.bootstrap_servers, tid) == "CompleteAbort"
+    assert settled_transaction_state(kafka.bootstrap_servers, tid) == "CompleteAbort"
 
 
 def test_a_release_that_ends_the_transaction_is_reported(kafka, topic):
