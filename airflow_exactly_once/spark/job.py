@@ -138,13 +138,12 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     # observation above `_source` would copy every key and value once more.
     seen_in, seen_out = Observation("input"), Observation("output")
     source = read_batch(spark, batch, config)
-    decoded = records.decode(records.with_source(source), config)
-    checks_decoding = records.DECODE_ERROR in decoded.columns
+    checks_decoding = records.checks_decoding(config)
     if not checks_decoding:  # else _count counts the input; the dead letters of undecodable and of marked
         # records are a union of two branches of this plan, which Spark Connect refuses when both carry the
         # same observation ("multiple values for keyword argument 'input'").
-        decoded = records.decode(records.with_source(source.observe(seen_in, F.count(F.lit(1)).alias("records"))),
-                                 config)
+        source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
+    decoded = records.decode(records.with_source(source), config)
     if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
         decoded = decoded.persist()
     good_input = decoded.filter(F.col(records.DECODE_ERROR).isNull()).drop(records.DECODE_ERROR) \

@@ -74,6 +74,11 @@ def with_source(frame: Any) -> Any:
                                                                     "key", "value"))))
 
 
+def checks_decoding(config: PipelineConfig) -> bool:
+    """Whether `decode` adds DECODE_ERROR: json and avro values can fail to decode, the others cannot."""
+    return config.value_format not in (None, "bytes", "string")
+
+
 def decode(frame: Any, config: PipelineConfig) -> Any:
     """The value decoded per `value_format`; json and avro add DECODE_ERROR (null when the record decoded)."""
     from pyspark.sql import functions as F

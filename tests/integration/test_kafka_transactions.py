@@ -36,6 +36,7 @@ from airflow_exactly_once.sinks.kafka.transactions import (
     open_transaction,
     pre_commit,
 )
+from tests.kafka_helpers import settled_transaction_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TXN_TIMEOUT_MS = 30_000
@@ -323,7 +324,7 @@ def test_abort_is_idempotent(broker, topic, admin):
     assert abort_transaction(bootstrap, handle) is True
     assert abort_transaction(bootstrap, handle) is True  # same epoch, already aborted: broker says OK
     assert visible(bootstrap, topic) == []
-    assert transaction_state(admin, tid) == "CompleteAbort"
+    assert settled_transaction_state(bootstrap, tid) == "CompleteAbort"
     assert abort_transaction(bootstrap, handle) is True
 
     with pytest.raises(TransactionLost) as lost:
