@@ -51,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark", action="store_true", help="also start a local Spark session")
     parser.add_argument("--report", required=True, help="where to write the JSON report")
     args = parser.parse_args(argv)
-    home = tempfile.mkdtemp(prefix="aeo-install-check-")
+    with tempfile.TemporaryDirectory(prefix="aeo-install-check-") as home:  # the CLI's ledger; removed after
+        return _check(args, home)
+
+
+def _check(args: argparse.Namespace, home: str) -> int:
     os.environ.setdefault("AIRFLOW_HOME", home)
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
