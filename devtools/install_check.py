@@ -51,11 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spark", action="store_true", help="also start a local Spark session")
     parser.add_argument("--report", required=True, help="where to write the JSON report")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="aeo-install-check-") as home:  # the CLI's ledger; removed after
+    with tempfile.TemporaryDirectory(prefix="aeo-install-check-") as home:
         return _check(args, home)
 
 
 def _check(args: argparse.Namespace, home: str) -> int:
+    """Run every check; `home` holds Airflow's home (unless one is set) and the CLI's ledger."""
     os.environ.setdefault("AIRFLOW_HOME", home)
     os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
