@@ -25,6 +25,9 @@ from airflow_exactly_once.core.errors import (
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
 from airflow_exactly_once.core.states import BatchState, check_initial, check_transition
 
+# A batch detail: the batch is ABORTED but what it staged is still to be taken away (BatchCoordinator.release).
+RELEASE_PENDING = "release_pending"
+
 metadata = sa.MetaData()
 
 pipelines = sa.Table(
@@ -411,9 +414,11 @@ class Ledger:
         with self.engine.begin() as conn:
             epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
             for seq in supersede:
-                try:
-                    self._set_state(conn, BatchId(pipeline_id, seq), BatchState.PLANNED, BatchState.ABORTED,
-                                    error=f"superseded by run {run_id}")
+                old = self._require(conn, BatchId(pipeline_id, seq))
+                try:  # a superseded attempt may have staged output (or still run): recovery releases it
+                    self._set_state(conn, old.id, BatchState.PLANNED, BatchState.ABORTED,
+                                    error=f"superseded by run {run_id}",
+                                    details=dumps({**old.details, RELEASE_PENDING: True}))
                 except FencedError as exc:
                     # Its write finished (PREPARED) after this run looked: plan again, recovering it first.
                     raise FencedError(f"{exc}; planning again", retriable=True) from exc
@@ -488,15 +493,44 @@ class Ledger:
                                 f"batch {seq}'s output was replaced by batch {batch_id.seq} (same data interval)")
             return True
 
-    def mark_aborted(self, batch_id: BatchId, reason: str, *, from_state: BatchState = BatchState.PLANNED) -> bool:
-        """`from_state` -> ABORTED; False (no change) when it already is ABORTED."""
+    def mark_aborted(self, batch_id: BatchId, reason: str, *, from_state: BatchState = BatchState.PLANNED,
+                     release_pending: bool = False) -> bool:
+        """`from_state` -> ABORTED; False (no change) when it already is ABORTED.
+
+        `release_pending`: what the batch staged is still to be taken away (`pending_releases`), so that
+        a process that dies before it did leaves the work to the next run's recovery.
+        """
         with self.engine.begin() as conn:
             current = self._require(conn, batch_id)
             if current.state is BatchState.ABORTED:
                 return False
-            self._set_state(conn, batch_id, from_state, BatchState.ABORTED, error=reason[:4000])
+            values: dict[str, Any] = {"error": reason[:4000]}
+            if release_pending:
+                values["details"] = dumps({**current.details, RELEASE_PENDING: True})
+            self._set_state(conn, batch_id, from_state, BatchState.ABORTED, **values)
             self._event(conn, batch_id.pipeline_id, batch_id.seq, "aborted", reason[:4000])
             return True
+
+    def pending_releases(self, pipeline_id: str) -> list[Batch]:
+        """ABORTED batches whose staged output (transactions, folders, snapshots) was not yet taken away."""
+        query = (sa.select(batches.c.batch_seq)
+                 .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.ABORTED.value,
+                        batches.c.details.contains(f'"{RELEASE_PENDING}"'))
+                 .order_by(batches.c.batch_seq))
+        with self.engine.connect() as conn:
+            found = [self._load(conn, BatchId(pipeline_id, r[0])) for r in conn.execute(query)]
+        return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
+
+    def mark_released(self, batch_id: BatchId) -> None:
+        """Everything the ABORTED batch staged is gone: recovery no longer needs to look at it."""
+        with self.engine.begin() as conn:
+            current = self._require(conn, batch_id)
+            if current.details.get(RELEASE_PENDING):
+                details = {k: v for k, v in current.details.items() if k != RELEASE_PENDING}
+                conn.execute(batches.update()
+                             .where(batches.c.pipeline_id == batch_id.pipeline_id,
+                                    batches.c.batch_seq == batch_id.seq)
+                             .values(details=dumps(details), updated_at=_now()))
 
     def update_details(self, batch_id: BatchId, **details: Any) -> None:
         with self.engine.begin() as conn:

@@ -84,13 +84,25 @@ class Planner(ABC):
         self._check_sink()
         for _ in range(MAX_PLAN_ATTEMPTS):
             try:
-                return self._plan_once(run_id, interval)
+                outcome = self._plan_once(run_id, interval)
             except FencedError as exc:
                 if not exc.retriable:
                     raise
                 log.info("planning raced with another run (%s); planning again", exc)
+                continue
+            self._release_superseded()
+            return outcome
         raise FencedError(f"could not plan pipeline {self.pipeline_id}: other runs kept taking it over",
                           retriable=True)
+
+    def _release_superseded(self) -> None:
+        """Batches this plan took over from other runs may have staged output, or an attempt still running."""
+        try:
+            for outcome in self.coordinator.release_aborted():
+                log.info("plan: %s", outcome)
+        except Exception as exc:  # the batch is planned; the next run's recovery releases them
+            log.warning("plan: could not release the batches this run took over (%s); the next run's recovery "
+                        "does", exc)
 
     def _check_run(self, run_id: str, interval: Interval | None) -> Interval | None:
         return interval

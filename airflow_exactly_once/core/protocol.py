@@ -6,16 +6,26 @@ Flink's TwoPhaseCommitSinkFunction mapped onto Airflow tasks:
   notify_complete = notifyCheckpointComplete -> `commit`, then advance the offsets
   abort           = notifyCheckpointAborted -> `abort`
 No Airflow and no Spark here: the operators and the Spark job call these methods.
+
+Whenever a batch becomes ABORTED (abort, superseded by another run, its output found lost in
+notify_complete or in recovery), everything its write attempts staged is taken away (`release`):
+first the attempts' jobs are stopped (`stop_attempts`, given by the write path that can outlive
+a task, e.g. a Spark Connect server), then the sink aborts every attempt's staged output. A
+PLANNED batch is marked ABORTED first, with the release pending in the same transaction: the
+ledger is what fences a zombie attempt, and a process that dies before the release finished
+leaves it to the next run's recovery. A PREPARED batch whose output was lost is released first
+and marked ABORTED after: dying in between leaves it PREPARED, and recovery finds it lost again.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import FencedError, SinkError, TransactionLostError
 from airflow_exactly_once.core.faults import fault_point
-from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.rewind import finish_retractions
 from airflow_exactly_once.core.sink import Committable, Sink
@@ -23,14 +33,20 @@ from airflow_exactly_once.core.states import BatchState
 
 log = logging.getLogger(__name__)
 
+# Stops whatever earlier write attempts of a batch still run (their jobs on a server that outlives the
+# task) and returns once they ended, or raises; returns what it did, for the log.
+StopAttempts = Callable[[Batch], str]
+
 
 class BatchCoordinator:
     """recover / claim / prepare / commit / abort of one pipeline's batches."""
 
-    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: Sink) -> None:
+    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: Sink,
+                 stop_attempts: StopAttempts | None = None) -> None:
         self.config = config
         self.ledger = ledger
         self.sink = sink.bind(config)
+        self.stop_attempts = stop_attempts
         self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery
 
     @property
@@ -46,6 +62,7 @@ class BatchCoordinator:
         new batch rewrites a range whose old output is still visible.
         """
         results = finish_retractions(self.ledger, self.sink, self.pipeline_id)
+        results += self.release_aborted()
         if batches is None:
             batches = self.ledger.list_batches(self.pipeline_id, [BatchState.PREPARED], newest_first=False)
         for batch in batches:
@@ -117,6 +134,10 @@ class BatchCoordinator:
             else:
                 outcome = self.sink.commit_replacing(batch, committable, replaced)
         except TransactionLostError as exc:
+            # What is left of the batch (dead letters, transactions that did not expire yet) must not hold a
+            # topic or a table: released before the ledger says ABORTED (dying in between: recovery finds it lost).
+            log.warning("batch %s lost its output (%s); releasing what is left of it: %s", batch_id, exc,
+                        self.sink.abort(batch, committable))
             self.ledger.mark_aborted(batch_id, f"sink output lost: {exc}", from_state=BatchState.PREPARED)
             raise TransactionLostError(
                 f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run."
@@ -148,12 +169,40 @@ class BatchCoordinator:
         if batch.state is BatchState.PREPARED:
             return (f"batch {batch_id} is PREPARED: its output is pre-committed and will be committed by "
                     "notify_complete or by the next run's recovery, so it is not aborted")
-        try:
-            self.ledger.mark_aborted(batch_id, reason)
-        except FencedError:
-            current = self.ledger.get_batch(batch_id)
-            if current.state is BatchState.PREPARED:
-                return f"batch {batch_id} became PREPARED meanwhile; left for commit"
-            raise
-        self.sink.abort(batch, None)
-        return f"batch {batch_id} ABORTED and its staged output removed; the next run processes its range again"
+        if batch.state is BatchState.PLANNED:
+            try:
+                self.ledger.mark_aborted(batch_id, reason, release_pending=True)
+            except FencedError:
+                current = self.ledger.get_batch(batch_id)
+                if current.state is BatchState.PREPARED:
+                    return f"batch {batch_id} became PREPARED meanwhile; left for commit"
+                if current.state is not BatchState.ABORTED:
+                    raise
+            batch = self.ledger.get_batch(batch_id)
+        if not batch.details.get(RELEASE_PENDING):
+            return f"batch {batch_id} was already ABORTED and released"
+        released = self.release(batch)
+        return (f"batch {batch_id} ABORTED and its staged output removed ({released}); the next run processes "
+                "its range again")
+
+    # -- releasing what ABORTED batches staged ----------------------------------------
+
+    def release(self, batch: Batch) -> str:
+        """Stop the ABORTED batch's attempts, then take away what every attempt staged. Idempotent.
+
+        Raises (and leaves the release pending for the next recovery) when an attempt cannot be
+        stopped: cleaning up under a job that still writes would leave its later output behind.
+        """
+        stopped = self.stop_attempts(batch) if self.stop_attempts is not None else None
+        outcome = self.sink.abort(batch, None)
+        self.ledger.mark_released(batch.id)
+        return f"{stopped}; {outcome}" if stopped else outcome
+
+    def release_aborted(self) -> list[str]:
+        """Finish the releases that aborts, supersedes or dead processes left pending."""
+        results = []
+        for batch in self.ledger.pending_releases(self.pipeline_id):
+            outcome = self.release(batch)
+            log.info("recovery: released what ABORTED batch %s staged: %s", batch.seq, outcome)
+            results.append(f"batch {batch.seq} released: {outcome}")
+        return results

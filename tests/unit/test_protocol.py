@@ -114,3 +114,60 @@ def test_a_write_finishing_while_another_run_plans_makes_it_plan_again(pipe, mon
     outcome = pipe.plan("b")
     assert raced and pipe.state(a.id) is BatchState.COMMITTED  # recovered first
     assert outcome.action == "planned" and outcome.batch.ranges[0].start == a.ranges[0].end
+
+
+def staged_attempts(pipe, batch) -> list[str]:
+    folder = pipe.sink.root / "_staging"
+    return sorted(p.name for p in folder.glob(f"batch-{batch.seq:09d}-*")) if folder.exists() else []
+
+
+def test_abort_stops_the_attempts_first_and_a_failed_stop_leaves_the_release_to_recovery(pipe):
+    """abort marks the batch ABORTED (the fence), stops its attempts, then removes what they staged;
+    if they cannot be stopped, nothing is cleaned up under them and the next plan's recovery does it."""
+    batch = pipe.plan("r1").batch
+    pipe.stage(None, pipe.claim(batch.id))  # an attempt staged its output, then its task died
+    calls: list[tuple[int, list[str]]] = []
+
+    def unreachable(b):
+        calls.append((b.seq, staged_attempts(pipe, b)))
+        raise SinkError("the server that runs the attempt cannot be reached", retriable=True)
+
+    pipe.coordinator.stop_attempts = unreachable
+    with pytest.raises(SinkError, match="cannot be reached"):
+        pipe.abort(batch.id)
+    assert pipe.state(batch.id) is BatchState.ABORTED  # the ledger fences the attempt already
+    assert [b.seq for b in pipe.ledger.pending_releases("p")] == [batch.seq]
+    assert staged_attempts(pipe, batch) == ["batch-000000001-e2"]  # not cleaned under a running job
+
+    pipe.coordinator.stop_attempts = lambda b: calls.append((b.seq, staged_attempts(pipe, b))) or "stopped"
+    outcome = pipe.plan("r2")  # recovery finishes the release before anything is planned
+    assert calls == [(1, ["batch-000000001-e2"]), (1, ["batch-000000001-e2"])]  # stopped before removing
+    assert staged_attempts(pipe, batch) == [] and pipe.ledger.pending_releases("p") == []
+    assert outcome.batch.ranges == batch.ranges  # the range is processed again
+    assert "already ABORTED and released" in pipe.abort(batch.id)
+
+
+def test_a_superseded_batch_is_released_by_the_run_that_took_it_over(pipe):
+    first = pipe.plan("r1").batch
+    pipe.stage(None, pipe.claim(first.id))  # its write died; no abort task ran
+    second = pipe.plan("r2").batch
+    assert pipe.state(first.id) is BatchState.ABORTED and second.ranges == first.ranges
+    assert staged_attempts(pipe, first) == [] and pipe.ledger.pending_releases("p") == []
+
+
+def test_lost_output_is_released_before_the_batch_is_aborted(pipe):
+    batch = pipe.plan("r1").batch
+    prepared = pipe.write(batch.id)
+    seen = []
+    original = pipe.sink.abort
+
+    def abort(b, committable):
+        seen.append((committable, pipe.state(b.id)))
+        return original(b, committable)
+
+    pipe.sink.abort = abort
+    shutil.rmtree(pipe.sink.committable(prepared.handles).staging)
+    with pytest.raises(TransactionLostError):
+        pipe.commit(batch.id)
+    assert seen == [(pipe.sink.committable(prepared.handles), BatchState.PREPARED)]
+    assert pipe.state(batch.id) is BatchState.ABORTED and pipe.ledger.pending_releases("p") == []
