@@ -7,6 +7,8 @@ retry that cannot succeed.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 class ExactlyOnceError(Exception):
     """Base class. `retriable` tells the operator whether an Airflow retry makes sense."""
@@ -89,3 +91,14 @@ def error_from_dict(data: dict[str, object]) -> ExactlyOnceError:
     if isinstance(cls, type) and issubclass(cls, ExactlyOnceError):
         return cls(message, retriable=retriable)
     return ExactlyOnceError(f"{data.get('type')}: {message}", retriable=retriable)
+
+
+def raise_explained(explained: BaseException, cause: BaseException) -> NoReturn:
+    """Raise `explained` caused by `cause`; when nothing was explained (the same object), raise `cause` as it is.
+
+    `raise exc from exc` would make the error its own cause and drop the real one (a gRPC
+    UNAVAILABLE under Spark Connect's RETRIES_EXCEEDED, say).
+    """
+    if explained is cause:
+        raise cause
+    raise explained from cause

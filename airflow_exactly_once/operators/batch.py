@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
@@ -29,6 +30,7 @@ from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import ConnectWrite
+from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from airflow_exactly_once.spark.connector import pipeline_packages
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
@@ -72,9 +74,19 @@ class ExactlyOnceBaseOperator(BaseOperator):
     def ledger_hook(self) -> LedgerHook:
         return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
 
+    def spark_connect_url(self) -> str | None:
+        """The Spark Connect server the writes run on (None: in the task, or spark-submitted); read once."""
+        if "_connect_url" not in self.__dict__:
+            self._connect_url = spark_connect_url(self.spark_conn_id, self.spark_conf)
+        return self._connect_url
+
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config))
+        # A write on a Spark Connect server outlives a killed task: abort and recovery stop it before cleaning up.
+        # In the task its JVM dies with it; spark-submitted, its driver does (die_with_parent) or is fenced.
+        url = self.spark_connect_url()
+        stop = partial(stop_batch_attempts, url) if url is not None else None
+        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config), stop_attempts=stop)
 
     def execute(self, context) -> Any:
         try:
@@ -190,7 +202,7 @@ class WriteBatchOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
-        connect_url = spark_connect_url(self.spark_conn_id, self.spark_conf)
+        connect_url = self.spark_connect_url()
         if self.spark_conn_id and connect_url is None:
             ClusterWrite.check_transform(self.transform, self.spark_conn_id)
         coordinator = self.coordinator()

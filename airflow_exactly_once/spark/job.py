@@ -22,6 +22,7 @@ from airflow_exactly_once.core.errors import (
     ExactlyOnceError,
     SourceUnavailableError,
     TransformError,
+    raise_explained,
 )
 from airflow_exactly_once.core.kafka_access import diagnose
 from airflow_exactly_once.core.ledger import Ledger
@@ -110,7 +111,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     try:
         staged = _stage(spark, coordinator, batch, transform)
     except Exception as exc:
-        raise _explain_spark_failure(exc, config) from exc
+        raise_explained(_explain_spark_failure(exc, config), exc)
     prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
                                    details=staged.details)
     summary = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,

@@ -141,6 +141,8 @@ def test_declared_dependencies_cover_every_third_party_import():
     third_party = {n for n in imported if n not in sys.stdlib_module_names and n != "airflow_exactly_once"}
     where = {"airflow": "apache-airflow", "kafka": "kafka-python", "confluent_kafka": "confluent-kafka",
              "pyspark": "pyspark", "pyarrow": "pyarrow",
+             # the Spark Connect client's gRPC stack: pyspark[connect], the [spark-connect] extra
+             "grpc": "pyspark",
              "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary", "pyiceberg": "pyiceberg",
              # the FAB connection form: only called on Airflow < 3.2 with the FAB UI, which brings them
              "flask_appbuilder": None, "flask_babel": None, "wtforms": None,

@@ -26,7 +26,7 @@ import logging
 import re
 from typing import Any
 
-from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError, raise_explained
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
@@ -109,7 +109,7 @@ class IcebergSink(Sink):
         except ExactlyOnceError:
             raise
         except Exception as exc:
-            raise self._explain(exc) from exc
+            raise_explained(self._explain(exc), exc)
         wap = snaps.wap_id(batch.pipeline_id, batch.seq, batch.epoch)
         summary = {**snaps.batch_summary(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id), "aeo.wap": wap}
         writer = frame.writeTo(self.spark_table)
@@ -120,7 +120,7 @@ class IcebergSink(Sink):
             writer.append()
         except Exception as exc:
             self._drop_attempt(spark, batch, wap)
-            raise self._explain(exc) from exc
+            raise_explained(self._explain(exc), exc)
         finally:
             spark.conf.unset("spark.wap.id")
         return StagedSnapshot(self.table, wap, self._staged_snapshot(spark, wap))

@@ -1,0 +1,133 @@
+"""A Spark Connect session as the write path uses it: opened with short retries, released without side
+effects, and its failures explained in terms of what to change.
+
+Every message names the server as `sc://host:port`, never the token or user of the connection string.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, raise_explained
+from airflow_exactly_once.spark.connector import kafka_package
+from airflow_exactly_once.spark.job import lacks_kafka_connector
+
+log = logging.getLogger(__name__)
+
+# The batch detail that records the server-side session of the attempt holding the batch.
+SESSION_DETAIL = "connect_session"
+# A lost server is found out within about half a minute (pyspark's default retries last minutes).
+RETRIES, MAX_BACKOFF_MS = 5, 8_000
+
+
+class SparkConnectUnavailable(ExactlyOnceError):
+    """The Spark Connect server cannot be reached now; a retry can succeed."""
+
+    retriable = True
+
+
+def session_url(url: str, session_id: str | None = None) -> str:
+    """`url` with a `session_id` parameter (Spark Connect's connection string: sc://host:port/;k=v;...)."""
+    if session_id is None:
+        return url
+    separator = "" if "/;" in url else ("/" if not url.endswith("/") else "")
+    return f"{url}{separator};session_id={session_id}"
+
+
+def server_address(url: str) -> str:
+    """`sc://host:port` of a connection string, without its parameters (a token, a user id)."""
+    return url.split("/;", 1)[0].split(";", 1)[0].rstrip("/")
+
+
+def explain(exc: BaseException, url: str) -> BaseException:
+    """What went wrong with the server, in terms of what to change; other errors pass unchanged.
+
+    A server error can surface anywhere, also while the transform builds its plan (which our
+    own wrapping would call a transform bug), so the whole chain of causes is read.
+    """
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 10 and cause not in chain:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    text = " ".join(str(e) for e in chain)
+    url = server_address(url)  # never the token or user of the connection string
+    if "UNAVAILABLE" in text or "failed to connect to all addresses" in text or "Connection refused" in text:
+        reason = next((first_line(str(e)) for e in chain if "UNAVAILABLE" in str(e) or "Connection refused" in str(e)),
+                      first_line(text))
+        return SparkConnectUnavailable(f"the Spark Connect server at {url} cannot be reached ({reason}): check that it "
+                                       "runs and that spark_conn_id / spark.remote points at it")
+    if "RETRIES_EXCEEDED" in text:
+        return SparkConnectUnavailable(f"the Spark Connect server at {url} stopped answering ({first_line(text)}): "
+                                       "check that it runs and that spark_conn_id / spark.remote points at it")
+    if "SESSION_CLOSED" in text or "SESSION_NOT_FOUND" in text:
+        return SparkConnectUnavailable(f"the write's session on the Spark Connect server at {url} ended (a newer "
+                                       f"attempt of the batch closed it, or the server restarted): {first_line(text)}")
+    if lacks_kafka_connector(text):
+        return ConfigurationError(f"the Spark Connect server at {url} cannot load Spark's Kafka connector: start it "
+                                  f"with --packages {kafka_package()} (the server's Spark release), or --jars")
+    missing = _missing_module(text)
+    if missing is not None:
+        return ConfigurationError(f"the Python workers of the Spark Connect server at {url} cannot import {missing!r}: "
+                                  "install it in the server's Python (the sinks' writers run there: kafka-python, "
+                                  "confluent-kafka, psycopg2, pyarrow)")
+    return exc
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:300] if text.strip() else ""
+
+
+def _missing_module(text: str) -> str | None:
+    marker = "No module named '"
+    if marker not in text:
+        return None
+    return text.split(marker, 1)[1].split("'", 1)[0]
+
+
+def _reachable(url: str, timeout_s: float) -> bool:
+    address = url[len("sc://"):].split("/", 1)[0]
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or address, int(port or 15002)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def open_session(url: str, connect_timeout_s: float = 10.0) -> Any:
+    """A Spark Connect session whose calls give up after seconds, not Spark's default ten minutes of retries."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    if not _reachable(url, connect_timeout_s):
+        raise SparkConnectUnavailable(f"the Spark Connect server at {server_address(url)} does not accept connections: check that it "
+                                      "runs and that spark_conn_id / spark.remote points at it")
+    try:
+        spark = SparkSession.builder.remote(url).create()
+    except Exception as exc:
+        raise_explained(explain(exc, url), exc)
+    spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, max_backoff=MAX_BACKOFF_MS)])
+    return spark
+
+
+def close_session(spark: Any) -> None:
+    """Release the session on the server; a server that is gone already is no error."""
+    try:
+        spark.stop()
+    except Exception as exc:
+        log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
+
+
+def release_only(spark: Any) -> None:
+    """Release a session on the server and close its channel, but not as `stop()` does: that also shuts
+    down pyspark's process-wide thread pool under the operations of the process's other sessions (they
+    then fail with "cannot schedule new futures after shutdown")."""
+    try:
+        spark.client.release_session()
+    except Exception as exc:
+        log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
+    channel = getattr(spark.client, "_channel", None)  # pyspark keeps it private; gRPC would close it when collected
+    if channel is not None:
+        channel.close()

@@ -1,0 +1,129 @@
+"""Stop what a write attempt left running on a Spark Connect server, and wait until the server says it ended.
+
+A write task that dies (SIGKILL, a lost worker) leaves its job running on the server: nothing
+in the task can stop it, and its partition writers may still open transactions or stage files
+after the batch was aborted. `abort`, the recovery in `plan` and a newer write attempt call
+`stop_session_operations` with the server-side session the ledger recorded for the attempt:
+every operation of that session is interrupted, and each is then followed on the server
+(ReattachExecute) until it reports its end (cancelled, failed or finished). Only then is the
+sink cleaned up.
+
+pyspark has no public call that waits for an interrupted operation, so the follow-up uses its
+client's gRPC stub and request types; `_follow` is the one place that does, with its own tests
+against a real server (tests/integration/test_spark_connect.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.spark.connect_session import (
+    SESSION_DETAIL,
+    SparkConnectUnavailable,
+    first_line,
+    open_session,
+    release_only,
+    server_address,
+    session_url,
+)
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 60.0
+# The server's answers that mean the operation is no longer running (or was never there).
+_ENDED = ("OPERATION_CANCELED", "OPERATION_NOT_FOUND", "OPERATION_ABANDONED", "SESSION_NOT_FOUND",
+          "SESSION_CLOSED", "OPERATION_ALREADY_COMPLETED")
+_SKIPPED_RESPONSE = re.compile(r"position id (\S+) is no longer available")
+
+
+class AttemptNotStopped(SparkConnectUnavailable):
+    """An earlier attempt's operations could not be stopped, or did not end in time; retriable."""
+
+
+def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Interrupt every operation of the server-side session `session_id` and wait until each ended.
+
+    Returns how many were still running. A session the server no longer has (ended, or the
+    server restarted) runs nothing. Raises AttemptNotStopped, naming the server, when the
+    server cannot be reached or an operation does not end within `timeout_s`.
+    """
+    server = server_address(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        old = open_session(session_url(url, session_id))
+    except SparkConnectUnavailable as exc:
+        raise AttemptNotStopped(f"cannot stop the operations of session {session_id} on the Spark Connect server at "
+                                f"{server}: {exc}") from exc
+    try:
+        try:
+            interrupted = old.interruptAll()
+        except Exception as exc:
+            if _ended(str(exc)):
+                return 0
+            raise AttemptNotStopped(f"cannot interrupt the operations of session {session_id} on the Spark Connect "
+                                    f"server at {server}: {first_line(str(exc))}") from exc
+        for operation in interrupted:
+            _follow(old.client, session_id, operation, deadline, server)
+        return len(interrupted)
+    finally:
+        release_only(old)
+
+
+def stop_batch_attempts(url: str, batch: Batch) -> str:
+    """`stop_attempts` of a pipeline that writes on the Spark Connect server at `url` (core.protocol.StopAttempts)."""
+    session_id = batch.details.get(SESSION_DETAIL)
+    if not session_id:
+        return "no write attempt ran on a Spark Connect server"
+    running = stop_session_operations(url, session_id)
+    if running:
+        log.warning("stopped %d operation(s) that a dead write attempt of batch %s left running on %s", running,
+                    batch.seq, server_address(url))
+    return f"stopped {running} operation(s) of the last write attempt on {server_address(url)}"
+
+
+def _follow(client: Any, session_id: str, operation: str, deadline: float, server: str) -> None:
+    """Wait until the server reports `operation` ended, reattaching to it (its responses up to now are skipped)."""
+    import grpc
+    from pyspark.sql.connect.proto import base_pb2
+
+    last_response: str | None = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AttemptNotStopped(f"operation {operation} of an earlier write attempt did not end within "
+                                    f"{STOP_TIMEOUT_S:g} s of being interrupted on the Spark Connect server at {server}; "
+                                    "its job may still write, so the batch's staged output is left for the next run's "
+                                    "recovery to release")
+        request = base_pb2.ReattachExecuteRequest(session_id=session_id, operation_id=operation,
+                                                  user_context=base_pb2.UserContext(user_id=client._user_id or ""))
+        if last_response is not None:
+            request.last_response_id = last_response
+        try:
+            for response in client._stub.ReattachExecute(request, metadata=client._builder.metadata(),
+                                                         timeout=remaining):
+                last_response = response.response_id or last_response
+            return  # the stream ended: the operation finished
+        except grpc.RpcError as exc:
+            details = exc.details() or ""
+            skipped = _SKIPPED_RESPONSE.search(details)
+            if skipped is not None:  # the dead client had read this far: follow from the next response
+                last_response = skipped.group(1)
+                continue
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                continue  # the loop's deadline check says so
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                raise AttemptNotStopped(f"the Spark Connect server at {server} went away while operation {operation} "
+                                        f"of an earlier write attempt was stopping: {first_line(details)}") from exc
+            if _ended(details) or exc.code() == grpc.StatusCode.INTERNAL:
+                return  # cancelled, failed, or no longer on the server
+            raise AttemptNotStopped(f"cannot follow operation {operation} on the Spark Connect server at {server}: "
+                                    f"{exc.code().name} {first_line(details)}") from exc
+
+
+def _ended(text: str) -> bool:
+    return any(marker in text for marker in _ENDED)
+
