@@ -231,6 +231,11 @@ class Ledger:
     def __init__(self, engine: Engine | str) -> None:
         self.engine = create_ledger_engine(engine) if isinstance(engine, str) else engine
 
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy URL, password included: for the write job's own connections (spark-submit, claim checks)."""
+        return self.engine.url.render_as_string(hide_password=False)
+
     @classmethod
     def read_only(cls, url: str) -> "Ledger":
         """A ledger that can only be read (create_ledger_engine's `read_only`); its schema is never created."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterator
 
+from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch
@@ -55,8 +56,11 @@ class PartitionWriter(ABC):
     """Writes one Spark partition on an executor; pickled into the Spark task, so it holds plain settings."""
 
     @abstractmethod
-    def write(self, partition: int, batches: Iterator[Any]) -> Any | None:
+    def write(self, partition: int, batches: Iterator[Any], claim: ClaimCheck | None = None) -> Any | None:
         """Write the partition's pyarrow RecordBatches staged; return its commit message (None: nothing staged).
+
+        `claim.ensure(...)` right before the writer makes anything durable (begins a transaction,
+        prepares one): a zombie attempt of an aborted batch then stages nothing.
 
         Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: the runner
         carries it to the driver with its class and `retriable`.

@@ -12,9 +12,11 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from airflow_exactly_once.core.bad_records import BadRecordCounts, check_counts
+from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import (
     ConfigurationError,
@@ -135,6 +137,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     from pyspark.sql import functions as F
 
     config, sink = coordinator.config, coordinator.sink
+    run_writers = partial(run_partition_writers, claim=ClaimCheck(coordinator.ledger.url, batch.id, batch.epoch))
     # Observations sit outside our own columns: Spark does not prune columns through them, so an
     # observation above `_source` would copy every key and value once more.
     seen_in, seen_out = Observation("input"), Observation("output")
@@ -154,7 +157,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
-            committable = sink.stage(staged, batch, run_partition_writers)
+            committable = sink.stage(staged, batch, run_writers)
             # None when Spark did not report it: Spark Connect returns only the outermost observation of a
             # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
             return _Staged(committable, seen_in.get.get("records"), seen_out.get.get("records"))
@@ -177,7 +180,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
                                                   records.BAD_RECORD, str(batch.id), batch.pipeline_id))
             bad = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         good_output = output.filter(F.col(records.BAD_RECORD).isNull()) if marks else output
-        committable = sink.stage_batch(records.without_internal(good_output), bad, batch, run_partition_writers)
+        committable = sink.stage_batch(records.without_internal(good_output), bad, batch, run_writers)
         details = {"bad_records": counts.details(config.bad_record_policy)} if counts.bad else None
         return _Staged(committable, counts.input_records, good, details)
     finally:

@@ -17,6 +17,7 @@ import re
 from functools import partial
 from typing import Any, Iterator
 
+from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, error_from_dict, error_to_dict
 from airflow_exactly_once.core.sink import PartitionWriter
 
@@ -37,14 +38,14 @@ def error_from_spark(exc: BaseException) -> ExactlyOnceError | None:
     return None if match is None else error_from_dict(json.loads(match.group(1)))
 
 
-def _write_partition(writer: PartitionWriter, batches: Iterator[Any]) -> Iterator[Any]:
+def _write_partition(writer: PartitionWriter, claim: ClaimCheck | None, batches: Iterator[Any]) -> Iterator[Any]:
     """What mapInArrow runs in the executor's Python worker."""
     import pyarrow as pa
     from pyspark import TaskContext
 
     partition = TaskContext.get().partitionId()
     try:
-        message = writer.write(partition, batches)
+        message = writer.write(partition, batches, claim)
     except ExactlyOnceError as exc:
         raise PartitionWriteFailed(exc) from None
     except Exception as exc:  # a bug or an unexpected client error: say which sink and partition
@@ -55,13 +56,16 @@ def _write_partition(writer: PartitionWriter, batches: Iterator[Any]) -> Iterato
         yield pa.RecordBatch.from_pydict({"message": [pickle.dumps(message)]})
 
 
-def run_partition_writers(frame: Any, writer: PartitionWriter) -> list[Any]:
-    """Run `writer` on every partition of `frame`; the commit messages of the partitions that staged output."""
+def run_partition_writers(frame: Any, writer: PartitionWriter, claim: ClaimCheck | None = None) -> list[Any]:
+    """Run `writer` on every partition of `frame`; the commit messages of the partitions that staged output.
+
+    `claim` (the write attempt's hold on its batch) is handed to every partition's writer.
+    """
     if importlib.util.find_spec("pyarrow") is None:  # the executors receive the rows as Arrow batches
         raise SinkError("writing this sink needs pyarrow on the Spark driver and executors: pip install pyarrow",
                         retriable=False)
     try:
-        rows = frame.mapInArrow(partial(_write_partition, writer), MESSAGE_SCHEMA).collect()
+        rows = frame.mapInArrow(partial(_write_partition, writer, claim), MESSAGE_SCHEMA).collect()
     except Exception as exc:
         error = error_from_spark(exc)
         if error is None:

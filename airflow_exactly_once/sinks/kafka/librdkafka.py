@@ -73,6 +73,20 @@ def new_producer(settings: dict[str, Any], guarantee: str, transactional_id: str
     return confluent_kafka.Producer(config)
 
 
+def fence(settings: dict[str, Any], transactional_id: str, transaction_timeout_ms: int,
+          timeout_s: float = 30.0) -> None:
+    """Initialise `transactional_id` anew: the coordinator aborts its open transaction and bumps its epoch, so
+    a producer still holding the old epoch (a zombie writer) can neither commit nor write into it again."""
+    producer = new_producer(settings, "EXACTLY_ONCE", transactional_id, transaction_timeout_ms)
+    try:
+        producer.init_transactions(timeout_s)
+    except confluent_kafka.KafkaException as exc:
+        raise transaction_error(exc, f"fencing transactional id {transactional_id!r}") from None
+    finally:
+        producer.flush(0)
+        del producer  # nothing was begun: destroying it ends nothing
+
+
 def transaction_error(exc: BaseException, what: str) -> KafkaTransactionError:
     """A librdkafka error as the adapter's error, keeping whether a retry can help."""
     error = exc.args[0] if exc.args and isinstance(exc.args[0], confluent_kafka.KafkaError) else None

@@ -94,6 +94,15 @@ def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) ->
     return states
 
 
+def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str, str]:
+    """Every transactional id the coordinators know that fully matches `id_pattern`, with its state
+    (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet."""
+    pattern = re.compile(id_pattern)
+    listed = admin.list_transactions()
+    return {t.transactional_id: t.state.value for rows in listed.values() for t in rows
+            if pattern.fullmatch(t.transactional_id)}
+
+
 def open_transactions(admin: KafkaAdminClient, id_pattern: str) -> list[TransactionHandle]:
     """Ongoing transactions whose id matches `id_pattern` (a full-match regex), as abortable handles."""
     pattern = re.compile(id_pattern)

@@ -170,7 +170,10 @@ class KafkaSink(Sink):
         except Exception as exc:
             if self.guarantee == "EXACTLY_ONCE":
                 log.warning("the write failed; aborting the transactions its partitions left open")
-                self.abort(batch, None)
+                try:
+                    self.abort(batch, None)
+                except ExactlyOnceError as failed:  # the write's own error matters more; abort/recovery retry this
+                    log.warning("%s", failed)
             explained = self._explained(settings, exc)
             if explained is None:
                 raise
@@ -311,22 +314,31 @@ class KafkaSink(Sink):
     # -- abort ---------------------------------------------------------------------
 
     def abort(self, batch: Batch, committable: KafkaCommittable | None) -> str:
-        """Abort this attempt's transactions (committable) or every open one of the batch (None). Best effort:
-        a transaction that cannot be reached now is aborted by the broker's timeout anyway."""
+        """Abort this attempt's transactions (committable), or fence every transactional id of the batch (None).
+
+        Fencing (a new epoch for each id the coordinators know, open or not) also stops a zombie writer of
+        the batch that is still running: it can neither commit nor write into its transaction again, and a
+        writer that initialises after this finds the batch no longer claimed (KafkaPartitionWriter). Raises
+        an error when the broker cannot be reached: the caller keeps the release pending and tries again.
+        """
         guarantee = committable.guarantee if committable is not None else self.guarantee
         if guarantee != "EXACTLY_ONCE":
             return f"records written under {guarantee} cannot be taken back"
         try:
             settings = self.client_settings(committable.bootstrap_servers if committable is not None else None)
             if committable is not None:
-                targets = [r.transaction for r in committable.transactions]
+                aborted = sum(abort_transaction(settings.bootstrap_servers, r.transaction,
+                                                **self._producer_settings(settings))
+                              for r in committable.transactions)
             else:
                 with probe.admin_client(settings) as admin:
-                    targets = probe.open_transactions(admin, transactional_id_pattern(self.id_prefix, batch.seq))
-            aborted = sum(abort_transaction(settings.bootstrap_servers, h, **self._producer_settings(settings))
-                          for h in targets)
+                    known = probe.matching_transactions(admin, transactional_id_pattern(self.id_prefix, batch.seq))
+                for tid in sorted(known):
+                    librdkafka.fence({**settings.librdkafka(), **self.producer_config}, tid,
+                                     self.transaction_timeout_ms)
+                aborted = sum(state == "Ongoing" for state in known.values())
+        except ExactlyOnceError:
+            raise
         except Exception as exc:
-            log.warning("could not abort the open transactions of batch %s (%s); the broker aborts them after "
-                        "transaction_timeout_ms", batch.seq, exc)
-            return f"could not abort the transactions of batch {batch.seq} now: {exc}"
+            raise self._failure(settings, exc, f"aborting the transactions of batch {batch.seq}") from exc
         return f"aborted {aborted} open Kafka transaction(s) of batch {batch.seq}"

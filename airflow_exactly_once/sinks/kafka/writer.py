@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator
 import confluent_kafka
 from kafka import KafkaAdminClient
 
+from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.sinks.kafka import librdkafka
@@ -78,16 +79,21 @@ class KafkaPartitionWriter(PartitionWriter):
     producer_config: dict[str, Any] = field(default_factory=dict)  # librdkafka tuning (linger.ms, ...)
     flush_timeout_s: float = 120.0
 
-    def write(self, partition: int, batches: Iterator[Any]) -> PartitionReport:
-        return self.write_columns(partition, arrow_columns(batches))
+    def write(self, partition: int, batches: Iterator[Any], claim: ClaimCheck | None = None) -> PartitionReport:
+        return self.write_columns(partition, arrow_columns(batches), claim)
 
     def write_records(self, partition: int, records: Iterable[tuple[Any, Any]]) -> PartitionReport:
         """The same for (key, value) pairs (tests, and callers without Arrow)."""
         pairs = list(records)
         return self.write_columns(partition, [([k for k, _ in pairs], [v for _, v in pairs], None)])
 
-    def write_columns(self, partition: int, columns: Iterable[Columns]) -> PartitionReport:
-        """Send the records under the sink's guarantee; the partition's report."""
+    def write_columns(self, partition: int, columns: Iterable[Columns], claim: ClaimCheck | None = None) -> PartitionReport:
+        """Send the records under the sink's guarantee; the partition's report.
+
+        The claim is checked after `init_transactions` (which fences earlier holders of the id) and before
+        the transaction begins: either the batch is still this attempt's, or an abort that came before
+        the check fences this producer when it releases the batch (KafkaSink.abort).
+        """
         exactly_once = self.guarantee == "EXACTLY_ONCE"
         tid = transactional_id(self.transactional_id_prefix, self.batch_seq, partition)
         deliveries = _Deliveries()
@@ -97,6 +103,8 @@ class KafkaPartitionWriter(PartitionWriter):
         try:
             if exactly_once:
                 self._call(lambda: holder[0].init_transactions(60), f"initialising transactional id {tid!r}")
+                if claim is not None:
+                    claim.ensure(f"beginning Kafka transaction {tid!r}")
                 holder[0].begin_transaction()
             count = self._send(holder[0], columns)
             left = holder[0].flush(self.flush_timeout_s)

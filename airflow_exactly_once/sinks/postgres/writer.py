@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.sinks.postgres.committable import PreparedPartition
 from airflow_exactly_once.sinks.postgres.transactions import PostgresTransactionError, make_gid, prepare_rows
@@ -64,10 +65,12 @@ class PostgresPartitionWriter(PartitionWriter):
     marker_schema: str
     page_size: int
 
-    def write(self, partition: int, batches: Iterator[Any]) -> PreparedPartition | None:
+    def write(self, partition: int, batches: Iterator[Any], claim: ClaimCheck | None = None) -> PreparedPartition | None:
         arrow = [b for b in batches if b.num_rows]
         if not arrow:
             return None  # an empty partition holds no prepared transaction
+        if claim is not None:  # an aborted batch's zombie must not leave a prepared transaction holding locks
+            claim.ensure(f"writing Spark partition {partition} into {self.table}")
         gid = make_gid(self.pipeline_id, self.batch_seq, partition, self.attempt)
         marker = {"pipeline_id": self.pipeline_id, "batch_seq": self.batch_seq, "partition_id": partition}
         rows: list[tuple] = []
