@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from airflow_exactly_once.spark.connector import spark_home
-from devtools.maven import spark_connector_jars
+from devtools.maven import iceberg_jars, spark_connector_jars
 from devtools.ports import reserve_port
 from devtools.processes import LocalServer, stop_session
 
@@ -53,11 +53,12 @@ class LocalSparkConnectServer(LocalServer):
     """Start, stop and restart one Spark Connect server whose files live in `data_dir`."""
 
     def __init__(self, data_dir: str | Path, port: int = 0, cores: int = 2, with_kafka_connector: bool = True,
-                 extra_conf: dict[str, str] | None = None) -> None:
+                 extra_conf: dict[str, str] | None = None, with_iceberg: bool = False) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.port = port or reserve_port()
         self.cores = cores
         self.with_kafka_connector = with_kafka_connector
+        self.with_iceberg = with_iceberg  # Iceberg's Spark runtime and catalog drivers too (Iceberg sink writes)
         self.extra_conf = extra_conf or {}
         self.process: subprocess.Popen | None = None
 
@@ -74,8 +75,8 @@ class LocalSparkConnectServer(LocalServer):
         return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port}
 
     def _command(self) -> list[str]:
-        conf = server_conf(self.port, "127.0.0.1", str(self.data_dir / "tmp"),
-                           spark_connector_jars() if self.with_kafka_connector else [])
+        jars = (spark_connector_jars() if self.with_kafka_connector else []) + (iceberg_jars() if self.with_iceberg else [])
+        conf = server_conf(self.port, "127.0.0.1", str(self.data_dir / "tmp"), jars)
         return server_command(str(spark_home() / "bin" / "spark-submit"), self.cores, {**conf, **self.extra_conf})
 
     def start(self, timeout: float = 180.0) -> "LocalSparkConnectServer":

@@ -157,8 +157,8 @@ def postgres(pg_data_root) -> LocalPostgres:
 
 @pytest.fixture(scope="session")
 def spark_connect(tmp_path_factory) -> LocalSparkConnectServer:
-    """A Spark Connect server (local[2]) with Spark's Kafka connector: the warm Spark of write tasks."""
-    server = LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"))
+    """A Spark Connect server (local[2]) with Spark's Kafka connector and Iceberg: the warm Spark of write tasks."""
+    server = LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), with_iceberg=True)
     server.start()
     yield server
     server.stop()

@@ -32,6 +32,10 @@ class PairedCommittable(Committable):
     output: Committable
     dead_letters: Committable | None = None
 
+    @property
+    def records(self) -> int | None:
+        return self.output.records
+
     def to_handles(self) -> Handles:
         # The output's own handles at the top: a ledger written before dead letters existed reads the same.
         return {**self.output.to_handles(),

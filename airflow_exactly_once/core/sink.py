@@ -42,6 +42,11 @@ def column_names(value: Any, what: str) -> tuple[str, ...]:
 class Committable(ABC):
     """A batch's staged output, as its committer needs it."""
 
+    @property
+    def records(self) -> int | None:
+        """How many records the attempt staged, if the committable knows (a count Spark did not report)."""
+        return None
+
     @abstractmethod
     def to_handles(self) -> Handles:
         """JSON for the ledger; `from_handles` must read it back in any later release."""

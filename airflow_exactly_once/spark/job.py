@@ -158,9 +158,14 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
             committable = sink.stage(staged, batch, run_writers)
-            # None when Spark did not report it: Spark Connect returns only the outermost observation of a
-            # write command (Spark's own Parquet writer), so the input count of such a write is unknown there.
-            return _Staged(committable, seen_in.get.get("records"), seen_out.get.get("records"))
+            input_records, output_records = seen_in.get.get("records"), seen_out.get.get("records")
+            # Spark Connect returns only the outermost observation of a write command (Spark's own Parquet
+            # writer), or none (Iceberg's): the staged output may know its count, the input is counted again.
+            if output_records is None:
+                output_records = committable.records
+            if input_records is None:
+                input_records = read_batch(spark, batch, config).count()
+            return _Staged(committable, input_records, output_records)
         if marks:
             if records.SOURCE not in output.columns:
                 raise TransformError(f"the transform marks bad records ({records.BAD_RECORD}) but dropped the "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from airflow_exactly_once.core.sink import Committable, Handles
 
@@ -14,6 +14,7 @@ class StagedSnapshot(Committable):
     table: str  # namespace.name in the catalog
     wap_id: str
     snapshot_id: int | None
+    records: int | None = field(default=None, compare=False)  # the snapshot's added-records (not in the handles)
 
     def to_handles(self) -> Handles:
         return {"table": self.table, "wap_id": self.wap_id, "snapshot_id": self.snapshot_id}

@@ -119,11 +119,15 @@ class IcebergSink(Sink):
         try:
             writer.append()
         except Exception as exc:
-            self._drop_attempt(spark, batch, wap)
+            self._drop_attempt(batch, wap)
             raise_explained(self._explain(exc), exc)
         finally:
             spark.conf.unset("spark.wap.id")
-        return StagedSnapshot(self.table, wap, self._staged_snapshot(spark, wap))
+        staged = self._staged_snapshot(wap)
+        if staged is None:
+            return StagedSnapshot(self.table, wap, None, 0)
+        added = staged.summary.get("added-records")  # Spark Connect reports no observation of this write
+        return StagedSnapshot(self.table, wap, staged.snapshot_id, None if added is None else int(added))
 
     def _configure(self, spark: Any) -> None:
         """Register the catalog in the session; a long-lived session may have it already, on another database."""
@@ -195,7 +199,7 @@ class IcebergSink(Sink):
                                       "or set 'create_table': True")
         return exc
 
-    def _staged_snapshot(self, spark: Any, wap: str) -> int | None:
+    def _staged_snapshot(self, wap: str) -> snaps.SnapshotView | None:
         """The snapshot this attempt staged (read with pyiceberg: no Spark job), checked to be staged, not on main."""
         found = [view(s) for s in self.committer.load().metadata.snapshots]
         staged = next((s for s in found if s.summary.get("aeo.wap") == wap), None)
@@ -205,14 +209,14 @@ class IcebergSink(Sink):
             raise SinkError(f"Spark appended batch attempt {wap} to main of {self.table} instead of staging it "
                             f"(snapshot {staged.snapshot_id}): the table lost '{WAP_ENABLED}=true' during the write. "
                             "Roll main back to the snapshot before it and set the property again", retriable=False)
-        return staged.snapshot_id
+        return staged
 
-    def _drop_attempt(self, spark: Any, batch: Batch, wap: str) -> None:
+    def _drop_attempt(self, batch: Batch, wap: str) -> None:
         """After a failed write: the snapshot this attempt may have staged before failing."""
         try:
-            snapshot = self._staged_snapshot(spark, wap)
-            if snapshot is not None:
-                self.committer.drop_staged(batch, only=snapshot)
+            staged = self._staged_snapshot(wap)
+            if staged is not None:
+                self.committer.drop_staged(batch, only=staged.snapshot_id)
         except Exception as exc:  # the next commit or abort of the batch drops it
             log.warning("could not drop the staged snapshot of %s: %s", wap, exc)
 
