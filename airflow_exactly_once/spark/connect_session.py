@@ -131,3 +131,11 @@ def release_only(spark: Any) -> None:
     channel = getattr(spark.client, "_channel", None)  # pyspark keeps it private; gRPC would close it when collected
     if channel is not None:
         channel.close()
+    # As stop() does: a released session must not stay the process's default or active one, which pyspark's
+    # functions (F.count, ...) ask for their settings ("Cannot invoke RPC on closed channel").
+    session_class = type(spark)
+    with session_class._lock:
+        if session_class._default_session is spark:
+            session_class._default_session = None
+    if getattr(session_class._active_session, "session", None) is spark:
+        session_class._active_session.session = None

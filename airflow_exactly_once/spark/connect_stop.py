@@ -5,7 +5,11 @@ in the task can stop it, and its partition writers may still open transactions o
 after the batch was aborted. `abort`, the recovery in `plan` and a newer write attempt call
 `stop_session_operations` with the server-side session the ledger recorded for the attempt:
 every operation of that session is interrupted, and each is then followed on the server
-(ReattachExecute) until it reports its end (cancelled, failed or finished). Only then is the
+(ReattachExecute) until it reports its end (cancelled, failed or finished). An ended operation's
+tasks can still run for a moment: Spark notices a cancelled task's interruption within 2 s and
+kills its Python worker only `spark.python.task.killTimeout` (2 s) later, and a worker that was
+holding rows passes them to its writer meanwhile. So the stop also waits that long (the timeout
+read from the server, plus 3 s). Only then is the
 sink cleaned up.
 
 pyspark has no public call that waits for an interrupted operation, so the follow-up uses its
@@ -34,6 +38,10 @@ from airflow_exactly_once.spark.connect_session import (
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
+# Spark's Python runner looks for its task's interruption every 2 s, then waits killTimeout before it kills the
+# worker; the task then aborts its files. The stop waits for all of that, plus a margin.
+TASK_KILL_MARGIN_S = 3.0
+FOLLOW_QUIET_S = 5.0  # an interrupted operation that sends nothing for this long was cancelled (see _follow)
 # The server's answers that mean the operation is no longer running (or was never there).
 _ENDED = ("OPERATION_CANCELED", "OPERATION_NOT_FOUND", "OPERATION_ABANDONED", "SESSION_NOT_FOUND",
           "SESSION_CLOSED", "OPERATION_ALREADY_COMPLETED")
@@ -68,6 +76,8 @@ def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_T
                                     f"server at {server}: {first_line(str(exc))}") from exc
         for operation in interrupted:
             _follow(old.client, session_id, operation, deadline, server)
+        if interrupted:  # an ended operation's tasks may still run until Spark kills their Python workers
+            time.sleep(_python_kill_timeout_s(old) + TASK_KILL_MARGIN_S)
         return len(interrupted)
     finally:
         release_only(old)
@@ -85,8 +95,13 @@ def stop_batch_attempts(url: str, batch: Batch) -> str:
     return f"stopped {running} operation(s) of the last write attempt on {server_address(url)}"
 
 
-def _follow(client: Any, session_id: str, operation: str, deadline: float, server: str) -> None:
-    """Wait until the server reports `operation` ended, reattaching to it (its responses up to now are skipped)."""
+def _follow(client: Any, session_id: str, operation: str, deadline: float, server: str) -> bool:
+    """Wait until the server reports `operation` ended, reattaching to it (its responses up to now are skipped).
+
+    True when the server reported the end; False when it accepted the interrupt but its stream went
+    quiet (Spark 4.0 can drop an interrupted operation's last responses once their consumer is gone):
+    the job was cancelled by then, and the caller's wait for the tasks' kill covers the rest.
+    """
     import grpc
     from pyspark.sql.connect.proto import base_pb2
 
@@ -104,9 +119,9 @@ def _follow(client: Any, session_id: str, operation: str, deadline: float, serve
             request.last_response_id = last_response
         try:
             for response in client._stub.ReattachExecute(request, metadata=client._builder.metadata(),
-                                                         timeout=remaining):
+                                                         timeout=min(remaining, FOLLOW_QUIET_S)):
                 last_response = response.response_id or last_response
-            return  # the stream ended: the operation finished
+            return True  # the stream ended: the operation finished
         except grpc.RpcError as exc:
             details = exc.details() or ""
             skipped = _SKIPPED_RESPONSE.search(details)
@@ -114,14 +129,30 @@ def _follow(client: Any, session_id: str, operation: str, deadline: float, serve
                 last_response = skipped.group(1)
                 continue
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                continue  # the loop's deadline check says so
+                log.info("the Spark Connect server at %s accepted the interrupt of operation %s but reports nothing "
+                         "more of it", server, operation)
+                return False
             if exc.code() == grpc.StatusCode.UNAVAILABLE:
                 raise AttemptNotStopped(f"the Spark Connect server at {server} went away while operation {operation} "
                                         f"of an earlier write attempt was stopping: {first_line(details)}") from exc
             if _ended(details) or exc.code() == grpc.StatusCode.INTERNAL:
-                return  # cancelled, failed, or no longer on the server
+                return True  # cancelled, failed, or no longer on the server
             raise AttemptNotStopped(f"cannot follow operation {operation} on the Spark Connect server at {server}: "
                                     f"{exc.code().name} {first_line(details)}") from exc
+
+
+def _python_kill_timeout_s(spark: Any) -> float:
+    """The server's `spark.python.task.killTimeout`: how long a cancelled task's Python worker may go on (it
+    passes a held row to its writer meanwhile) before Spark kills it."""
+    try:
+        value = str(spark.conf.get("spark.python.task.killTimeout", "2s")).strip().lower()
+    except Exception:  # noqa: BLE001 - an old server: Spark's default
+        value = "2s"
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|min)?", value)
+    if match is None:
+        return 2.0
+    scale = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0}[match.group(2)]
+    return min(float(match.group(1)) * scale, 60.0)
 
 
 def _ended(text: str) -> bool:

@@ -42,3 +42,9 @@ def held_rows(df):
 
     rows = df.selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "topic", "partition", "offset")
     return rows.withColumn("v", F.udf(hold, StringType())(F.col("v")))
+
+
+def held_key_value(df):
+    """`key` and `value` as text (what every sink takes), held on the executors like `held_rows`."""
+    rows = held_rows(df)
+    return rows.selectExpr("k AS key", "v AS value")

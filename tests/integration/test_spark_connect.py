@@ -6,21 +6,50 @@ write task's process is only a client. Output is read back and compared with the
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from functools import partial
+from pathlib import Path
 
 import pytest
 
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
+from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.kafka import probe
+from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
+from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from devtools.ports import reserve_port
 from devtools.spark_connect import LocalSparkConnectServer
+from tests.dags.eo_cluster_transforms import HOLD, started_attempt
 from tests.harness import Pipe, open_ledger, pipeline_config
-from tests.helpers import assert_exactly_once, create_topic, produce, read_parquet
-from tests.kafka_helpers import read_all
+from tests.helpers import assert_exactly_once, create_topic, produce, read_parquet, staging_leftovers, wait_for
+from tests.kafka_helpers import read_all, settled_ends
+
+REPO = Path(__file__).resolve().parents[2]
+# A write task's process, as the write operator runs it on a Spark Connect server: killed mid-job by the tests.
+WRITE_TASK = """
+import json, sys
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.spark.connect import ConnectWrite
+from tests.harness import open_ledger
+
+config = PipelineConfig.from_dict(json.loads(sys.argv[1]))
+coordinator = BatchCoordinator(config, open_ledger(sys.argv[2]), pipeline_sink(config))
+ConnectWrite(coordinator, sys.argv[3], "tests.dags.eo_cluster_transforms:held_key_value").run(BatchId.parse(sys.argv[4]))
+"""
 
 
 def pipe_for(kafka, tmp_path, name: str, sink: dict, topic: str | None = None, **overrides) -> Pipe:
@@ -56,8 +85,9 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
         batch = pipe.plan("run-1").batch
         summary = ConnectWrite(pipe.coordinator, spark_connect.url, as_text).run(batch.id)
         assert summary["action"] == "prepared" and summary["output_records"] == 300
-        # Spark Connect reports only the outermost observation of a write command (the Parquet sink's).
-        assert summary["input_records"] == (None if sink["type"] == "parquet" else 300)
+        # Spark Connect reports only the outermost observation of a write command (the Parquet sink's): the
+        # input is counted again then.
+        assert summary["input_records"] == 300
         assert pipe.ledger.get_batch(batch.id).details[SESSION_DETAIL]  # a newer attempt could interrupt it
         pipe.commit(batch.id)
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
@@ -136,3 +166,113 @@ def test_a_restarted_server_does_not_disturb_a_prepared_batch(kafka, spark_conne
     pipe.commit(second.id)
     assert pipe.plan("run-3").action == "empty"
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
+
+
+def sink_for(kind: str, name: str, tmp_path) -> dict:
+    if kind == "kafka":
+        return {"type": "kafka", "topic": f"{name}-out"}
+    if kind == "parquet":
+        return {"type": "parquet", "path": str(tmp_path / "out")}
+    return {"type": "iceberg", "table": f"db.t_{name[-6:]}", "warehouse": str(tmp_path / "lake"),
+            "catalog": {"name": f"c{name[-6:]}"}, "create_table": True}
+
+
+def staged_leftovers(kind: str, pipe: Pipe, kafka, name: str, seq: int, tmp_path) -> list:
+    """What the batch `seq` still has staged: open transactions (and a held-back last stable offset), staging
+    folders, staged snapshots."""
+    if kind == "kafka":
+        with probe.admin_client(pipe.sink.client_settings()) as admin:
+            known = probe.matching_transactions(admin, transactional_id_pattern(pipe.config.pipeline_id, seq))
+        settled_ends(kafka.bootstrap_servers, f"{name}-out", timeout_s=1)  # fails if a transaction holds the LSO
+        return sorted(tid for tid, state in known.items() if state not in ("CompleteAbort", "Empty", "Dead"))
+    if kind == "parquet":
+        return staging_leftovers(tmp_path / "out")
+    table = pipe.sink.committer.load()
+    main = {s.snapshot_id for s in TableCommitter.main_history(table)} if table.current_snapshot() else set()
+    return [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in main]
+
+
+def output_values(kind: str, pipe: Pipe, kafka, name: str, tmp_path) -> list[str]:
+    """What a reader sees now: read_committed for Kafka, without waiting for open transactions to end."""
+    if kind == "kafka":
+        return read_all(kafka.bootstrap_servers, f"{name}-out", settle=False, timeout_s=10)
+    if kind == "parquet":
+        return [row["value"] for row in read_parquet(tmp_path / "out")]
+    return pipe.sink.committer.load().scan().to_arrow().column("value").to_pylist()
+
+
+@pytest.mark.parametrize("kind", ["kafka", "parquet", "iceberg"])
+def test_abort_stops_a_killed_writes_job_on_the_server_before_releasing_its_output(kind, kafka, spark_connect,
+                                                                                   tmp_path):
+    """Issue 30: the write's last try is SIGKILLed while its job runs on the server; abort (retries exhausted)
+    must stop that job before it cleans up, or the job finishes later and leaves an open transaction holding
+    the output's last stable offset, a staging folder, or a staged snapshot."""
+    name = f"connect-zombie-{kind}-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    if kind == "kafka":
+        create_topic(kafka.bootstrap_servers, f"{name}-out")
+    sent = produce(kafka.bootstrap_servers, name, 90)
+    pipe = pipe_for(kafka, tmp_path, name, sink_for(kind, name, tmp_path))
+    first = pipe.plan("run-1").batch
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / HOLD).touch()  # the server's workers wait inside the write while it exists
+    task = subprocess.Popen([sys.executable, "-c", WRITE_TASK, json.dumps(pipe.config.to_stored_dict()),
+                             str(tmp_path / "ledger.db"), spark_connect.url, str(first.id)],
+                            cwd=REPO, env={**os.environ, FAULTS_ENV: str(faults)})
+    try:
+        wait_for(lambda: started_attempt(faults) or task.poll() is not None, "the job to reach the transform", 120)
+        assert task.poll() is None, "the write task ended before its job was held"
+    finally:
+        task.send_signal(signal.SIGKILL)
+        task.wait()
+
+    aborting = pipe.new_coordinator()
+    aborting.stop_attempts = partial(stop_batch_attempts, spark_connect.url)  # what the abort task is given
+    message = aborting.abort(first.id, "the write's last try was killed")
+    assert "stopped 1 operation(s)" in message, message
+    (faults / HOLD).unlink()  # a job that outlived the abort would finish its write now
+    time.sleep(5)  # (proving an absence) what it would stage takes a second or two
+    assert staged_leftovers(kind, pipe, kafka, name, first.seq, tmp_path) == []
+    assert pipe.ledger.pending_releases(name) == []
+
+    second = pipe.plan("run-2").batch
+    assert second.ranges == first.ranges
+    ConnectWrite(pipe.coordinator, spark_connect.url, as_text).run(second.id)
+    pipe.commit(second.id)
+    committed = pipe.ledger.get_batch(second.id)
+    assert (committed.input_records, committed.output_records) == (90, 90)  # counts on Spark Connect, every sink
+    assert_exactly_once(sent, output_values(kind, pipe, kafka, name, tmp_path))  # visible at once
+    assert staged_leftovers(kind, pipe, kafka, name, first.seq, tmp_path) == []
+
+
+def test_a_server_killed_mid_write_says_it_cannot_be_reached(kafka, spark_connect, tmp_path):
+    """The error names the server and its real cause, not only RETRIES_EXCEEDED; the batch stays PLANNED."""
+    name = f"connect-dies-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    produce(kafka.bootstrap_servers, name, 30)
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")})
+    batch = pipe.plan("run-1").batch
+    outcome: dict = {}
+
+    def write():
+        try:
+            ConnectWrite(pipe.new_coordinator(), spark_connect.url, slow_text).run(batch.id)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        wait_for(lambda: SESSION_DETAIL in pipe.ledger.get_batch(batch.id).details, "the write to claim the batch")
+        time.sleep(1)  # into the job (30 records x 50 ms)
+        spark_connect.kill()
+        thread.join(120)
+    finally:
+        if spark_connect.process is None:
+            spark_connect.start()
+    error = outcome["error"]
+    assert isinstance(error, SparkConnectUnavailable) and error.retriable, repr(error)
+    assert f"127.0.0.1:{spark_connect.port}" in str(error) and "cannot be reached" in str(error), str(error)
+    assert error.__cause__ is not None and error.__cause__ is not error
+    assert pipe.state(batch.id) is BatchState.PLANNED
