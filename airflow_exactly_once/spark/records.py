@@ -3,7 +3,8 @@
 What the transform receives: with `value_format` set, the decoded value's fields as columns,
 next to Kafka's own (`key`, `value` raw, `topic`, `partition`, `offset`, `timestamp`); always,
 a struct column `_source` with where the record came from. A record is bad when its value
-does not decode under `value_schema` (strict: a malformed value is never a row of nulls) or
+does not decode under `value_schema` (strict: a malformed value is never a row of nulls, and
+content after a complete JSON value or Avro record makes it bad too) or
 when the transform marks it: a non-null string in the column `_bad_record` (`mark_bad`), for
 example from a function that raised on that record (`guarded_column`). A transform that marks
 records keeps `_source` in its output (`select("*", ...)` does). The sink never receives
@@ -94,7 +95,9 @@ def decode(frame: Any, config: PipelineConfig) -> Any:
                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": DECODE_ERROR})
         reason = "not JSON matching value_schema (malformed, or a field of another type)"
         error = F.when(F.col("value").isNull(), F.lit("a null value (a tombstone)")).when(
-            F.col("_aeo_parsed").isNull() | F.col(f"_aeo_parsed.{DECODE_ERROR}").isNotNull(), F.lit(reason))
+            F.col("_aeo_parsed").isNull() | F.col(f"_aeo_parsed.{DECODE_ERROR}").isNotNull(), F.lit(reason)).when(
+            ~_one_json_value(F.col("value").cast("string")),
+            F.lit("not one JSON value: content follows the value (Spark's reader would stop before it)"))
     else:  # avro
         from pyspark.sql.avro.functions import from_avro
 
@@ -105,13 +108,33 @@ def decode(frame: Any, config: PipelineConfig) -> Any:
             all_null = all_null & F.col(f"_aeo_parsed.{name}").isNull()
         real_all_null = all_null_encoding(config.value_schema)
         undecoded = all_null if real_all_null is None else all_null & (F.col("value") != F.lit(real_all_null))
+        # Bytes after a complete record are not part of it: re-encoding what was read gives the value back.
+        from pyspark.sql.avro.functions import to_avro
+
+        trailing = F.length(to_avro(F.col("_aeo_parsed"), config.value_schema)) != F.length(F.col("value"))
         error = F.when(F.col("value").isNull(), F.lit("a null value (a tombstone)")).when(
             F.col("_aeo_parsed").isNull() | undecoded,
-            F.lit("not an Avro record of value_schema (malformed or truncated)"))
+            F.lit("not an Avro record of value_schema (malformed or truncated)")).when(
+            trailing, F.lit("not one Avro record of value_schema: bytes follow the record"))
     decoded = frame.withColumn("_aeo_parsed", parsed).withColumn(DECODE_ERROR, error)
     fields = [f.name for f in decoded.schema["_aeo_parsed"].dataType.fields if f.name != DECODE_ERROR]
     kept = [c for c in frame.columns if c not in fields]  # a decoded field named like a Kafka column wins
     return decoded.select(*(F.col(f"_aeo_parsed.{f}").alias(f) for f in fields), *kept, DECODE_ERROR)
+
+
+def _one_json_value(text: Any) -> Any:
+    """Whether `text` is one JSON value and nothing after it (whitespace aside).
+
+    Spark's JSON reader parses the first value and ignores what follows (`{"id": 1} garbage` reads
+    as {"id": 1}). Inside an array, content after the value is an error, and so it is inside an
+    object; a value that closes one of the two early (`{...}] x`) still breaks the other.
+    """
+    from pyspark.sql import functions as F
+
+    in_array = F.from_json(F.concat(F.lit("["), text, F.lit("]")), "ARRAY<STRING>")
+    in_object = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), "v STRING, _aeo_rest STRING",
+                            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_aeo_rest"})
+    return F.coalesce(F.size(in_array) == 1, F.lit(False)) & in_object["_aeo_rest"].isNull()
 
 
 def dead_letters(frame: Any, error: str, batch_id: str, pipeline_id: str) -> Any:

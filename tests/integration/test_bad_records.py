@@ -277,3 +277,31 @@ def test_an_avro_record_of_nulls_is_good_only_when_encoded_as_one(spark):
     got = [(r["a"], r["b"], r[records.DECODE_ERROR]) for r in records.decode(frame, config).collect()]
     assert got[:2] == [(None, None, None), ("x", 2, None)]
     assert got[2][:2] == (None, None) and "not an Avro record" in got[2][2]
+
+
+def test_content_after_a_json_value_or_an_avro_record_makes_it_bad(spark):
+    """Issue 31: Spark's readers stop after the first JSON value or Avro record; what follows is not ignored here."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    from airflow_exactly_once.spark import records
+
+    config = pipeline_config("strict", ["t"], {"type": "parquet", "path": "/tmp/unused"}, value_format="json",
+                             value_schema=SCHEMA)
+    texts = ['{"id": 1, "amount": 2}', ' {"id": 2, "amount": 3}\n', '{"id": 3, "amount": 4} garbage',
+             '{"id": 4, "amount": 5} {"id": 5, "amount": 6}', '{"id": 6, "amount": 7}] x [', '{"id": 7, "amount": 8}}]',
+             '{"id": 8, "amount": 9}, {"id": 9, "amount": 10}', '{"id": 10, "amount": 11, "note": "}] {"}']
+    frame = spark.createDataFrame([(t.encode(),) for t in texts], "value BINARY")
+    errors = [r[records.DECODE_ERROR] for r in records.decode(frame, config).collect()]
+    assert [e is None for e in errors] == [True, True, False, False, False, False, False, True], errors
+    assert "content follows the value" in errors[2]
+
+    avro = json.dumps({"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"},
+                                                                   {"name": "name", "type": "string"}]})
+    config = pipeline_config("strict-avro", ["t"], {"type": "parquet", "path": "/tmp/unused"}, value_format="avro",
+                             value_schema=avro)
+    [good] = [bytes(r[0]) for r in spark.createDataFrame([(1, "one")], "id LONG, name STRING")
+              .select(to_avro(F.struct("id", "name"), avro)).collect()]
+    frame = spark.createDataFrame([(good,), (good + b"\x00",), (good + good,)], "value BINARY")
+    errors = [r[records.DECODE_ERROR] for r in records.decode(frame, config).collect()]
+    assert errors[0] is None and "bytes follow the record" in errors[1] and "bytes follow the record" in errors[2]
