@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from airflow_exactly_once.core.errors import BadRecordsError
+from airflow_exactly_once.core.errors import BadRecordsError, TransactionLostError
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import run_write
@@ -30,7 +30,8 @@ from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, pg_query, read_parquet, staging_leftovers
-from tests.kafka_helpers import read_all
+from tests.kafka_helpers import (read_all, settled_ends, settled_transaction_state, transaction_state,
+                                 wait_transactions_ended)
 
 GOOD = 40
 SCHEMA = "id BIGINT, amount BIGINT"
@@ -305,3 +306,60 @@ def test_content_after_a_json_value_or_an_avro_record_makes_it_bad(spark):
     frame = spark.createDataFrame([(good,), (good + b"\x00",), (good + good,)], "value BINARY")
     errors = [r[records.DECODE_ERROR] for r in records.decode(frame, config).collect()]
     assert errors[0] is None and "bytes follow the record" in errors[1] and "bytes follow the record" in errors[2]
+
+
+def test_a_lost_output_releases_its_dead_letters_at_once(kafka, spark, tmp_path, source, request):
+    """Issue 31: the output's transactions expire before notify_complete while the dead letters' (a longer
+    timeout) are still open. The batch becomes ABORTED only after its dead-letter transactions were aborted
+    too: nothing of it holds the dead-letter topic's last stable offset, and the next batch's output and dead
+    letters are visible to read_committed consumers at once."""
+    topic, sent = source
+    target = KafkaOutput(request, tmp_path, topic)
+    p = pipe(kafka, tmp_path, topic, {**target.spec, "transaction_timeout_ms": 6000},
+             bad_record_policy="dead_letter", dead_letter=target.dead_letter)
+    first = p.plan("run-1").batch.id
+    run_write(spark, p.coordinator, first, transform=target.transform)
+    staged = p.sink.committable(p.ledger.get_batch(first).handles)
+    wait_transactions_ended(kafka.bootstrap_servers, staged.output)  # notify_complete comes too late
+    assert {transaction_state(kafka.bootstrap_servers, r.transactional_id)
+            for r in staged.dead_letters.transactions} == {"Ongoing"}
+
+    with pytest.raises(TransactionLostError):
+        p.new_coordinator().commit(first)
+    assert p.state(first) is BatchState.ABORTED
+    assert {settled_transaction_state(kafka.bootstrap_servers, r.transactional_id)
+            for r in staged.dead_letters.transactions} == {"CompleteAbort"}
+    settled_ends(kafka.bootstrap_servers, target.dlq, timeout_s=1)  # no open transaction holds it
+
+    second = p.plan("run-2").batch
+    run_write(spark, p.coordinator, second.id, transform=target.transform)
+    p.new_coordinator().commit(second.id)
+    assert sorted(target.output()) == list(range(GOOD))  # read_committed, at once
+    letters = target.dead_letters()
+    assert sorted((d["source_partition"], d["source_offset"]) for d in letters) == sorted(bad_offsets(sent))
+
+
+def test_a_lost_postgres_output_rolls_back_its_prepared_dead_letters(kafka, spark, tmp_path, source, request):
+    """The same with PostgreSQL: the output's prepared transactions are gone (rolled back by hand, as after a
+    DBA's cleanup); notify_complete finds the batch lost and rolls back its prepared dead letters before the
+    batch is ABORTED, so no prepared transaction of it holds the dead-letter table's locks."""
+    topic, sent = source
+    target = PostgresOutput(request, tmp_path, topic)
+    p = pipe(kafka, tmp_path, topic, target.spec, bad_record_policy="dead_letter")
+    first = p.plan("run-1").batch.id
+    run_write(spark, p.coordinator, first, transform=target.transform)
+    staged = p.sink.committable(p.ledger.get_batch(first).handles)
+    for gid in staged.output.gids:
+        pg_query(target.dsn, f"ROLLBACK PREPARED '{gid}'")
+
+    with pytest.raises(TransactionLostError):
+        p.new_coordinator().commit(first)
+    assert p.state(first) is BatchState.ABORTED
+    prepared = {r[0] for r in pg_query(target.dsn, "SELECT gid FROM pg_prepared_xacts")}
+    assert staged.dead_letters.gids and not prepared & set(staged.dead_letters.gids)
+
+    second = p.plan("run-2").batch
+    run_write(spark, p.coordinator, second.id, transform=target.transform)
+    p.new_coordinator().commit(second.id)
+    assert sorted(target.output()) == list(range(GOOD))
+    assert len(target.dead_letters()) == len(bad_offsets(sent))
