@@ -15,6 +15,7 @@ from airflow_exactly_once.operators.batch import (
     PlanBatchOperator,
     WriteBatchOperator,
 )
+from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from airflow_exactly_once.task_group import exactly_once_batch
 
 OPERATORS = (PlanBatchOperator, WriteBatchOperator, NotifyCompleteOperator, AbortBatchOperator)
@@ -59,3 +60,14 @@ def test_the_docs_table_is_generated_from_the_same_declaration():
     table = arguments.markdown_table()
     for argument in arguments.ARGUMENTS:
         assert f"| `{argument.name}` |" in table
+
+
+def test_pipelines_on_spark_connect_stop_earlier_attempts_before_releasing(tmp_path):
+    """abort and plan's recovery get the Spark Connect server's stop (issue 30); in-task writes need none."""
+    common = dict(pipeline_id="p", topics="t", sink=SINK, bootstrap_servers="127.0.0.1:9",
+                  ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    remote = AbortBatchOperator(task_id="abort", spark_conf={"spark.remote": "sc://127.0.0.1:15002/;token=secret"},
+                                **common)
+    stop = remote.coordinator().stop_attempts
+    assert stop.func is stop_batch_attempts and stop.args == ("sc://127.0.0.1:15002/;token=secret",)
+    assert AbortBatchOperator(task_id="abort2", **common).coordinator().stop_attempts is None
