@@ -75,7 +75,8 @@ class LocalSparkConnectServer(LocalServer):
         return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.port}
 
     def _command(self) -> list[str]:
-        jars = (spark_connector_jars() if self.with_kafka_connector else []) + (iceberg_jars() if self.with_iceberg else [])
+        jars = ((spark_connector_jars() if self.with_kafka_connector else [])
+                + (iceberg_jars() if self.with_iceberg else []))
         conf = server_conf(self.port, "127.0.0.1", str(self.data_dir / "tmp"), jars)
         return server_command(str(spark_home() / "bin" / "spark-submit"), self.cores, {**conf, **self.extra_conf})
 

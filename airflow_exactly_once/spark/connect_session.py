@@ -102,8 +102,9 @@ def open_session(url: str, connect_timeout_s: float = 10.0) -> Any:
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     if not _reachable(url, connect_timeout_s):
-        raise SparkConnectUnavailable(f"the Spark Connect server at {server_address(url)} does not accept connections: check that it "
-                                      "runs and that spark_conn_id / spark.remote points at it")
+        raise SparkConnectUnavailable(f"the Spark Connect server at {server_address(url)} does not accept "
+                                      "connections: check that it runs and that spark_conn_id / spark.remote points "
+                                      "at it")
     try:
         spark = SparkSession.builder.remote(url).create()
     except Exception as exc:

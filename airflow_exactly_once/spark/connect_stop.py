@@ -110,9 +110,9 @@ def _follow(client: Any, session_id: str, operation: str, deadline: float, serve
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise AttemptNotStopped(f"operation {operation} of an earlier write attempt did not end within "
-                                    f"{STOP_TIMEOUT_S:g} s of being interrupted on the Spark Connect server at {server}; "
-                                    "its job may still write, so the batch's staged output is left for the next run's "
-                                    "recovery to release")
+                                    f"{STOP_TIMEOUT_S:g} s of being interrupted on the Spark Connect server at "
+                                    f"{server}; its job may still write, so the batch's staged output is left for the "
+                                    "next run's recovery to release")
         request = base_pb2.ReattachExecuteRequest(session_id=session_id, operation_id=operation,
                                                   user_context=base_pb2.UserContext(user_id=client._user_id or ""))
         if last_response is not None:

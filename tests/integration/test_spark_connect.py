@@ -48,7 +48,8 @@ from tests.harness import open_ledger
 
 config = PipelineConfig.from_dict(json.loads(sys.argv[1]))
 coordinator = BatchCoordinator(config, open_ledger(sys.argv[2]), pipeline_sink(config))
-ConnectWrite(coordinator, sys.argv[3], "tests.dags.eo_cluster_transforms:held_key_value").run(BatchId.parse(sys.argv[4]))
+write = ConnectWrite(coordinator, sys.argv[3], "tests.dags.eo_cluster_transforms:held_key_value")
+write.run(BatchId.parse(sys.argv[4]))
 """
 
 

@@ -87,7 +87,8 @@ class KafkaPartitionWriter(PartitionWriter):
         pairs = list(records)
         return self.write_columns(partition, [([k for k, _ in pairs], [v for _, v in pairs], None)])
 
-    def write_columns(self, partition: int, columns: Iterable[Columns], claim: ClaimCheck | None = None) -> PartitionReport:
+    def write_columns(self, partition: int, columns: Iterable[Columns],
+                      claim: ClaimCheck | None = None) -> PartitionReport:
         """Send the records under the sink's guarantee; the partition's report.
 
         The claim is checked after `init_transactions` (which fences earlier holders of the id) and before

@@ -65,7 +65,8 @@ class PostgresPartitionWriter(PartitionWriter):
     marker_schema: str
     page_size: int
 
-    def write(self, partition: int, batches: Iterator[Any], claim: ClaimCheck | None = None) -> PreparedPartition | None:
+    def write(self, partition: int, batches: Iterator[Any],
+              claim: ClaimCheck | None = None) -> PreparedPartition | None:
         arrow = [b for b in batches if b.num_rows]
         if not arrow:
             return None  # an empty partition holds no prepared transaction
