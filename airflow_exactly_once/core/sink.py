@@ -17,6 +17,7 @@ Nothing here imports PySpark: a DataFrame reaches `stage` as an object whose met
 
 from __future__ import annotations
 
+import difflib
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -76,10 +77,26 @@ class PartitionWriter(ABC):
 RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 
 
+def check_spec_keys(sink: str, spec: dict[str, Any], known: frozenset[str]) -> None:
+    """An unknown key of a sink spec (a typo such as "partiton_by") is an error, never ignored."""
+    allowed = known | {"type", "guarantee"}
+    unknown = sorted(set(spec) - allowed)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(allowed), n=1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    raise ConfigurationError(f"the {sink} sink has no setting {', '.join(hints)}; its settings: "
+                             f"{', '.join(sorted(allowed - {'type'}))}")
+
+
 class Sink(ABC):
     """One sink type, built from a JSON spec, so it works after spark-submit too."""
 
     type_name: ClassVar[str] = ""
+    # The settings its spec may hold besides "type" and "guarantee"; any other key is refused.
+    spec_keys: ClassVar[frozenset[str]] = frozenset()
     # The guarantees this sink implements; staged-and-published sinks have only one.
     guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
     # Whether committed output can be withdrawn again (rewinds, interval replacement).
@@ -87,6 +104,7 @@ class Sink(ABC):
     committable_type: ClassVar[type[Committable]]
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        check_spec_keys(self.type_name or type(self).__name__, spec, self.spec_keys)
         self.spec = spec
         self.pipeline: PipelineConfig | None = None
 

@@ -55,6 +55,7 @@ class ParquetSink(Sink):
     """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
 
     type_name = "parquet"
+    spec_keys = frozenset({"path"})
     supports_retract = True
     committable_type = StagedFolder
 

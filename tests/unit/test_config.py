@@ -79,3 +79,17 @@ def test_a_staged_sink_implements_exactly_once_only():
     cfg = pipeline_config("p", ["t"], {"type": "parquet", "path": "/tmp/never"}, guarantee="NONE")
     with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
         create_sink(cfg.sink).bind(cfg)
+
+
+@pytest.mark.parametrize("spec, wrong", [
+    ({"type": "parquet", "path": "/tmp/out", "partiton_by": ["day"]}, "'partiton_by'"),
+    ({"type": "postgres", "url": "postgresql://db/x", "table": "t", "key_colums": ["id"]},
+     "'key_colums' (did you mean 'key_columns'?)"),
+])
+def test_a_mistyped_sink_setting_is_an_error_naming_it(spec, wrong):
+    """Issue 24: no sink ignores a key it does not know (the Parquet and PostgreSQL sinks did)."""
+    from airflow_exactly_once.sinks import create_sink
+
+    with pytest.raises(ConfigurationError, match="has no setting") as refused:
+        create_sink(spec)
+    assert wrong in str(refused.value) and f"the {spec['type']} sink" in str(refused.value)

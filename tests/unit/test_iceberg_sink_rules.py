@@ -41,7 +41,7 @@ def test_a_valid_spec_names_table_catalog_and_packages():
     ({"warehouse": "s3://bucket/lake"}, "SQLite file under a local warehouse"),
     ({"create_table": "yes"}, "True or False"),
     ({"partitioned_by": [1]}, "column names"),
-    ({"mode": "upsert"}, "does not know"),
+    ({"mode": "upsert"}, "the iceberg sink has no setting 'mode'"),
 ])
 def test_a_bad_spec_says_what_to_change(bad, message):
     with pytest.raises(ConfigurationError, match=message):

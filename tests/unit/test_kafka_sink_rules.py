@@ -83,7 +83,8 @@ def test_guarantee_and_mirror_group_are_validated():
     ({"type": "kafka", "topic": "out", "producer_config": {"transactional_id": "x"}}, "must not set transactional.id"),
     ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not accept: lingerms"),
     ({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": "soon"}}, "does not accept: linger.ms"),
-    ({"type": "kafka", "topic": "out", "partitioner": "x"}, "unknown setting(s) partitioner"),
+    ({"type": "kafka", "topic": "out", "partitioner": "x"}, "the kafka sink has no setting 'partitioner'"),
+    ({"type": "kafka", "topic": "out", "producer_conf": {}}, "'producer_conf' (did you mean 'producer_config'?)"),
 ])
 def test_bad_sink_specs_fail_clearly(spec, expected):
     with pytest.raises(ConfigurationError) as error:

@@ -37,7 +37,6 @@ from airflow_exactly_once.spark.connector import iceberg_package
 
 log = logging.getLogger(__name__)
 
-SPEC_KEYS = {"type", "table", "warehouse", "catalog", "create_table", "table_properties", "partitioned_by"}
 WAP_ENABLED = "write.wap.enabled"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -48,15 +47,12 @@ def _quote(*parts: str) -> str:
 
 class IcebergSink(Sink):
     type_name = "iceberg"
+    spec_keys = frozenset({"table", "warehouse", "catalog", "create_table", "table_properties", "partitioned_by"})
     supports_retract = True
     committable_type = StagedSnapshot
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        unknown = sorted(set(spec) - SPEC_KEYS - {"guarantee"})
-        if unknown:
-            raise ConfigurationError(f"the iceberg sink does not know {unknown}; its settings are "
-                                     f"{', '.join(sorted(SPEC_KEYS - {'type'}))}")
         table = spec.get("table")
         parts = table.split(".") if isinstance(table, str) else []
         if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):

@@ -55,23 +55,19 @@ log = logging.getLogger(__name__)
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 DEAD_LETTER_HEADER_PREFIX = "aeo."
-_SPEC_KEYS = {"type", "topic", "guarantee", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
-              "kafka_config", "producer_config"}
 # What the broker says of a batch's transaction before committing.
 _OPEN, _COMMITTED, _ABORTED = "open", "committed", "aborted"
 
 
 class KafkaSink(Sink):
     type_name = "kafka"
+    spec_keys = frozenset({"topic", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
+                           "kafka_config", "producer_config"})
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        unknown = set(spec) - _SPEC_KEYS
-        if unknown:
-            raise ConfigurationError(f"kafka sink: unknown setting(s) {', '.join(sorted(unknown))}; "
-                                     f"known: {', '.join(sorted(_SPEC_KEYS - {'type'}))}")
         if not isinstance(spec.get("topic"), str) or not spec["topic"]:
             raise ConfigurationError("the kafka sink needs an output 'topic', e.g. {'type': 'kafka', 'topic': 'out'}")
         self.topic: str = spec["topic"]

@@ -66,6 +66,8 @@ def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
 
 class PostgresSink(Sink):
     type_name = "postgres"
+    spec_keys = frozenset({"conn_id", "url", "table", "mode", "key_columns", "order_by", "marker_schema", "writers",
+                           "lock_timeout_ms", "page_size", "transaction_name", "create_columns"})
     committable_type = PostgresCommittable
 
     def __init__(self, spec: dict[str, Any]) -> None:
