@@ -70,7 +70,7 @@ def slow_text(df):
     def slowly(value):
         import time as _time
 
-        _time.sleep(0.05)
+        _time.sleep(0.1)
         return value
 
     return df.select(F.col("key").cast("string").alias("key"), slowly(F.col("value").cast("string")).alias("value"))
@@ -119,8 +119,8 @@ def test_a_newer_attempt_interrupts_the_older_ones_operations(kafka, spark_conne
     newer = ConnectWrite(pipe.new_coordinator(), spark_connect.url, as_text).run(batch.id)
     thread.join(120)
     assert newer["action"] == "prepared"
-    assert isinstance(outcome["older"], FencedError), outcome  # interrupted, not finished 400 x 50 ms later
-    assert time.monotonic() - started < 20
+    assert isinstance(outcome["older"], FencedError), outcome  # interrupted, not finished 400 x 100 ms later
+    assert time.monotonic() - started < 35  # the newer attempt's whole write, the older one's stop included
     pipe.commit(batch.id)
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
 
@@ -266,7 +266,7 @@ def test_a_server_killed_mid_write_says_it_cannot_be_reached(kafka, spark_connec
     thread.start()
     try:
         wait_for(lambda: SESSION_DETAIL in pipe.ledger.get_batch(batch.id).details, "the write to claim the batch")
-        time.sleep(1)  # into the job (30 records x 50 ms)
+        time.sleep(1)  # into the job (30 records x 100 ms)
         spark_connect.kill()
         thread.join(120)
     finally:
