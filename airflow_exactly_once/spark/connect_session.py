@@ -110,33 +110,29 @@ def open_session(url: str, connect_timeout_s: float = 10.0) -> Any:
     except Exception as exc:
         raise_explained(explain(exc, url), exc)
     spark.client.set_retry_policies([DefaultPolicy(max_retries=RETRIES, max_backoff=MAX_BACKOFF_MS)])
+    _keep_release_pool(spark.client)
     return spark
 
 
 def close_session(spark: Any) -> None:
-    """Release the session on the server; a server that is gone already is no error."""
+    """Release the session on the server and close its channel; a server that is gone already is no error."""
     try:
         spark.stop()
     except Exception as exc:
         log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
 
 
-def release_only(spark: Any) -> None:
-    """Release a session on the server and close its channel, but not as `stop()` does: that also shuts
-    down pyspark's process-wide thread pool under the operations of the process's other sessions (they
-    then fail with "cannot schedule new futures after shutdown")."""
-    try:
-        spark.client.release_session()
-    except Exception as exc:
-        log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
-    channel = getattr(spark.client, "_channel", None)  # pyspark keeps it private; gRPC would close it when collected
-    if channel is not None:
-        channel.close()
-    # As stop() does: a released session must not stay the process's default or active one, which pyspark's
-    # functions (F.count, ...) ask for their settings ("Cannot invoke RPC on closed channel").
-    session_class = type(spark)
-    with session_class._lock:
-        if session_class._default_session is spark:
-            session_class._default_session = None
-    if getattr(session_class._active_session, "session", None) is spark:
-        session_class._active_session.session = None
+def _keep_release_pool(client: Any) -> None:
+    """Make closing this client leave pyspark's process-wide release thread pool running.
+
+    pyspark 4.0's `SparkConnectClient.close()`, called by `SparkSession.stop()` and by the
+    session's `__del__` when it is garbage-collected, shuts that pool down under the running
+    operations of the process's other sessions, which then fail with "cannot schedule new
+    futures after shutdown" (a fenced attempt's session closing, or the session that stopped an
+    earlier attempt being collected, while the attempt that replaced it still writes).
+    """
+    def close() -> None:
+        client._channel.close()
+        client._closed = True
+
+    client.close = close

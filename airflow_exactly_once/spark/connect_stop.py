@@ -30,7 +30,7 @@ from airflow_exactly_once.spark.connect_session import (
     SparkConnectUnavailable,
     first_line,
     open_session,
-    release_only,
+    close_session,
     server_address,
     session_url,
 )
@@ -80,7 +80,7 @@ def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_T
             time.sleep(_python_kill_timeout_s(old) + TASK_KILL_MARGIN_S)
         return len(interrupted)
     finally:
-        release_only(old)
+        close_session(old)
 
 
 def stop_batch_attempts(url: str, batch: Batch) -> str:
