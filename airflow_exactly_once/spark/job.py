@@ -160,11 +160,12 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
             committable = sink.stage(staged, batch, run_writers)
             input_records, output_records = seen_in.get.get("records"), seen_out.get.get("records")
             # Spark Connect returns only the outermost observation of a write command (Spark's own Parquet
-            # writer), or none (Iceberg's): the staged output may know its count, the input is counted again.
+            # writer), or none (Iceberg's): the staged output may know its count; without a transform the
+            # input is the output record for record, else it is counted again (a second read of the range).
             if output_records is None:
                 output_records = committable.records
             if input_records is None:
-                input_records = read_batch(spark, batch, config).count()
+                input_records = output_records if transform is None else read_batch(spark, batch, config).count()
             return _Staged(committable, input_records, output_records)
         if marks:
             if records.SOURCE not in output.columns:

@@ -95,6 +95,19 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, f"{name}-out"))
 
 
+def test_without_a_transform_the_input_count_on_spark_connect_needs_no_second_read(kafka, spark_connect, tmp_path):
+    name = f"connect-plain-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 60)
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")},
+                    value_format="string")
+    batch = pipe.plan("run-1").batch
+    summary = ConnectWrite(pipe.coordinator, spark_connect.url, None).run(batch.id)
+    assert (summary["input_records"], summary["output_records"]) == (60, 60)
+    pipe.commit(batch.id)
+    assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
+
+
 def test_a_newer_attempt_interrupts_the_older_ones_operations(kafka, spark_connect, tmp_path):
     name = f"connect-fence-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
