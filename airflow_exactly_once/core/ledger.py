@@ -25,7 +25,8 @@ from airflow_exactly_once.core.errors import (
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
 from airflow_exactly_once.core.states import BatchState, check_initial, check_transition
 
-# A batch detail: the batch is ABORTED but what it staged is still to be taken away (BatchCoordinator.release).
+# A batch detail: the batch is ABORTED but what it staged is still to be taken away (BatchCoordinator.release);
+# None once it was.
 RELEASE_PENDING = "release_pending"
 
 metadata = sa.MetaData()
@@ -525,17 +526,6 @@ class Ledger:
         with self.engine.connect() as conn:
             found = [self._load(conn, BatchId(pipeline_id, r[0])) for r in conn.execute(query)]
         return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
-
-    def mark_released(self, batch_id: BatchId) -> None:
-        """Everything the ABORTED batch staged is gone: recovery no longer needs to look at it."""
-        with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
-            if current.details.get(RELEASE_PENDING):
-                details = {k: v for k, v in current.details.items() if k != RELEASE_PENDING}
-                conn.execute(batches.update()
-                             .where(batches.c.pipeline_id == batch_id.pipeline_id,
-                                    batches.c.batch_seq == batch_id.seq)
-                             .values(details=dumps(details), updated_at=_now()))
 
     def update_details(self, batch_id: BatchId, **details: Any) -> None:
         with self.engine.begin() as conn:

@@ -195,7 +195,7 @@ class BatchCoordinator:
         """
         stopped = self.stop_attempts(batch) if self.stop_attempts is not None else None
         outcome = self.sink.abort(batch, None)
-        self.ledger.mark_released(batch.id)
+        self.ledger.update_details(batch.id, **{RELEASE_PENDING: None})
         return f"{stopped}; {outcome}" if stopped else outcome
 
     def release_aborted(self) -> list[str]:

@@ -22,7 +22,6 @@ from kafka.admin import ConfigResource, ConfigResourceType
 
 from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS
 from airflow_exactly_once.core.kafka_settings import KafkaSettings
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
 
 
 @contextlib.contextmanager
@@ -101,20 +100,6 @@ def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str,
     listed = admin.list_transactions()
     return {t.transactional_id: t.state.value for rows in listed.values() for t in rows
             if pattern.fullmatch(t.transactional_id)}
-
-
-def open_transactions(admin: KafkaAdminClient, id_pattern: str) -> list[TransactionHandle]:
-    """Ongoing transactions whose id matches `id_pattern` (a full-match regex), as abortable handles."""
-    pattern = re.compile(id_pattern)
-    listed = admin.list_transactions(state_filters=["Ongoing"])
-    ids = sorted({t.transactional_id for rows in listed.values() for t in rows if pattern.fullmatch(t.transactional_id)})
-    handles = []
-    for tid, described in (admin.describe_transactions(ids) if ids else {}).items():
-        if described.state.value == "Ongoing":
-            handles.append(TransactionHandle(
-                tid, described.producer_id, described.producer_epoch,
-                tuple(sorted((tp.topic, tp.partition) for tp in described.topic_partitions))))
-    return handles
 
 
 def record_visible(settings: KafkaSettings, topic: str, partition: int, offset: int,
