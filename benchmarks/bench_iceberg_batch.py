@@ -23,8 +23,10 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from benchmarks.bench_parquet_batch import PARTITIONS, produce
@@ -40,14 +42,14 @@ def as_rows(df):
 
 
 def exactly_once_batch(spark, work: Path, bootstrap: str, topic: str, n: int) -> dict:
-    config = PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
+    config = checked(PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
                             transform=TRANSFORM,
                             sink={"type": "iceberg", "table": "bench.exactly_once",
-                                  "warehouse": str(work / "lake"), "create_table": True}).validate()
+                                  "warehouse": str(work / "lake"), "create_table": True}))
     ledger = Ledger(f"sqlite:///{work / 'ledger.db'}")
     coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
     t0 = time.perf_counter()
-    batch = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), f"run-{n}").batch
+    batch = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), f"run-{n}").batch
     t1 = time.perf_counter()
     summary = run_write(spark, coordinator, batch.id)
     t2 = time.perf_counter()

@@ -34,8 +34,10 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.kafka_broker import LocalKafkaBroker
@@ -80,10 +82,10 @@ def passthrough(df):
 def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, workdir: Path) -> dict:
     name = f"bench-{guarantee.lower().replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     output = new_topic(bootstrap, f"{name}-out", partitions)
-    config = PipelineConfig(pipeline_id=name, topics=[source], bootstrap_servers=bootstrap, guarantee=guarantee,
-                            sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}).validate()
+    config = checked(PipelineConfig(pipeline_id=name, topics=[source], bootstrap_servers=bootstrap, guarantee=guarantee,
+                            sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}))
     coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{workdir / name}.db"), create_sink(config.sink))
-    batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), "bench").batch.id
+    batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), "bench").batch.id
     started = time.perf_counter()
     summary = run_write(spark, coordinator, batch_id, transform=passthrough)
     written = time.perf_counter()
@@ -126,11 +128,11 @@ def main() -> None:
         print(f"producing {args.records:,} records of {args.size} bytes into {source} ...", flush=True)
         produce_input(bootstrap, source, args.records, args.size, args.partitions)
         # The range every contender writes: the whole input, as the exactly-once plan fixes it.
-        reference = PipelineConfig(pipeline_id="bench-range", topics=[source], bootstrap_servers=bootstrap,
-                                   sink={"type": "parquet", "path": str(workdir / "unused")}).validate()
+        reference = checked(PipelineConfig(pipeline_id="bench-range", topics=[source], bootstrap_servers=bootstrap,
+                                   sink={"type": "parquet", "path": str(workdir / "unused")}))
         range_batch = plan_batch(BatchCoordinator(reference, Ledger(f"sqlite:///{workdir}/range.db"),
                                                   create_sink(reference.sink)),
-                                 lambda: KafkaOffsetSource(reference.kafka()), "range").batch
+                                 lambda: KafkaOffsetSource(KafkaSettings.of(reference)), "range").batch
         rounds = []
         for n in range(args.repeats):
             for contender in CONTENDERS[n % 4:] + CONTENDERS[:n % 4]:

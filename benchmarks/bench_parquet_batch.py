@@ -27,11 +27,13 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from devtools.kafka_broker import LocalKafkaBroker
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import use_prefetched_connector
 
 PARTITIONS = 3
@@ -50,12 +52,12 @@ def produce(bootstrap: str, topic: str, records: int, size: int) -> None:
 
 
 def exactly_once_batch(spark, work: Path, bootstrap: str, topic: str, n: int) -> dict[str, float]:
-    config = PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
-                            sink={"type": "parquet", "path": str(work / f"eo-{n}")}).validate()
+    config = checked(PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
+                            sink={"type": "parquet", "path": str(work / f"eo-{n}")}))
     ledger = Ledger(f"sqlite:///{work / 'ledger.db'}")
     coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
     t0 = time.perf_counter()
-    batch = plan_batch(coordinator, lambda: KafkaOffsetSource(config.kafka()), f"run-{n}").batch
+    batch = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), f"run-{n}").batch
     t1 = time.perf_counter()
     summary = run_write(spark, coordinator, batch.id)
     t2 = time.perf_counter()

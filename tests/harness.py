@@ -19,6 +19,7 @@ from airflow_exactly_once.core.planning import PlanOutcome, plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.sink import Committable, RunWriters
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sinks.parquet import ParquetSink, StagedFolder
 
@@ -40,8 +41,8 @@ def airflow_ledger(stack: Any) -> Ledger:
 
 def pipeline_config(pipeline_id: str, topics: list[str], sink: dict[str, Any], bootstrap: str = "127.0.0.1:9",
                     **overrides: Any) -> PipelineConfig:
-    return PipelineConfig(pipeline_id=pipeline_id, topics=topics, sink=sink, bootstrap_servers=bootstrap,
-                          **overrides).validate()
+    return checked(PipelineConfig(pipeline_id=pipeline_id, topics=topics, sink=sink, bootstrap_servers=bootstrap,
+                          **overrides))
 
 
 class FakeSource:

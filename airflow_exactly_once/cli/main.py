@@ -28,14 +28,14 @@ from typing import Any, Sequence
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.kafka_settings import REDACTED, KafkaSettings
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import REDACTED, KafkaSettings
 from airflow_exactly_once.sinks import pipeline_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 
@@ -133,7 +133,7 @@ def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSe
 
         settings = connection_kafka_settings(args.kafka_conn_id)
     else:
-        settings = config.kafka()
+        settings = KafkaSettings.of(config)
         if REDACTED in settings.properties.values():
             raise ConfigurationError("the pipeline's Kafka settings hold secrets that the ledger does not store: "
                                      "pass --kafka-conn-id <its kafka connection>")

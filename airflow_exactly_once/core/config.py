@@ -13,9 +13,7 @@ import re
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Callable
 
-from airflow_exactly_once.core.avro_schema import record_fields
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.kafka_settings import KafkaSettings, redact_settings, secret_settings
 from airflow_exactly_once.core.model import dumps
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 
@@ -32,6 +30,8 @@ RANGE_MODES = ("continuation", "interval")
 INTERVAL_RERUNS = ("noop", "replace")
 VALUE_FORMATS = ("json", "avro", "string", "bytes")
 BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
+# What the ledger holds instead of a secret.
+REDACTED = "***"
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -102,6 +102,10 @@ class PipelineConfig:
     # The `kafka` connection the settings came from (set by the operators; not an argument): readers of
     # the ledger (the ledger page) take the secrets that the ledger does not store from it.
     kafka_conn_id: str | None = field(default=None, metadata={"argument": False})
+    # Where the secrets are, as key paths such as ["sink", "kafka_config", "sasl.password"] (not an argument):
+    # found by airflow_exactly_once.pipeline.checked() from the Kafka settings and the sinks' declarations.
+    # None until then, and a config whose secrets are not known is never stored.
+    secret_paths: list[list[str]] | None = field(default=None, metadata={"argument": False})
 
     def validate(self) -> "PipelineConfig":
         if not _PIPELINE_ID.match(self.pipeline_id or ""):
@@ -112,7 +116,6 @@ class PipelineConfig:
             self.topics = [self.topics]
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
             raise ConfigurationError("topics must be a non-empty list of Kafka topic names")
-        self.kafka().require_servers().check()
         for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
                                      ("new_partition_start", self.new_partition_start, NEW_PARTITION_STARTS),
                                      ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
@@ -153,8 +156,6 @@ class PipelineConfig:
         if self.value_schema is not None and not isinstance(self.value_schema, str):
             self.value_schema = self.value_schema.simpleString() if hasattr(self.value_schema, "simpleString") \
                 else str(self.value_schema)  # a StructType is stored as its DDL
-        if self.value_format == "avro":
-            record_fields(self.value_schema)
         if self.dead_letter is not None and self.bad_record_policy != "dead_letter":
             raise ConfigurationError("dead_letter is only used with bad_record_policy='dead_letter'")
         if self.dead_letter is not None and (not isinstance(self.dead_letter, dict) or "type" not in self.dead_letter):
@@ -184,11 +185,6 @@ class PipelineConfig:
         if given is None and self.guarantee != "EXACTLY_ONCE":
             self.sink = {**self.sink, "guarantee": self.guarantee}
         self.guarantee = None
-
-    def kafka(self) -> KafkaSettings:
-        """The source cluster's client settings."""
-        return KafkaSettings.from_mapping(self.kafka_config, bootstrap_servers=self.bootstrap_servers,
-                                          origin=self.kafka_origin)
 
     def _validate_startup(self) -> None:
         """Check the startup mode's own argument and bring it into its stored form."""
@@ -225,26 +221,35 @@ class PipelineConfig:
         return asdict(self)
 
     def to_stored_dict(self) -> dict[str, Any]:
-        """What the ledger keeps: secrets (SASL passwords, key passwords) replaced; see secrets()."""
+        """What the ledger keeps: every value at `secret_paths` replaced by REDACTED; see secrets()."""
+        if self.secret_paths is None:
+            raise RuntimeError(f"pipeline {self.pipeline_id}: its secrets are not known yet; build the config with "
+                               "airflow_exactly_once.pipeline.checked(), which finds them, before storing it")
         stored = asdict(self)
-        stored["kafka_config"] = redact_settings(self.kafka_config)
-        if isinstance(self.sink.get("kafka_config"), dict):
-            stored["sink"] = {**self.sink, "kafka_config": redact_settings(self.sink["kafka_config"])}
+        for path, _ in self._secret_values():
+            _set(stored, path, REDACTED)
         return stored
 
-    def secrets(self) -> dict[str, Any]:
-        """The parts to_stored_dict() leaves out, for a write that reads its settings from the ledger."""
-        return {"kafka_config": secret_settings(self.kafka_config),
-                "sink.kafka_config": secret_settings(self.sink.get("kafka_config"))}
+    def secrets(self) -> list[list[Any]]:
+        """The values to_stored_dict() leaves out, as [path, value] pairs: what travels to a write that reads
+        its settings from the ledger (a spark-submit job's environment)."""
+        return [[path, value] for path, value in self._secret_values()]
 
-    def with_secrets(self, secrets: dict[str, Any]) -> "PipelineConfig":
+    def with_secrets(self, secrets: list[list[Any]]) -> "PipelineConfig":
         """A stored config made whole again with secrets() of the original."""
-        config = PipelineConfig.from_dict(self.to_dict())
-        config.kafka_config = {**config.kafka_config, **secrets.get("kafka_config", {})}
-        if secrets.get("sink.kafka_config"):
-            config.sink = {**config.sink, "kafka_config": {**config.sink.get("kafka_config", {}),
-                                                           **secrets["sink.kafka_config"]}}
-        return config
+        data = self.to_dict()
+        for path, value in secrets:
+            _set(data, path, value)
+        return PipelineConfig.from_dict(data)
+
+    def _secret_values(self) -> list[tuple[list[str], Any]]:
+        data = asdict(self)
+        found = []
+        for path in self.secret_paths or ():
+            value = _get(data, path)
+            if value not in (None, "", REDACTED):
+                found.append((list(path), value))
+        return found
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
@@ -257,6 +262,22 @@ class PipelineConfig:
         if self.value_format is not None:  # added later: pipelines without decoding keep their fingerprint
             relevant.update(value_format=self.value_format, value_schema=self.value_schema)
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
+
+
+def _get(data: Any, path: list[str]) -> Any:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _set(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        if not isinstance(data.get(key), dict):
+            return
+        data = data[key]
+    data[path[-1]] = value
 
 
 def normalize_offsets(offsets: Any, topics: list[str]) -> dict[str, int]:

@@ -139,8 +139,14 @@ class Sink(ABC):
         """Maven coordinates of JVM libraries the write's Spark needs beyond Kafka's connector.
 
         Loaded like the Kafka connector (airflow_exactly_once.spark.connector): the user's own
-        Spark settings win, else Spark resolves them itself.
+        Spark settings win, else Spark resolves them itself. `{spark_line}` ("4.0") and `{scala}`
+        ("2.13") in them are filled in with the installed pyspark's.
         """
+        return []
+
+    @classmethod
+    def secret_paths(cls, spec: dict[str, Any]) -> list[list[str]]:
+        """Where `spec` holds secrets (key paths within it): the ledger stores them redacted."""
         return []
 
     # -- write (the driver, in the Spark job) --------------------------------------
@@ -154,13 +160,13 @@ class Sink(ABC):
 
     def stage_batch(self, good: Any, bad: Any | None, batch: Batch, run_writers: RunWriters) -> Committable:
         """Stage a batch's good records, and its bad ones if the sink has a dead-letter destination
-        (core.dead_letter.SinkWithDeadLetters); a plain sink never receives bad records."""
+        (records.dead_letter.SinkWithDeadLetters); a plain sink never receives bad records."""
         if bad is not None:
             raise ValueError(f"the {self.name} sink has no dead-letter destination for bad records")
         return self.stage(good, batch, run_writers)
 
     def shape_dead_letters(self, frame: Any) -> Any:
-        """Dead-letter records (core.bad_records.DEAD_LETTER_COLUMNS) as this sink writes them, when it is a
+        """Dead-letter records (records.bad_records.DEAD_LETTER_COLUMNS) as this sink writes them, when it is a
         pipeline's dead-letter destination."""
         return frame
 

@@ -2,7 +2,7 @@
 
 Its extra holds librdkafka properties ("bootstrap.servers", "security.protocol",
 "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location", ...), as the official
-provider hands them to confluent-kafka; core.kafka_settings translates them for every client.
+provider hands them to confluent-kafka; kafka.settings translates them for every client.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from airflow_exactly_once.compat import BaseHook
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.kafka_settings import REDACTED, KafkaSettings
+from airflow_exactly_once.kafka.settings import REDACTED, KafkaSettings
 
 
 def connection_kafka_settings(kafka_conn_id: str) -> KafkaSettings:
@@ -59,7 +59,7 @@ def stored_pipeline_kafka_settings(config: PipelineConfig) -> KafkaSettings:
     The ledger keeps the servers and client properties with secrets replaced; readers of the
     ledger (the ledger page) fill them in from the connection the pipeline's tasks used.
     """
-    settings = config.kafka().require_servers()
+    settings = KafkaSettings.of(config).require_servers()
     redacted = sorted(k for k, v in settings.properties.items() if v == REDACTED)
     if not redacted:
         return settings

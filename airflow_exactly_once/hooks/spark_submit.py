@@ -30,9 +30,9 @@ except ImportError as exc:
                             "spark-submit", exc.name) from exc
 
 from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.spark.connector import spark_home, with_connectors
 from airflow_exactly_once.spark.job import LEDGER_URL_ENV, SECRETS_ENV
 from airflow_exactly_once.spark.parent_death import die_with_parent
-from airflow_exactly_once.spark.connector import spark_home, with_connectors
 from airflow_exactly_once.spark.shipping import build_bundle
 
 
@@ -44,7 +44,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
     """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
-                 spark_conf: dict[str, Any] | None = None, secrets: dict[str, Any] | None = None,
+                 spark_conf: dict[str, Any] | None = None, secrets: list[list[Any]] | None = None,
                  packages: Sequence[str] = ()) -> None:
         conf = {k: str(v) for k, v in with_connectors(spark_conf or {}, packages).items()}
         master = conf.pop("spark.master", None)
@@ -57,7 +57,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
         super().__init__(conf=conf, conn_id=spark_conn_id, name=f"exactly-once {batch_id}",
                          jars=user_jars or None,
                          application_args=["--batch-id", str(batch_id)],
-                         env_vars={LEDGER_URL_ENV: ledger_url, SECRETS_ENV: json.dumps(secrets or {})})
+                         env_vars={LEDGER_URL_ENV: ledger_url, SECRETS_ENV: json.dumps(secrets or [])})
         if master and master != self._connection["master"]:
             self.log.warning("spark_conf sets spark.master=%s; the %s connection's master %s is used instead",
                              master, spark_conn_id, self._connection["master"])

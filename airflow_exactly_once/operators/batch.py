@@ -23,12 +23,14 @@ from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
+from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.cluster import ClusterWrite
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import pipeline_sink
-from airflow_exactly_once.sources.consumer_group import mirror_committed_offsets
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import ConnectWrite
 from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from airflow_exactly_once.spark.connector import pipeline_packages
@@ -69,7 +71,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
             startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
             startup_group_id=_optional(self.startup_group_id), guarantee=_optional(self.guarantee),
         )
-        return PipelineConfig(**values).validate()
+        return checked(PipelineConfig(**values))
 
     def ledger_hook(self) -> LedgerHook:
         return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
@@ -170,7 +172,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         coordinator.ledger.record_dag(coordinator.pipeline_id, self.dag_id)
         check_commit_deadline(self, coordinator.sink, self.write_task_id, self.notify_task_id, self.log)
         interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
-        settings = coordinator.config.kafka()
+        settings = KafkaSettings.of(coordinator.config)
         outcome = plan_batch(coordinator, lambda: KafkaOffsetSource(settings), context["run_id"], interval)
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)

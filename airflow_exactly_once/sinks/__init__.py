@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from airflow_exactly_once.core.bad_records import dead_letter_spec
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.records.bad_records import dead_letter_spec
+from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
 
 SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
@@ -24,12 +24,22 @@ SINK_TYPES = {
 }
 
 
-def create_sink(spec: dict[str, Any]) -> Sink:
+def sink_class(spec: dict[str, Any]) -> type[Sink]:
+    """The class of a sink spec's type; its module (and client library) is imported only now."""
     kind = (spec or {}).get("type")
     if kind not in SINK_TYPES:
         raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SINK_TYPES))}")
     module, _, name = SINK_TYPES[kind].partition(":")
-    return getattr(importlib.import_module(module), name)(spec)
+    return getattr(importlib.import_module(module), name)
+
+
+def create_sink(spec: dict[str, Any]) -> Sink:
+    return sink_class(spec)(spec)
+
+
+def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:
+    """Where a sink spec holds secrets, as key paths within it."""
+    return sink_class(spec).secret_paths(spec)
 
 
 def pipeline_sink(config: PipelineConfig) -> Sink:

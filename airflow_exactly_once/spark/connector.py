@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
 CONNECTOR = "spark-sql-kafka-0-10"
 GROUP = "org.apache.spark"
@@ -144,17 +145,19 @@ def with_kafka_connector(conf: Mapping[str, Any]) -> dict[str, Any]:
     return with_connectors(conf)
 
 
-# The Iceberg release whose Spark runtime Spark resolves when the user's settings name none
-# (Maven Central has iceberg-spark-runtime-3.5_2.12 and -4.0_2.13 in it); a user who needs another
-# one names it in spark.jars.packages, which wins.
-ICEBERG_RELEASE = "1.10.1"
+def for_installed_spark(coordinates: str, version: str | None = None, scala: str | None = None) -> str:
+    """Maven coordinates with `{spark_line}` ("4.0") and `{scala}` ("2.13") of the installed pyspark filled in.
 
-
-def iceberg_package(version: str | None = None, scala: str | None = None, release: str = ICEBERG_RELEASE) -> str:
-    """Maven coordinates of Iceberg's Spark runtime for the installed pyspark's release line and Scala."""
+    A sink names its Spark packages as such templates (Sink.spark_packages()), so it needs no
+    knowledge of the Spark it runs on; coordinates without placeholders pass through.
+    """
     version = version or spark_version()
-    line = ".".join(version.split(".")[:2])
-    return f"org.apache.iceberg:iceberg-spark-runtime-{line}_{scala or scala_version(version=version)}:{release}"
+    return coordinates.format(spark_line=".".join(version.split(".")[:2]), scala=scala or scala_version(version=version))
+
+
+def iceberg_package(version: str | None = None, scala: str | None = None) -> str:
+    """Maven coordinates of Iceberg's Spark runtime for the installed pyspark's release line and Scala."""
+    return for_installed_spark(ICEBERG_SPARK_RUNTIME, version, scala)
 
 
 def avro_package(version: str | None = None, scala: str | None = None) -> str:
@@ -166,4 +169,5 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
 def pipeline_packages(config: PipelineConfig, sink: Sink) -> list[str]:
     """What a pipeline's write loads besides Kafka's connector: its sink's packages, and spark-avro when the
     Kafka values are Avro (value_format="avro")."""
-    return [*sink.spark_packages(), *([avro_package()] if config.value_format == "avro" else [])]
+    return [*map(for_installed_spark, sink.spark_packages()),
+            *([avro_package()] if config.value_format == "avro" else [])]

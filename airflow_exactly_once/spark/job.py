@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
-from airflow_exactly_once.core.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import (
@@ -26,11 +25,13 @@ from airflow_exactly_once.core.errors import (
     TransformError,
     raise_explained,
 )
-from airflow_exactly_once.core.kafka_access import diagnose
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.write_report import record_failure
+from airflow_exactly_once.kafka.access import diagnose
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.spark import records
 from airflow_exactly_once.spark.connector import kafka_package
@@ -60,7 +61,7 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end
     options = {
-        **config.kafka().spark_source_options(),
+        **KafkaSettings.of(config).spark_source_options(),
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),
         "endingOffsets": json.dumps(ending),
@@ -99,7 +100,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     `on_claimed` sees the claimed batch (its epoch) before any data is read. Without decoding
     and without records marked bad by the transform, the output is staged straight away (the
     record counts come from observations); otherwise bad records are counted first and follow
-    the pipeline's bad_record_policy (see spark.records and core.bad_records).
+    the pipeline's bad_record_policy (see spark.records and records.bad_records).
     """
     config = coordinator.config
     batch = coordinator.claim(batch_id)
@@ -234,7 +235,7 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
         return exc
     # Spark's Java client names its problem (SaslAuthenticationException, PKIX path building failed,
     # TopicAuthorizationException): the settings say which of them to change.
-    settings = config.kafka()
+    settings = KafkaSettings.of(config)
     explained = settings.explain(text, topics=config.topics, topic_operations="READ and DESCRIBE")
     if explained is not None:
         return explained
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("pipeline %s is not in the ledger at the given URL; was the batch planned there?",
                   batch_id.pipeline_id)
         return EXIT_FOR_GOOD
-    config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "{}"))
+    config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "[]"))
     coordinator = BatchCoordinator(config, ledger, pipeline_sink(config))
     drop_stale_connect_mode()  # a Spark Connect mark inherited from the process that submitted the job
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from airflow_exactly_once.core.avro_schema import all_null_encoding, record_fields
-from airflow_exactly_once.core.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.records.avro_schema import all_null_encoding, record_fields
+from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 
 SOURCE = "_source"
 BAD_RECORD = "_bad_record"
@@ -102,7 +102,7 @@ def decode(frame: Any, config: PipelineConfig) -> Any:
         from pyspark.sql.avro.functions import from_avro
 
         parsed = from_avro(F.col("value"), config.value_schema, {"mode": "PERMISSIVE"})
-        # PERMISSIVE gives a record of nulls for a value it cannot decode (core.avro_schema)
+        # PERMISSIVE gives a record of nulls for a value it cannot decode (records.avro_schema)
         all_null = F.lit(True)
         for name in (f["name"] for f in record_fields(config.value_schema)):
             all_null = all_null & F.col(f"_aeo_parsed.{name}").isNull()

@@ -40,7 +40,9 @@ from asgiref.sync import sync_to_async
 
 from airflow_exactly_once.compat import BaseEventTrigger, TriggerEvent
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
-from airflow_exactly_once.core.monitor import (
+from airflow_exactly_once.core.timestamps import iso, now_ms
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
+from airflow_exactly_once.monitor import (
     IN_FLIGHT,
     WakeGate,
     WakeRule,
@@ -48,8 +50,6 @@ from airflow_exactly_once.core.monitor import (
     waited_too_long,
     waiting_records,
 )
-from airflow_exactly_once.core.timestamps import iso, now_ms
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource, read_topic_offsets
 
 TopicPartition = tuple[str, int]
 

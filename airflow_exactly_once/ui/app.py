@@ -14,18 +14,18 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.responses import HTMLResponse, JSONResponse
-from sqlalchemy import select
-
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
 from airflow.models.dagrun import DagRun
-from airflow_exactly_once.core.monitor import PipelineReport, utc
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import HTMLResponse, JSONResponse
+from sqlalchemy import select
+
 from airflow_exactly_once.hooks.ledger import LedgerHook
+from airflow_exactly_once.monitor import PipelineReport, utc
 from airflow_exactly_once.ui.access import pipeline_dag_ids, visible_pipelines
 from airflow_exactly_once.ui.loading import (
     DEFAULT_KAFKA_TIMEOUT_MS,

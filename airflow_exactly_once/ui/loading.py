@@ -17,9 +17,9 @@ from kafka.errors import KafkaError
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
-from airflow_exactly_once.core.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
+from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource, read_topic_offsets
 
 DEFAULT_KAFKA_TIMEOUT_MS = 5_000
 

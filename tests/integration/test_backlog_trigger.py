@@ -15,7 +15,8 @@ import pytest
 from kafka import KafkaAdminClient, KafkaProducer
 
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 from devtools.ports import reserve_port
 from tests.harness import MarkerSink, Pipe, open_ledger, pipeline_config
@@ -78,7 +79,7 @@ def pipe(kafka, tmp_path, unique) -> Pipe:
     config = pipeline_config(f"backlog-{unique}", [topic], {"type": "parquet", "path": str(tmp_path / "out")},
                              bootstrap=kafka.bootstrap_servers)
     ledger = open_ledger(tmp_path / "ledger.db")
-    return Pipe(config, ledger, lambda: KafkaOffsetSource(config.kafka()), sink_factory=MarkerSink.of)
+    return Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), sink_factory=MarkerSink.of)
 
 
 def snapshot(pipe: Pipe) -> tuple:

@@ -23,15 +23,21 @@ from kafka import KafkaProducer
 
 from airflow_exactly_once.core.errors import BadRecordsError, TransactionLostError
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.records import guarded_column
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, pg_query, read_parquet, staging_leftovers
-from tests.kafka_helpers import (read_all, settled_ends, settled_transaction_state, transaction_state,
-                                 wait_transactions_ended)
+from tests.kafka_helpers import (
+    read_all,
+    settled_ends,
+    settled_transaction_state,
+    transaction_state,
+    wait_transactions_ended,
+)
 
 GOOD = 40
 SCHEMA = "id BIGINT, amount BIGINT"
@@ -77,7 +83,7 @@ def source(kafka) -> tuple[str, dict[tuple[int, int], bytes | None]]:
 def pipe(kafka, tmp_path: Path, topic: str, sink: dict, **settings) -> Pipe:
     config = pipeline_config(f"{topic}-p", [topic], sink, bootstrap=kafka.bootstrap_servers, value_format="json",
                              value_schema=SCHEMA, **settings)
-    made = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+    made = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
                 run_writers=run_partition_writers)
     made.sink.check(config.pipeline_id)
     return made
@@ -254,7 +260,7 @@ def test_avro_values_decode_and_truncated_ones_are_dead_letters(kafka, spark, tm
     config = pipeline_config(f"{topic}-p", [topic], {"type": "parquet", "path": str(out)},
                              bootstrap=kafka.bootstrap_servers, value_format="avro", value_schema=AVRO_SCHEMA,
                              bad_record_policy="dead_letter")
-    p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+    p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
              run_writers=run_partition_writers)
     batch_id = p.plan("run-1").batch.id
     summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "name"))

@@ -15,9 +15,10 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import run_write
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
@@ -72,7 +73,7 @@ def test_kafka_to_iceberg_exactly_once(spark, kafka, catalog, tmp_path, unique):
     sent = produce(kafka.bootstrap_servers, topic, 60)
     config = pipeline_config(f"ice-{unique}", [topic], iceberg_spec(tmp_path, catalog), kafka.bootstrap_servers,
                              max_records_per_partition=10, transform="tests.integration.test_iceberg_sink:as_text")
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)))
     for run in ("run-1", "run-2"):
         batch = pipe.plan(run).batch
         summary = run_write(spark, pipe.new_coordinator(), batch.id)

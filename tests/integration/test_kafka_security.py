@@ -27,8 +27,10 @@ from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceErro
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.runner import run_partition_writers
 from devtools.tls import make_ca
@@ -74,14 +76,14 @@ def use_connection(monkeypatch, broker, user: str = PIPELINE_USER, **extra) -> N
 def pipeline_config(name: str, source: str, sink: dict, **overrides) -> PipelineConfig:
     """What the operators make of kafka_conn_id='kafka_secured' (operators.batch.pipeline_config)."""
     settings = source_kafka_settings(SECURED_CONN_ID, None, None)
-    return PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=settings.bootstrap_servers,
+    return checked(PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=settings.bootstrap_servers,
                           kafka_config=dict(settings.properties), kafka_origin=settings.origin,
-                          **overrides).validate()
+                          **overrides))
 
 
 def secured_pipe(tmp_path: Path, name: str, source: str, sink: dict, **overrides) -> Pipe:
     config = pipeline_config(name, source, sink, **overrides)
-    return Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+    return Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
                 run_writers=run_partition_writers)
 
 
@@ -119,7 +121,7 @@ def test_parquet_pipeline_exactly_once_through_sasl_ssl(secured_kafka, names, sp
     output = tmp_path / "out"
     pipe = secured_pipe(tmp_path, name, source, {"type": "parquet", "path": str(output)},
                         max_records_per_partition=20)
-    assert pipe.config.kafka().origin == ORIGIN and pipe.config.kafka().security_protocol == "SASL_SSL"
+    assert KafkaSettings.of(pipe.config).origin == ORIGIN and KafkaSettings.of(pipe.config).security_protocol == "SASL_SSL"
 
     for run in ("run-1", "run-2"):  # 20 + 10 offsets per partition
         batch_id = pipe.plan(run).batch.id

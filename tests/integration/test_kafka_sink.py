@@ -23,11 +23,13 @@ from airflow_exactly_once.core.errors import (
 )
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import TransactionLost, commit_transaction, open_transaction
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, create_topic, produce
@@ -45,8 +47,8 @@ def topics(kafka):
 
 def pipeline(kafka, name: str, source: str, output: str, **overrides) -> PipelineConfig:
     sink = {"type": "kafka", "topic": output, **overrides.pop("sink", {})}
-    return PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=kafka.bootstrap_servers,
-                          **overrides).validate()
+    return checked(PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=kafka.bootstrap_servers,
+                          **overrides))
 
 
 def bound_sink(config: PipelineConfig):
@@ -58,7 +60,7 @@ def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
     """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
     sink = create_sink(config.sink)
     writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
-                                  config.kafka())
+                                  KafkaSettings.of(config))
     reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
     return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 
@@ -143,7 +145,7 @@ def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics
 def test_timed_out_transactions_make_the_batch_aborted(kafka, topics, tmp_path):
     name, source, output = topics
     config = pipeline(kafka, name, source, output)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)))
     ledger, coordinator = pipe.ledger, pipe.coordinator
     batch = pipe.claim(pipe.planted_batch("run-1", [OffsetRange(source, 0, 0, 30)]).id)
     handles = write_batch(config, batch.seq, {0: values(15), 1: values(15, "w")}, timeout_ms=2000)
@@ -199,7 +201,7 @@ def upper_value(df):
 
 def planned(kafka, name: str, source: str, output: str, tmp_path) -> tuple[Pipe, object]:
     config = pipeline(kafka, name, source, output)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()),
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
                 run_writers=run_partition_writers)
     return pipe, pipe.plan("run-1").batch.id
 

@@ -22,6 +22,7 @@ from airflow_exactly_once.core.ranges import interval_ranges
 from airflow_exactly_once.core.rewind import apply_rewind, finish_retractions, plan_rewind
 from airflow_exactly_once.core.states import BatchState, check_transition
 from airflow_exactly_once.core.timestamps import to_epoch_ms
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks.parquet import ParquetSink
 from tests.harness import FakeSource, Pipe
 
@@ -207,17 +208,17 @@ def test_interval_ranges_apply_the_data_loss_policy():
 ])
 def test_bad_configuration_names_the_problem(overrides, message):
     with pytest.raises(ConfigurationError) as info:
-        PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", **overrides).validate()
+        checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", **overrides))
     assert message in str(info.value)
 
 
 def test_startup_arguments_are_normalised():
-    config = PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="specific_offsets",
-                            startup_offsets={"t": {0: 5, "1": 7}}).validate()
+    config = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="specific_offsets",
+                            startup_offsets={"t": {0: 5, "1": 7}}))
     assert config.startup_offsets == {"t:0": 5, "t:1": 7}
     assert config.startup_offset_map() == {("t", 0): 5, ("t", 1): 7}
-    stamped = PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="timestamp",
-                             startup_timestamp="2024-05-01T00:00:00Z").validate()
+    stamped = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="timestamp",
+                             startup_timestamp="2024-05-01T00:00:00Z"))
     assert stamped.startup_timestamp == to_epoch_ms("2024-05-01T00:00:00+00:00") == 1714521600000
 
 
@@ -244,7 +245,7 @@ def test_cli_lists_shows_and_checks(ledger, tmp_path, capsys):
 
 def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path):
     sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
-    config = PipelineConfig("p", ["t"], sink.spec, "k:1").validate()
+    config = checked(PipelineConfig("p", ["t"], sink.spec, "k:1"))
     commit(ledger, two(0, 10, 0, 10))
     aborted = ledger.create_batch("p", "run-2", two(10, 20, 10, 20), expected_epoch=ledger.pipeline("p")["epoch"])
     ledger.mark_aborted(aborted.id, "write failed for good")

@@ -18,7 +18,8 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import now_ms
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from tests.harness import Pipe, open_ledger, pipeline_config
 
 HOUR = 3_600_000
@@ -64,7 +65,7 @@ def commit_group_offset(kafka, group: str, topic: str, partition: int, offset: i
 def coordinator(kafka, tmp_path, name: str, ledger: Ledger | None = None, **overrides) -> Pipe:
     config = pipeline_config(name, [name], {"type": "parquet", "path": str(tmp_path / "out")},
                              kafka.bootstrap_servers, **overrides)
-    return Pipe(config, ledger or open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
+    return Pipe(config, ledger or open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)))
 
 
 def commit_planned(c: Pipe, batch) -> None:

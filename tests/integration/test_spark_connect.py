@@ -22,10 +22,11 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.sinks.kafka import probe
 from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
 from airflow_exactly_once.spark.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
 from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from devtools.ports import reserve_port
@@ -55,7 +56,7 @@ write.run(BatchId.parse(sys.argv[4]))
 
 def pipe_for(kafka, tmp_path, name: str, sink: dict, topic: str | None = None, **overrides) -> Pipe:
     config = pipeline_config(name, [topic or name], sink, kafka.bootstrap_servers, **overrides)
-    return Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(config.kafka()))
+    return Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)))
 
 
 def as_text(df):

@@ -29,7 +29,8 @@ from kafka import KafkaConsumer, TopicPartition
 
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sources.kafka_offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from devtools.browser import Browser
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, produce
@@ -66,7 +67,7 @@ def pipelines(kafka, airflow, ledger_ui, unreachable, tmp_path_factory, unique_m
     config = pipeline_config(names["payments"], [names["payments"]], {
         "type": "kafka", "topic": f"{names['payments']}-out", "transaction_timeout_ms": 60_000},
         bootstrap=kafka.bootstrap_servers)
-    Pipe(config, ledger, lambda: KafkaOffsetSource(config.kafka())).plan("manual__payments_1")
+    Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config))).plan("manual__payments_1")
     ledger.record_dag(names["payments"], "kafka_to_kafka")
 
     # refunds: batches of a real run of eo_ui_noop, no recorded DAG
@@ -93,7 +94,7 @@ def pipelines(kafka, airflow, ledger_ui, unreachable, tmp_path_factory, unique_m
     produce(kafka.bootstrap_servers, topic, 300, json_values=True)
     config = pipeline_config(topic, [topic], {"type": "parquet", "path": str(folder / "orders")},
                              bootstrap=kafka.bootstrap_servers, max_records_per_partition=20)
-    orders = Pipe(config, ledger, lambda: KafkaOffsetSource(config.kafka()), sink_factory=MarkerSink.of)
+    orders = Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), sink_factory=MarkerSink.of)
     ledger.record_dag(topic, "kafka_to_parquet")
     for n in range(1, 4):
         batch = orders.plan(f"scheduled__orders_{n}").batch

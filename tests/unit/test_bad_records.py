@@ -1,5 +1,5 @@
 """Bad-record rules without Spark: settings, the policy decision, the dead-letter destination, and the
-output + dead-letter pair keeping the two-phase commit whole (core.bad_records, core.dead_letter)."""
+output + dead-letter pair keeping the two-phase commit whole (records.bad_records, records.dead_letter)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_exactly_once.core.bad_records import BadRecordCounts, check_counts, dead_letter_spec
-from airflow_exactly_once.core.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts, dead_letter_spec
+from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.sinks import pipeline_sink
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
@@ -168,7 +168,7 @@ def test_a_failing_dead_letter_stage_takes_the_output_back(tmp_path):
 def test_avro_schema_is_checked_and_its_all_null_record_known(tmp_path):
     import json
 
-    from airflow_exactly_once.core.avro_schema import all_null_encoding
+    from airflow_exactly_once.records.avro_schema import all_null_encoding
 
     record = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
     stored = config(tmp_path, value_format="avro", value_schema=record).value_schema

@@ -6,6 +6,7 @@ import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks.parquet import ParquetSink
 from tests.harness import pipeline_config
 
@@ -14,7 +15,7 @@ def config(**overrides) -> PipelineConfig:
     values = dict(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/tmp/x"},
                   bootstrap_servers="127.0.0.1:9092")
     values.update(overrides)
-    return PipelineConfig(**values).validate()
+    return checked(PipelineConfig(**values))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -54,6 +55,22 @@ def test_secrets_stay_out_of_the_ledger_and_travel_separately():
     restored = PipelineConfig.from_dict(stored).with_secrets(cfg.secrets())
     assert restored.kafka_config == cfg.kafka_config and restored.sink == cfg.sink
     assert PipelineConfig.from_dict({**stored, "a_field_of_a_later_release": 1}).pipeline_id == "p"
+
+
+def test_a_kafka_dead_letter_destinations_secrets_stay_out_of_the_ledger_too():
+    cfg = config(bad_record_policy="dead_letter",
+                 dead_letter={"type": "kafka", "topic": "dlq", "kafka_config": {"sasl.password": "dlq-s3cr3t"}})
+    assert ["dead_letter", "kafka_config", "sasl.password"] in cfg.secret_paths
+    stored = cfg.to_stored_dict()
+    assert "dlq-s3cr3t" not in repr(stored) and stored["dead_letter"]["topic"] == "dlq"
+    assert PipelineConfig.from_dict(stored).with_secrets(cfg.secrets()).dead_letter == cfg.dead_letter
+
+
+def test_a_config_whose_secrets_were_not_looked_for_is_never_stored():
+    unchecked = PipelineConfig("p", ["t"], {"type": "kafka", "topic": "out",
+                                            "kafka_config": {"sasl.password": "s3cr3t"}}, "127.0.0.1:9092").validate()
+    with pytest.raises(RuntimeError, match="secrets are not known"):
+        unchecked.to_stored_dict()
 
 
 def test_transform_references():

@@ -10,6 +10,7 @@ from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE
 from airflow_exactly_once.spark import connector
 
 
@@ -23,7 +24,7 @@ def test_a_valid_spec_names_table_catalog_and_packages():
     assert sink.catalog == CatalogSpec("iceberg", "embedded", "file:///data/lake",
                                        "sqlite:////data/lake/_iceberg_catalog.sqlite")
     assert sink.supports_retract and not sink.create_table
-    packages = sink.spark_packages()
+    packages = [connector.for_installed_spark(p) for p in sink.spark_packages()]
     assert packages[0].startswith(f"org.apache.iceberg:iceberg-spark-runtime-{connector.spark_version()[:3]}_")
     assert packages[1].startswith("org.xerial:sqlite-jdbc:")
 
@@ -123,7 +124,7 @@ def test_the_sinks_packages_join_kafkas_unless_the_user_names_them(tmp_path, mon
     with pytest.raises(ValueError):
         connector.artifact_of("sqlite-jdbc")
     iceberg = connector.iceberg_package("4.0.0", "2.13")
-    assert iceberg == f"org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:{connector.ICEBERG_RELEASE}"
+    assert iceberg == f"org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:{ICEBERG_RELEASE}"
     conf = connector.with_connectors({}, [iceberg, "org.xerial:sqlite-jdbc:3.50.3.0"])
     assert conf["spark.jars.packages"].split(",") == [connector.kafka_package(), iceberg,
                                                       "org.xerial:sqlite-jdbc:3.50.3.0"]

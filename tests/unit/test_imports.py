@@ -91,3 +91,36 @@ def test_the_protocol_core_imports_neither_airflow_nor_pyspark():
     core = {name: sorted(t for t in imports_of(path) if t.split(".")[0] in ("airflow", "pyspark"))
             for name, path in MODULES.items() if name.startswith("airflow_exactly_once.core")}
     assert {k: v for k, v in core.items() if v} == {}
+
+
+def unit_of(module: str) -> str:
+    """The folder (or top-level module) of the package a module lives in: `core`, `sinks`, `task_group`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which folders import which: the module graph with every module replaced by its folder."""
+    folders: dict[str, set[str]] = {unit_of(name): set() for name in graph}
+    for name, targets in graph.items():
+        folders[unit_of(name)].update(unit_of(t) for t in targets if unit_of(t) != unit_of(name))
+    return folders
+
+
+def test_no_import_loops_between_folders():
+    loops = cycles(folder_graph(internal_graph()))
+    edges = {f"{a} -> {b}" for a, targets in internal_graph().items() for b in targets
+             if any(unit_of(a) in loop and unit_of(b) in loop for loop in loops) and unit_of(a) != unit_of(b)}
+    assert loops == [], f"folders importing each other: {loops}, through {sorted(edges)}"
+
+
+def test_the_folder_loop_check_finds_a_loop_through_modules():
+    graph = {"p.spark.job": {"p.sinks"}, "p.sinks": set(), "p.sinks.iceberg": {"p.spark.connector"},
+             "p.spark.connector": set(), "p.core.model": set()}
+    assert cycles(folder_graph(graph)) == [["sinks", "spark"]]
+
+
+def test_the_protocol_core_imports_nothing_else_of_the_package():
+    outside = {name: sorted(t for t in targets if unit_of(t) != "core")
+               for name, targets in internal_graph().items() if unit_of(name) == "core"}
+    assert {k: v for k, v in outside.items() if v} == {}

@@ -6,7 +6,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
+from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
 
 SCRAM = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "app", "sasl.password": 'pa"ss\\word', "ssl.ca.location": "/etc/kafka/ca.pem",

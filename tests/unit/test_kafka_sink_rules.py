@@ -10,6 +10,7 @@ import pytest
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maximum, check_transaction_timeout
+from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.kafka.writer import transactional_id, transactional_id_pattern
 
@@ -64,17 +65,17 @@ def pipeline(**overrides) -> PipelineConfig:
 
 
 def test_guarantee_and_mirror_group_are_validated():
-    assert create_sink(pipeline().validate().sink).guarantee == "EXACTLY_ONCE"
+    assert create_sink(checked(pipeline()).sink).guarantee == "EXACTLY_ONCE"
     with pytest.raises(ConfigurationError, match="guarantee='exactly-once' is not supported; choose one of NONE, "
                                                  "AT_LEAST_ONCE, EXACTLY_ONCE"):
-        pipeline(guarantee="exactly-once").validate()
+        checked(pipeline(guarantee="exactly-once"))
     with pytest.raises(ConfigurationError, match="kafka sink does not implement guarantee='exactly-once'"):
-        create_sink({"type": "kafka", "topic": "out", "guarantee": "exactly-once"}).bind(pipeline().validate())
+        create_sink({"type": "kafka", "topic": "out", "guarantee": "exactly-once"}).bind(checked(pipeline()))
     with pytest.raises(ConfigurationError, match="mirror_consumer_group"):
-        pipeline(mirror_consumer_group="  ").validate()
+        checked(pipeline(mirror_consumer_group="  "))
     # Older ledger rows have neither field: they load with the defaults.
     legacy = {k: v for k, v in pipeline().to_dict().items() if k not in ("guarantee", "mirror_consumer_group")}
-    assert create_sink(PipelineConfig.from_dict(legacy).validate().sink).guarantee == "EXACTLY_ONCE"
+    assert create_sink(checked(PipelineConfig.from_dict(legacy)).sink).guarantee == "EXACTLY_ONCE"
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -93,12 +94,12 @@ def test_bad_sink_specs_fail_clearly(spec, expected):
 
 
 def test_sink_binds_to_the_pipeline():
-    config = pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
-                                                               "fetch.max.bytes": 1}).validate()
+    config = checked(pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
+                                                               "fetch.max.bytes": 1}))
     sink = create_sink({**config.sink, "producer_config": {"linger_ms": 5}}).bind(config)  # kafka-python's name
     assert sink.client_settings().bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger.ms": 5}
     assert sink.commit_deadline_ms() is None  # no transaction: nothing to time out
-    exactly = pipeline().validate()
+    exactly = checked(pipeline())
     assert create_sink(exactly.sink).bind(exactly).commit_deadline_ms() == 600_000
     # The output cluster's own servers and settings, when the sink names them.
     own = create_sink({"type": "kafka", "topic": "out", "bootstrap_servers": "out:9092",

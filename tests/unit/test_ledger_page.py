@@ -17,7 +17,7 @@ import pytest
 
 import airflow_exactly_once
 from airflow_exactly_once import provider_info
-from airflow_exactly_once.core.monitor import PartitionLag, read_pipeline
+from airflow_exactly_once.monitor import PartitionLag, read_pipeline
 from airflow_exactly_once.ui.loading import LagResult, LedgerReader, PipelineSummary, commit_deadline_ms, redacted_url
 from airflow_exactly_once.ui.page import error_page, pipeline_page, svg_chart
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config

@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.model import Batch, OffsetRange
-from airflow_exactly_once.core.monitor import (
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.monitor import (
     PartitionLag,
     WakeGate,
     WakeRule,
@@ -25,7 +26,6 @@ from airflow_exactly_once.core.monitor import (
     waited_too_long,
     waiting_records,
 )
-from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.ui.access import pipeline_dag_ids, visible_pipelines
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 

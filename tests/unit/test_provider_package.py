@@ -240,7 +240,7 @@ def _conn(**fields):
 def test_ledger_connection_with_a_full_url_in_host_takes_login_and_password_from_the_fields():
     from sqlalchemy.engine import make_url
 
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.connections import connection_to_url
 
     url = connection_to_url(_conn(host="postgresql+psycopg2://db.internal:5433/ledger?sslmode=require",
                                   login="eo user", password="p@ss:w/rd"))
@@ -256,7 +256,7 @@ def test_ledger_connection_with_a_full_url_in_host_takes_login_and_password_from
 def test_ledger_connection_fields_build_a_postgres_url():
     from sqlalchemy.engine import make_url
 
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.connections import connection_to_url
 
     url = connection_to_url(_conn(host="db.internal", port=5433, login="eo", password="s3cr@t", schema="ledger",
                                   extra={"sslmode": "require"}))
@@ -267,7 +267,7 @@ def test_ledger_connection_fields_build_a_postgres_url():
 
 
 def test_ledger_connection_with_the_sqlite_backend_is_a_usable_ledger(tmp_path):
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.connections import connection_to_url
 
     for extra in ({"backend": "sqlite"}, {"extra__exactly_once_ledger__backend": "sqlite"}):  # new and old UI
         path = tmp_path / f"{len(extra)}-{next(iter(extra))}.db"
@@ -285,7 +285,7 @@ def test_ledger_connection_with_the_sqlite_backend_is_a_usable_ledger(tmp_path):
     ({"host": "://nowhere"}, "is not a SQLAlchemy URL"),
 ])
 def test_ledger_connection_mistakes_say_what_to_change(fields, message):
-    from airflow_exactly_once.hooks.ledger import connection_to_url
+    from airflow_exactly_once.connections import connection_to_url
 
     with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
         connection_to_url(_conn(**fields))

@@ -25,10 +25,11 @@ from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.write_report import clear_failure, record_failure, recorded_failure
 from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
 from airflow_exactly_once.operators.batch import WriteBatchOperator
-from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.connector import kafka_package
+from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.job import EXIT_FOR_GOOD, LEDGER_URL_ENV, SECRETS_ENV
 from airflow_exactly_once.spark.shipping import build_bundle, transform_source
+
 
 @pytest.fixture
 def ledger(tmp_path) -> Ledger:
@@ -96,7 +97,7 @@ def test_submit_command_carries_only_the_batch_id(spark_conn, monkeypatch, tmp_p
     assert f"spark.jars.packages={kafka_package()}" in text and "spark.jars.ivySettings=" in text
     assert cmd[-3:] == ["launcher.py", "--batch-id", "orders:3"]
     assert "s3cr3t" not in text and hook._env_vars == {LEDGER_URL_ENV: "postgresql+psycopg2://eo:s3cr3t@db/ledger",
-                                                       SECRETS_ENV: "{}"}
+                                                       SECRETS_ENV: "[]"}
     assert f"spark.pyspark.driver.python={sys.executable}" in text and "spark.executor.memory=1g" in text
 
 

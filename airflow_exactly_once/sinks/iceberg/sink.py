@@ -33,7 +33,7 @@ from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter, TableGone, view
-from airflow_exactly_once.spark.connector import iceberg_package
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME, readable
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class IcebergSink(Sink):
         return _quote(self.catalog.name, self.namespace, self.table_name)
 
     def spark_packages(self) -> list[str]:
-        return [iceberg_package(), self.catalog.jdbc_package()]
+        return [ICEBERG_SPARK_RUNTIME, self.catalog.jdbc_package()]
 
     # -- plan ----------------------------------------------------------------------
 
@@ -181,7 +181,7 @@ class IcebergSink(Sink):
         text = str(exc)
         if "CATALOG_PLUGIN_CLASS_NOT_FOUND" in text or "org.apache.iceberg.spark.SparkCatalog" in text:
             return ConfigurationError(
-                f"Spark cannot load Iceberg's Spark runtime: give Spark the packages {', '.join(self.spark_packages())} "
+                f"Spark cannot load Iceberg's Spark runtime: give Spark the packages {', '.join(map(readable, self.spark_packages()))} "
                 "(spark.jars.packages, or --packages on a Spark Connect server), or their jars in spark.jars")
         if "No suitable driver" in text or "ClassNotFoundException: org.sqlite" in text:
             return ConfigurationError(f"Spark cannot load the JDBC driver of the Iceberg {self.catalog.describe()}: "

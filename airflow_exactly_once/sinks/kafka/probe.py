@@ -20,8 +20,8 @@ import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
+from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS
+from airflow_exactly_once.kafka.settings import KafkaSettings
 
 
 @contextlib.contextmanager

@@ -27,7 +27,6 @@ from typing import Any
 
 from kafka import KafkaProducer
 
-from airflow_exactly_once.core.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.core.errors import (
     ConfigurationError,
     ExactlyOnceError,
@@ -35,11 +34,12 @@ from airflow_exactly_once.core.errors import (
     TransactionLostError,
     TransformError,
 )
-from airflow_exactly_once.core.kafka_access import diagnose, explain_failure, is_connection_failure
-from airflow_exactly_once.core.kafka_settings import KafkaSettings, canonical_name
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
+from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_connection_failure
+from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name, secret_keys
+from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import (
@@ -65,6 +65,12 @@ class KafkaSink(Sink):
                            "kafka_config", "producer_config"})
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable
+
+    @classmethod
+    def secret_paths(cls, spec: dict[str, Any]) -> list[list[str]]:
+        """The secrets among the sink's own client settings (`kafka_config`)."""
+        settings = spec.get("kafka_config")
+        return [["kafka_config", key] for key in secret_keys(settings if isinstance(settings, dict) else None)]
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
@@ -97,7 +103,7 @@ class KafkaSink(Sink):
         if "kafka_config" in self.spec:
             settings = KafkaSettings.from_mapping(self.spec["kafka_config"], origin="the kafka sink's kafka_config")
         elif self.pipeline is not None:
-            settings = self.pipeline.kafka()
+            settings = KafkaSettings.of(self.pipeline)
         else:
             settings = KafkaSettings("")
         servers = bootstrap_servers or self.spec.get("bootstrap_servers")

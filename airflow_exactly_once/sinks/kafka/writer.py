@@ -18,8 +18,8 @@ import confluent_kafka
 from kafka import KafkaAdminClient
 
 from airflow_exactly_once.core.claim import ClaimCheck
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.core.sink import PartitionWriter
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError

@@ -14,7 +14,7 @@ Spec: {"type": "postgres", "conn_id": "<airflow postgres connection>" | "url": "
        "table": "[schema.]name", "mode": "insert" | "upsert", "key_columns": [...],
        "order_by": [...], "marker_schema": "public", "writers": n, "lock_timeout_ms": 60000}
 
-Set by the pipeline, not the user, for a dead-letter table (core.bad_records): "transaction_name"
+Set by the pipeline, not the user, for a dead-letter table (records.bad_records): "transaction_name"
 (names its gids and markers instead of the pipeline id, so they never meet the output's) and
 "create_columns" (creates the table if it is missing).
 """
@@ -44,7 +44,7 @@ def resolve_dsn(spec: dict[str, Any]) -> str:
     """The server URL of a sink spec: its `url`, or its Airflow `postgres` connection's."""
     if spec.get("url"):
         return str(spec["url"])
-    from airflow_exactly_once.hooks.ledger import postgres_connection_url
+    from airflow_exactly_once.connections import postgres_connection_url
 
     return postgres_connection_url(spec["conn_id"], "the postgres sink", "give the sink a 'url'")
 

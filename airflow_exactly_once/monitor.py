@@ -15,6 +15,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.kafka.offsets import start_of_waiting
 
 TopicPartition = tuple[str, int]
 IN_FLIGHT = (BatchState.PLANNED, BatchState.PREPARED)
@@ -199,14 +200,6 @@ def partition_lags(committed: Mapping[TopicPartition, int], claimed: Mapping[Top
 
 
 # -- the arrival trigger -------------------------------------------------------------
-
-
-def start_of_waiting(tp: TopicPartition, positions: Mapping[TopicPartition, int],
-                     log_start: Mapping[TopicPartition, int]) -> int:
-    """The first offset a next batch would read: the ledger's position (from the log start if the
-    ledger has none, or if the records there were deleted)."""
-    start = log_start.get(tp, 0)
-    return max(positions.get(tp, start), start)
 
 
 def waiting_records(positions: Mapping[TopicPartition, int], last_stable: Mapping[TopicPartition, int],

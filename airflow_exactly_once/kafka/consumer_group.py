@@ -16,8 +16,8 @@ from kafka import KafkaAdminClient, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: 
     positions = ledger.committed_positions(config.pipeline_id)
     offsets = {TopicPartition(t, p): OffsetAndMetadata(o, f"airflow-exactly-once:{config.pipeline_id}", -1)
                for (t, p), o in sorted(positions.items())}
-    settings = config.kafka()
+    settings = KafkaSettings.of(config)
     deadline = time.monotonic() + timeout_s
     while True:
         errors = _alter(settings, group, offsets)

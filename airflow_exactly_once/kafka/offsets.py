@@ -1,6 +1,6 @@
 """The planner's view of Kafka, through kafka-python on the Airflow worker (the driver).
 
-A failure says what to fix when it can (core.kafka_access: a refused login, an untrusted
+A failure says what to fix when it can (kafka.access: a refused login, an untrusted
 certificate or a missing ACL is a ConfigurationError, never retried); the first broker is
 awaited for PROBE_BOOTSTRAP_TIMEOUT_MS unless the settings give bootstrap.timeout.ms, so a plan
 against servers that refuse or do not answer fails in seconds, not minutes.
@@ -16,11 +16,18 @@ from kafka import TopicPartition as KafkaTP
 from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
-from airflow_exactly_once.core.kafka_access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
-from airflow_exactly_once.core.monitor import start_of_waiting
+from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
+from airflow_exactly_once.kafka.settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
+
+
+def start_of_waiting(tp: TopicPartition, positions: Mapping[TopicPartition, int],
+                     log_start: Mapping[TopicPartition, int]) -> int:
+    """The first offset a next batch would read: the ledger's position (from the log start if the
+    ledger has none, or if the records there were deleted)."""
+    start = log_start.get(tp, 0)
+    return max(positions.get(tp, start), start)
 
 
 class KafkaOffsetSource:

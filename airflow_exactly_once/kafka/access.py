@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.kafka_settings import KafkaSettings
+from airflow_exactly_once.kafka.settings import KafkaSettings
 
 DIAGNOSIS_TIMEOUT_S = 5.0
 # How long planning and the Kafka sink's probes wait for a first broker (unless bootstrap.timeout.ms

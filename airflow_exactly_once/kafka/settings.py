@@ -19,7 +19,7 @@ reads PEM as well, so a JKS trust store is refused with the setting to use inste
 The settings also explain failures: `explain()` reads what any of the three clients said
 (a wrong password, an untrusted certificate, a missing ACL) and names the setting or grant to
 change and where the settings came from (`origin`, e.g. "connection 'kafka_secured'");
-core.kafka_access finds out actively when a client only says it could not connect.
+kafka.access finds out actively when a client only says it could not connect.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from airflow_exactly_once.core.config import REDACTED, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -38,7 +39,6 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 FORBIDDEN = ("enable.auto.commit", "group.id", "isolation.level", "auto.offset.reset")
 SECRETS = ("sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.keystore.password",
            "ssl.truststore.password", "ssl.keystore.key", "sasl.oauthbearer.client.secret")
-REDACTED = "***"
 
 # kafka-python's names of settings whose librdkafka/Java name is not just dots for underscores.
 _KAFKA_PYTHON_NAMES = {
@@ -121,6 +121,12 @@ class KafkaSettings:
                 f"{origin} must not set {', '.join(forbidden)}: the ledger owns offsets and reads are always "
                 "read_committed; remove them")
         return cls(str(servers).strip(), properties, origin if servers else "")
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> "KafkaSettings":
+        """A pipeline's source cluster client settings."""
+        return cls.from_mapping(config.kafka_config, bootstrap_servers=config.bootstrap_servers,
+                                origin=config.kafka_origin)
 
     def merged(self, overrides: Mapping[str, Any] | None, origin: str = "kafka_config") -> "KafkaSettings":
         """These settings with `overrides` on top (a pipeline's kafka_config over its connection)."""
@@ -399,11 +405,6 @@ def _read(path: str) -> str:
         raise ConfigurationError(f"cannot read the PEM file {path} named in the Kafka settings: {exc}") from exc
 
 
-def redact_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A settings dict in either spelling with its secrets replaced (what the ledger may store)."""
-    return {k: (REDACTED if canonical_name(k) in SECRETS else v) for k, v in (settings or {}).items()}
-
-
-def secret_settings(settings: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Only the secret entries of a settings dict (what travels to a spark-submit job in its environment)."""
-    return {k: v for k, v in (settings or {}).items() if canonical_name(k) in SECRETS}
+def secret_keys(settings: Mapping[str, Any] | None) -> list[str]:
+    """The keys of a settings dict (in either spelling) whose values are secrets."""
+    return [k for k in (settings or {}) if canonical_name(k) in SECRETS]

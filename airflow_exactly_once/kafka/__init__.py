@@ -1,0 +1,1 @@
+"""Kafka as the source: client settings, access diagnostics, offsets and consumer groups."""

@@ -1,0 +1,1 @@
+"""Records: decoding rules, bad records, dead letters and value schemas."""
