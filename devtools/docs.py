@@ -7,6 +7,12 @@ A Markdown file includes a region of a tested file (an example DAG, a test) like
     ...the lines between "# [START pipeline]" and "# [END pipeline]" in that file...
     ```
 
+a sink's option table (made by its spec declaration, SinkSpec.markdown_table) like this:
+
+    <!-- sink-options: kafka -->
+    | sink key | ...
+    <!-- /sink-options -->
+
 and the operators' argument table like this:
 
     <!-- arguments -->
@@ -29,6 +35,7 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```)",
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
+_SINK_OPTIONS = re.compile(r"(<!-- sink-options: (?P<sink>\w+) -->\n)(?P<body>.*?)(<!-- /sink-options -->)", re.DOTALL)
 
 
 def region(path: Path, name: str) -> str:
@@ -44,9 +51,12 @@ def region(path: Path, name: str) -> str:
 def render(text: str) -> str:
     """`text` with every include and the argument table made anew from their sources."""
     from airflow_exactly_once.operators.arguments import markdown_table
+    from airflow_exactly_once.sinks import SPECS
 
     text = _INCLUDE.sub(lambda m: m.group(1) + region(REPO / m.group("path"), m.group("region")) + m.group(6),
                         text)
+    text = _SINK_OPTIONS.sub(lambda m: m.group(1) + SPECS[m.group("sink")].markdown_table() + "\n" + m.group(4),
+                             text)
     return _ARGUMENTS.sub(lambda m: m.group(1) + markdown_table() + "\n" + m.group(3), text)
 
 

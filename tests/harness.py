@@ -21,7 +21,7 @@ from airflow_exactly_once.core.sink import Committable, RunWriters
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import pipeline_sink
-from airflow_exactly_once.sinks.parquet import ParquetSink, StagedFolder
+from airflow_exactly_once.sinks.parquet.sink import ParquetSink, StagedFolder
 
 
 def open_ledger(url_or_path: str | Path) -> Ledger:

@@ -10,9 +10,10 @@ import hashlib
 import importlib
 import json
 import re
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
+from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
 from airflow_exactly_once.core.timestamps import to_epoch_ms
@@ -33,14 +34,6 @@ BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
 # What the ledger holds instead of a secret.
 REDACTED = "***"
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-
-
-def argument(default: Any = MISSING, doc: str = "", *, templated: bool = True, factory: Any = MISSING) -> Any:
-    """A pipeline setting: its default and the one sentence the operators' `:param` lines and docs show."""
-    metadata = {"doc": doc, "templated": templated}
-    if factory is not MISSING:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass

@@ -17,12 +17,12 @@ Nothing here imports PySpark: a DataFrame reaches `stage` as an object whose met
 
 from __future__ import annotations
 
-import difflib
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Iterator
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
+from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch
 
@@ -77,26 +77,12 @@ class PartitionWriter(ABC):
 RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 
 
-def check_spec_keys(sink: str, spec: dict[str, Any], known: frozenset[str]) -> None:
-    """An unknown key of a sink spec (a typo such as "partiton_by") is an error, never ignored."""
-    allowed = known | {"type", "guarantee"}
-    unknown = sorted(set(spec) - allowed)
-    if not unknown:
-        return
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, sorted(allowed), n=1)
-        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
-    raise ConfigurationError(f"the {sink} sink has no setting {', '.join(hints)}; its settings: "
-                             f"{', '.join(sorted(allowed - {'type'}))}")
-
-
 class Sink(ABC):
     """One sink type, built from a JSON spec, so it works after spark-submit too."""
 
     type_name: ClassVar[str] = ""
-    # The settings its spec may hold besides "type" and "guarantee"; any other key is refused.
-    spec_keys: ClassVar[frozenset[str]] = frozenset()
+    # The declaration of its spec: which keys it may hold, their defaults and choices, which are secret.
+    spec_type: ClassVar[type[SinkSpec]] = SinkSpec
     # The guarantees this sink implements; staged-and-published sinks have only one.
     guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
     # Whether committed output can be withdrawn again (rewinds, interval replacement).
@@ -104,7 +90,7 @@ class Sink(ABC):
     committable_type: ClassVar[type[Committable]]
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        check_spec_keys(self.type_name or type(self).__name__, spec, self.spec_keys)
+        self.spec_type.check(spec)
         self.spec = spec
         self.pipeline: PipelineConfig | None = None
 
@@ -142,11 +128,6 @@ class Sink(ABC):
         Spark settings win, else Spark resolves them itself. `{spark_line}` ("4.0") and `{scala}`
         ("2.13") in them are filled in with the installed pyspark's.
         """
-        return []
-
-    @classmethod
-    def secret_paths(cls, spec: dict[str, Any]) -> list[list[str]]:
-        """Where `spec` holds secrets (key paths within it): the ledger stores them redacted."""
         return []
 
     # -- write (the driver, in the Spark job) --------------------------------------

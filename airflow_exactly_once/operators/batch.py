@@ -30,7 +30,7 @@ from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.cluster import ClusterWrite
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
 from airflow_exactly_once.spark.connect import ConnectWrite
 from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
 from airflow_exactly_once.spark.connector import pipeline_packages
@@ -50,6 +50,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def __init__(self, **kwargs: Any) -> None:
         values = arguments.take_arguments(kwargs)
+        # When the DAG is parsed: a sink type that does not exist or a mistyped key fails the DAG's import.
+        check_sink_keys(values.get("sink"))
+        check_sink_keys(values.get("dead_letter"), "dead_letter")
         super().__init__(**kwargs)
         for name, value in values.items():
             setattr(self, name, value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError
+from airflow_exactly_once.core.errors import BadRecordsError
 
 # The columns of a dead-letter record, whatever the destination (Kafka puts all but key and
 # value in headers, as Kafka Connect's dead-letter queue does).
@@ -84,31 +84,3 @@ def check_counts(config: PipelineConfig, counts: BadRecordCounts, batch_label: s
         raise BadRecordsError(f"{what}. bad_record_policy='fail': nothing was written and the offsets did not move. "
                               "Fix the producer or value_schema, or choose bad_record_policy='dead_letter' (they go "
                               "to a dead-letter destination with the batch) or 'skip' (counted and recorded).")
-
-
-def dead_letter_spec(config: PipelineConfig) -> dict[str, Any]:
-    """The dead-letter destination of a pipeline: the given one, or one beside the output."""
-    given = dict(config.dead_letter or {})
-    sink = config.sink
-    if not given:
-        kind = sink.get("type")
-        if kind == "parquet":
-            given = {"type": "parquet", "path": f"{str(sink['path']).rstrip('/')}/_dead_letter"}
-        elif kind == "postgres":
-            given = {key: sink[key] for key in ("type", "conn_id", "url", "marker_schema") if key in sink}
-            given["table"] = f"{sink['table']}_dead_letter"
-        elif kind == "kafka":
-            raise ConfigurationError("bad_record_policy='dead_letter' with the kafka sink needs a dead-letter topic: "
-                                     "dead_letter={'type': 'kafka', 'topic': '<topic>'} (create it first)")
-        else:
-            raise ConfigurationError(f"bad_record_policy='dead_letter' needs dead_letter=<a sink spec> for the "
-                                     f"{kind} sink")
-    kind = given.get("type")
-    if kind == "kafka":
-        given.setdefault("transactional_id_prefix", config.pipeline_id + DEAD_LETTER_SUFFIX)
-        given.setdefault("guarantee", sink.get("guarantee", "EXACTLY_ONCE") if sink.get("type") == "kafka"
-                         else "EXACTLY_ONCE")
-    elif kind == "postgres":
-        given.setdefault("transaction_name", config.pipeline_id + DEAD_LETTER_SUFFIX)
-        given.setdefault("create_columns", DEAD_LETTER_PG_TYPES)
-    return given

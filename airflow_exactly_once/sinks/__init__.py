@@ -1,8 +1,12 @@
-"""Sink types, built from a JSON spec such as {"type": "parquet", "path": "/data/out"}.
+"""The sink registry: each type's spec declaration and its sink class, from a spec such as
+{"type": "parquet", "path": "/data/out"}.
 
 Each sink is three small pieces (see core.sink): a partition writer, a committable and the
-committer; a sink package is imported only when a pipeline uses it, so its client library
-(kafka-python, psycopg2) is needed only then.
+committer; and a declaration of its spec (core.declaration.SinkSpec), light enough to check a
+DAG's sink keys when it is parsed. A sink class is imported only when a pipeline uses it, so
+its client library (confluent-kafka, psycopg2, pyiceberg) is needed only then. Everything that
+differs by sink type outside the sinks (defaults of dead-letter destinations, which settings
+are secret, the list of types) is asked of this registry.
 """
 
 from __future__ import annotations
@@ -11,24 +15,39 @@ import importlib
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.sink import Sink
-from airflow_exactly_once.records.bad_records import dead_letter_spec
 from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
+from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
+from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
+from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
+from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 
 SINK_TYPES = {
-    "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
+    "parquet": "airflow_exactly_once.sinks.parquet.sink:ParquetSink",
     "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
     "kafka": "airflow_exactly_once.sinks.kafka.sink:KafkaSink",
     "iceberg": "airflow_exactly_once.sinks.iceberg.sink:IcebergSink",
 }
+SPECS: dict[str, type[SinkSpec]] = {spec.type_name: spec for spec in (ParquetSpec, PostgresSpec, KafkaSpec,
+                                                                      IcebergSpec)}
+
+
+def spec_type(spec: Any, what: str = "sink") -> type[SinkSpec]:
+    """The declaration of a sink spec's type; `what` names the argument in errors ("sink", "dead_letter")."""
+    if not isinstance(spec, dict) or "type" not in spec:
+        raise ConfigurationError(f"{what} must be a dict with a 'type', e.g. {{'type': 'parquet', 'path': "
+                                 "'/data/out'}")
+    kind = spec["type"]
+    if kind not in SPECS:
+        raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SPECS))}")
+    return SPECS[kind]
 
 
 def sink_class(spec: dict[str, Any]) -> type[Sink]:
     """The class of a sink spec's type; its module (and client library) is imported only now."""
-    kind = (spec or {}).get("type")
-    if kind not in SINK_TYPES:
-        raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SINK_TYPES))}")
+    kind = spec_type(spec).type_name
     module, _, name = SINK_TYPES[kind].partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -37,9 +56,25 @@ def create_sink(spec: dict[str, Any]) -> Sink:
     return sink_class(spec)(spec)
 
 
+def check_sink_keys(spec: Any, what: str = "sink") -> None:
+    """When a DAG is parsed: the sink type exists and the spec has no unknown key (values may be templates).
+
+    A spec that is itself a template (a string) is checked when the task renders it.
+    """
+    if isinstance(spec, dict):
+        spec_type(spec, what).check_keys(spec)
+
+
 def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:
-    """Where a sink spec holds secrets, as key paths within it."""
-    return sink_class(spec).secret_paths(spec)
+    """Where a sink spec holds secrets, as key paths within it (from its declaration)."""
+    return spec_type(spec).secret_paths(spec)
+
+
+def dead_letter_spec(config: PipelineConfig) -> dict[str, Any]:
+    """The dead-letter destination of a pipeline: the given one, or the output sink's default beside it,
+    completed for its use as a dead-letter destination."""
+    given = dict(config.dead_letter or {}) or spec_type(config.sink).dead_letter_beside(config.sink)
+    return spec_type(given, "dead_letter").as_dead_letter(given, config.pipeline_id, config.sink)
 
 
 def pipeline_sink(config: PipelineConfig) -> Sink:

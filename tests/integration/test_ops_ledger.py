@@ -23,7 +23,7 @@ from airflow_exactly_once.core.rewind import apply_rewind, finish_retractions, p
 from airflow_exactly_once.core.states import BatchState, check_transition
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks.parquet import ParquetSink
+from airflow_exactly_once.sinks.parquet.sink import ParquetSink
 from tests.harness import FakeSource, Pipe
 
 TP = ("t", 0)
@@ -213,8 +213,8 @@ def test_bad_configuration_names_the_problem(overrides, message):
 
 
 def test_startup_arguments_are_normalised():
-    config = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="specific_offsets",
-                            startup_offsets={"t": {0: 5, "1": 7}}))
+    config = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1",
+                                    startup_mode="specific_offsets", startup_offsets={"t": {0: 5, "1": 7}}))
     assert config.startup_offsets == {"t:0": 5, "t:1": 7}
     assert config.startup_offset_map() == {("t", 0): 5, ("t", 1): 7}
     stamped = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="timestamp",

@@ -6,8 +6,11 @@ import inspect
 from dataclasses import fields
 from datetime import datetime
 
+import pytest
+
 from airflow_exactly_once.compat import BaseOperator
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.batch import (
     AbortBatchOperator,
@@ -71,3 +74,21 @@ def test_pipelines_on_spark_connect_stop_earlier_attempts_before_releasing(tmp_p
     stop = remote.coordinator().stop_attempts
     assert stop.func is stop_batch_attempts and stop.args == ("sc://127.0.0.1:15002/;token=secret",)
     assert AbortBatchOperator(task_id="abort2", **common).coordinator().stop_attempts is None
+
+
+def test_a_mistyped_sink_key_fails_when_the_dag_is_parsed():
+    from airflow.sdk import DAG
+
+    with DAG("typo_test", schedule=None, start_date=datetime(2024, 1, 1)):
+        with pytest.raises(ConfigurationError,
+                           match=r"the parquet sink has no setting 'pth' \(did you mean 'path'\?\)"):
+            exactly_once_batch(group_id="g1", pipeline_id="p", topics="t", sink={"type": "parquet", "pth": "/tmp/out"})
+        with pytest.raises(ConfigurationError, match=r"the kafka sink has no setting 'topics' \(did you mean 'topic'"):
+            exactly_once_batch(group_id="g2", pipeline_id="p", topics="t", sink=SINK, bad_record_policy="dead_letter",
+                               dead_letter={"type": "kafka", "topics": "dlq"})
+        with pytest.raises(ConfigurationError, match="unknown sink type 'parket'; choose one of iceberg, kafka, "
+                                                     "parquet, postgres"):
+            exactly_once_batch(group_id="g3", pipeline_id="p", topics="t", sink={"type": "parket", "path": "/tmp/out"})
+        # Values may be templates: only keys are checked before rendering.
+        exactly_once_batch(group_id="g4", pipeline_id="p", topics="t",
+                           sink={"type": "parquet", "path": "{{ var.value.out }}"})

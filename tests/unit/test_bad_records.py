@@ -9,9 +9,9 @@ import pytest
 
 from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts, dead_letter_spec
+from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import dead_letter_spec, pipeline_sink
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
 

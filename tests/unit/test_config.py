@@ -7,7 +7,7 @@ import pytest
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks.parquet import ParquetSink
+from airflow_exactly_once.sinks.parquet.sink import ParquetSink
 from tests.harness import pipeline_config
 
 

@@ -34,6 +34,7 @@ from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter, TableGone, view
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME, readable
+from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def _quote(*parts: str) -> str:
 
 class IcebergSink(Sink):
     type_name = "iceberg"
-    spec_keys = frozenset({"table", "warehouse", "catalog", "create_table", "table_properties", "partitioned_by"})
+    spec_type = IcebergSpec
     supports_retract = True
     committable_type = StagedSnapshot
 
@@ -181,7 +182,8 @@ class IcebergSink(Sink):
         text = str(exc)
         if "CATALOG_PLUGIN_CLASS_NOT_FOUND" in text or "org.apache.iceberg.spark.SparkCatalog" in text:
             return ConfigurationError(
-                f"Spark cannot load Iceberg's Spark runtime: give Spark the packages {', '.join(map(readable, self.spark_packages()))} "
+                "Spark cannot load Iceberg's Spark runtime: give Spark the packages "
+                f"{', '.join(map(readable, self.spark_packages()))} "
                 "(spark.jars.packages, or --packages on a Spark Connect server), or their jars in spark.jars")
         if "No suitable driver" in text or "ClassNotFoundException: org.sqlite" in text:
             return ConfigurationError(f"Spark cannot load the JDBC driver of the Iceberg {self.catalog.describe()}: "

@@ -38,10 +38,11 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
 from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_connection_failure
-from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name, secret_keys
+from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
+from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaSpec
 from airflow_exactly_once.sinks.kafka.transactions import (
     KafkaTransactionError,
     TransactionLost,
@@ -52,7 +53,6 @@ from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transa
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
 HEADERS_TYPE = "array<struct<key:string,value:binary>>"
 DEAD_LETTER_HEADER_PREFIX = "aeo."
 # What the broker says of a batch's transaction before committing.
@@ -61,16 +61,9 @@ _OPEN, _COMMITTED, _ABORTED = "open", "committed", "aborted"
 
 class KafkaSink(Sink):
     type_name = "kafka"
-    spec_keys = frozenset({"topic", "bootstrap_servers", "transaction_timeout_ms", "transactional_id_prefix",
-                           "kafka_config", "producer_config"})
+    spec_type = KafkaSpec
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable
-
-    @classmethod
-    def secret_paths(cls, spec: dict[str, Any]) -> list[list[str]]:
-        """The secrets among the sink's own client settings (`kafka_config`)."""
-        settings = spec.get("kafka_config")
-        return [["kafka_config", key] for key in secret_keys(settings if isinstance(settings, dict) else None)]
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)

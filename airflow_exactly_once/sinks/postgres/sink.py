@@ -31,11 +31,11 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.postgres import transactions as pgx
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
+from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 from airflow_exactly_once.sinks.postgres.writer import PostgresPartitionWriter
 
 log = logging.getLogger(__name__)
 
-MODES = ("insert", "upsert")
 _GID_TAIL = re.compile(r"^b(\d+)\.p(\d+)\.a(\d+)$")
 _URL_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg")
 
@@ -66,8 +66,7 @@ def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
 
 class PostgresSink(Sink):
     type_name = "postgres"
-    spec_keys = frozenset({"conn_id", "url", "table", "mode", "key_columns", "order_by", "marker_schema", "writers",
-                           "lock_timeout_ms", "page_size", "transaction_name", "create_columns"})
+    spec_type = PostgresSpec
     committable_type = PostgresCommittable
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -86,8 +85,6 @@ class PostgresSink(Sink):
                                      "table first: its types and keys are yours to choose")
         self.table: str = spec["table"]
         self.mode: str = spec.get("mode", "insert")
-        if self.mode not in MODES:
-            raise ConfigurationError(f"postgres sink mode {self.mode!r} is not supported; choose insert or upsert")
         self.key_columns = column_names(spec.get("key_columns"), "the postgres sink's key_columns")
         self.order_by = column_names(spec.get("order_by"), "the postgres sink's order_by")
         self.marker_schema: str = spec.get("marker_schema", "public")

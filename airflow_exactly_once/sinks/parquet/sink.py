@@ -21,6 +21,7 @@ from typing import Any
 from airflow_exactly_once.core.errors import ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink
+from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 
 
 def _local_path(path: str) -> Path:
@@ -55,7 +56,7 @@ class ParquetSink(Sink):
     """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
 
     type_name = "parquet"
-    spec_keys = frozenset({"path"})
+    spec_type = ParquetSpec
     supports_retract = True
     committable_type = StagedFolder
 

@@ -1,0 +1,30 @@
+"""The Iceberg sink's settings, declared once (docs table, unknown keys)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_exactly_once.core.declaration import SinkSpec, argument
+
+
+@dataclass(kw_only=True)
+class IcebergSpec(SinkSpec):
+    type_name = "iceberg"
+
+    table: str = argument(doc="`namespace.name` in the catalog (Spark names it `<catalog name>.<namespace>.<name>`)")
+    warehouse: str = argument(doc="Where table files go: an absolute path, or a URI (`s3://...`) with a PostgreSQL "
+                                  "catalog")
+    catalog: dict[str, Any] | None = argument(None, "`{\"type\": \"embedded\"}`: a SQLite file "
+                                                    "(`_iceberg_catalog.sqlite`) under a local warehouse, no server; "
+                                                    "or `{\"type\": \"postgres\", \"conn_id\": \"<Airflow postgres "
+                                                    "connection>\"}` / `\"url\": \"postgresql://user@host:5432/db\"`: "
+                                                    "Iceberg's JDBC catalog on PostgreSQL. `name`: the catalog name "
+                                                    "in Spark and in the catalog's rows (other Spark jobs reading the "
+                                                    "table must use the same name)",
+                                              shown_default="embedded, named `iceberg`")
+    create_table: bool = argument(False, "Create the table on the first write from the transform's schema (format "
+                                         "version 2)", shown_default="`False`: a missing table is a plan-time error")
+    table_properties: dict[str, str] | None = argument(None, "Properties of a table the sink creates")
+    partitioned_by: list[str] | None = argument(None, "Identity partition columns of a table the sink creates "
+                                                      "(create it yourself for other transforms)")

@@ -1,0 +1,55 @@
+"""The Kafka sink's settings, declared once (docs table, unknown keys, secrets, dead-letter defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from airflow_exactly_once.core.declaration import SinkSpec, argument
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.kafka.settings import secret_keys
+from airflow_exactly_once.records.bad_records import DEAD_LETTER_SUFFIX
+
+DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
+
+
+@dataclass(kw_only=True)
+class KafkaSpec(SinkSpec):
+    type_name = "kafka"
+
+    topic: str = argument(doc="Output topic (must exist)")
+    guarantee: str | None = argument(None, "`EXACTLY_ONCE`, `AT_LEAST_ONCE` or `NONE` (below); the task group's old "
+                                           "`guarantee=` argument still works and is moved here",
+                                     shown_default="`EXACTLY_ONCE`")
+    bootstrap_servers: str | None = argument(None, "Output cluster", shown_default="the pipeline's")
+    transaction_timeout_ms: int = argument(DEFAULT_TRANSACTION_TIMEOUT_MS, "How long the broker keeps a "
+                                                                           "pre-committed transaction open (see below)")
+    transactional_id_prefix: str | None = argument(None, "Prefix of the transactional ids, unique per pipeline on "
+                                                         "the cluster", shown_default="`pipeline_id`")
+    kafka_config: dict[str, Any] | None = argument(None, "Client settings of the output cluster (security, "
+                                                         "timeouts), in the `kafka` connection's spelling "
+                                                         "([connections.md](../connections.md)); its passwords and "
+                                                         "keys are secrets", shown_default="the pipeline's Kafka "
+                                                                                           "settings")
+    producer_config: dict[str, Any] | None = argument(None, "Producer settings in librdkafka's names, e.g. "
+                                                            "`linger.ms`, `batch.size`, `compression.type`",
+                                                      shown_default="`{}`")
+
+    @classmethod
+    def secret_paths(cls, spec: Mapping[str, Any]) -> list[list[str]]:
+        """The secrets among the sink's own client settings (`kafka_config`)."""
+        settings = spec.get("kafka_config")
+        return [["kafka_config", key] for key in secret_keys(settings if isinstance(settings, dict) else None)]
+
+    @classmethod
+    def dead_letter_beside(cls, spec: Mapping[str, Any]) -> dict[str, Any]:
+        raise ConfigurationError("bad_record_policy='dead_letter' with the kafka sink needs a dead-letter topic: "
+                                 "dead_letter={'type': 'kafka', 'topic': '<topic>'} (create it first)")
+
+    @classmethod
+    def as_dead_letter(cls, given: dict[str, Any], pipeline_id: str, output: Mapping[str, Any]) -> dict[str, Any]:
+        """Its own transactions (a prefix no pipeline id has), and the output's guarantee when that is Kafka."""
+        given.setdefault("transactional_id_prefix", pipeline_id + DEAD_LETTER_SUFFIX)
+        given.setdefault("guarantee", output.get("guarantee", "EXACTLY_ONCE") if output.get("type") == "kafka"
+                         else "EXACTLY_ONCE")
+        return given
