@@ -100,6 +100,12 @@ class LedgerBase:
         raise FencedError(f"batch {batch_id} is {current.state.value}, expected {expected.value}: "
                           "another run or attempt changed it")
 
+    @staticmethod
+    def _last_seq(conn: Connection, pipeline_id: str) -> int:
+        """The newest batch number of the pipeline (0 before its first batch)."""
+        return conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
+                            .where(batches.c.pipeline_id == pipeline_id)).scalar() or 0
+
     def _require(self, conn: Connection, batch_id: BatchId) -> Batch:
         batch = self._load(conn, batch_id)
         if batch is None:

@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 import sqlalchemy as sa
 
-from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
+from airflow_exactly_once.core.errors import FencedError
 from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
@@ -29,10 +29,7 @@ class BatchLedger(LedgerBase):
 
     def get_batch(self, batch_id: BatchId) -> Batch:
         with self.engine.connect() as conn:
-            batch = self._load(conn, batch_id)
-        if batch is None:
-            raise IllegalTransitionError(f"batch {batch_id} is not in the ledger")
-        return batch
+            return self._require(conn, batch_id)
 
     def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None,
                      limit: int | None = None, newest_first: bool = True) -> list[Batch]:
@@ -78,9 +75,7 @@ class BatchLedger(LedgerBase):
                     raise FencedError(f"{exc}; planning again", retriable=True) from exc
                 self._event(conn, pipeline_id, seq, "superseded",
                             f"batch {seq} was still PLANNED and was taken over by run {run_id}")
-            last = conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
-                                .where(batches.c.pipeline_id == pipeline_id)).scalar()
-            seq = (last or 0) + 1
+            seq = self._last_seq(conn, pipeline_id) + 1
             now = utc_now()
             conn.execute(batches.insert().values(
                 pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=state.value,
@@ -204,5 +199,4 @@ class BatchLedger(LedgerBase):
     def last_batch_seq(self, pipeline_id: str) -> int:
         """The newest batch number of the pipeline (0 before its first batch)."""
         with self.engine.connect() as conn:
-            return conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
-                                .where(batches.c.pipeline_id == pipeline_id)).scalar() or 0
+            return self._last_seq(conn, pipeline_id)

@@ -38,12 +38,7 @@ def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    try:
-        return sa.create_engine(url, pool_pre_ping=True)
-    except ModuleNotFoundError as exc:  # the URL's driver, e.g. psycopg2 without the [postgres] extra
-        if exc.name != "psycopg2":
-            raise
-        raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
+    return _server_engine(url)
 
 
 def missing_sqlite_file(url: str) -> bool:
@@ -68,12 +63,7 @@ def _read_only_engine(url: str) -> Engine:
     connect_args: dict[str, Any] = {}
     if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
         connect_args["connect_timeout"] = 5
-    try:
-        engine = sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-    except ModuleNotFoundError as exc:
-        if exc.name != "psycopg2":
-            raise
-        raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
+    engine = _server_engine(url, connect_args=connect_args)
     if engine.dialect.name == "postgresql":
         @sa.event.listens_for(engine, "connect")
         def _read_only_session(dbapi_conn, _record):  # pragma: no cover - driver hook
@@ -81,3 +71,13 @@ def _read_only_engine(url: str) -> Engine:
                 cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
             dbapi_conn.commit()
     return engine
+
+
+def _server_engine(url: str, **options: Any) -> Engine:
+    """An engine on a database server (PostgreSQL); a driver missing for want of the extra says which extra."""
+    try:
+        return sa.create_engine(url, pool_pre_ping=True, **options)
+    except ModuleNotFoundError as exc:  # the URL's driver, e.g. psycopg2 without the [postgres] extra
+        if exc.name != "psycopg2":
+            raise
+        raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc

@@ -112,8 +112,7 @@ class PositionLedger(LedgerBase):
                                   "move offsets under a batch in flight; let that run finish (or fail and abort) "
                                   "and rewind again")
             epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
-            last = conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
-                                .where(batches.c.pipeline_id == pipeline_id)).scalar() or 0
+            last = self._last_seq(conn, pipeline_id)
             for seq in retract:
                 old = self._require(conn, BatchId(pipeline_id, seq))
                 self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED, error=f"rewound: {reason}",
