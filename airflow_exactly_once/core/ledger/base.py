@@ -32,6 +32,7 @@ _L = TypeVar("_L", bound="LedgerBase")
 
 
 def utc_now() -> datetime:
+    """The time every ledger row records (aware, UTC)."""
     return datetime.now(timezone.utc)
 
 

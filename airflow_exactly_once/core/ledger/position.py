@@ -91,7 +91,7 @@ class PositionLedger(LedgerBase):
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 
-    # -- rewinds and retractions ---------------------------------------------------
+    # -- rewinds (the retractions they leave are BatchLedger.pending_retractions) -----
 
     def rewind(self, pipeline_id: str, *, expected_epoch: int, retract: Iterable[int],
                resets: dict[TopicPartition, Reset], reason: str) -> int:
