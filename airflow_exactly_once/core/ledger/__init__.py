@@ -1,0 +1,45 @@
+"""The offset ledger: the only source of truth for what has been committed.
+
+Plain SQLAlchemy Core, so the same code runs on the embedded SQLite file and on
+PostgreSQL. Every state change is one SQL transaction guarded by the state it expects
+(and, for a writer, the epoch it holds), so a stale writer is fenced by the database
+rather than by timing.
+
+One module per concern: `schema` (the tables), `engine` (connections), `base` (the engine and the
+helpers shared inside a transaction, the compare-and-set among them), then `pipeline`, `position`,
+`batch`, `interval` and `event`, each a subclass of `base.LedgerBase`; `Ledger` combines them.
+"""
+
+from __future__ import annotations
+
+from airflow_exactly_once.core.ledger.batch import RELEASE_PENDING, BatchLedger
+from airflow_exactly_once.core.ledger.engine import create_ledger_engine, missing_sqlite_file
+from airflow_exactly_once.core.ledger.event import EventLedger
+from airflow_exactly_once.core.ledger.interval import IntervalLedger
+from airflow_exactly_once.core.ledger.pipeline import PipelineLedger
+from airflow_exactly_once.core.ledger.position import PositionLedger
+from airflow_exactly_once.core.ledger.schema import (
+    Boundary,
+    Reset,
+    TopicPartition,
+    batch_intervals,
+    batch_offsets,
+    batches,
+    boundaries,
+    events,
+    metadata,
+    partitions,
+    pipeline_dags,
+    pipelines,
+    position_resets,
+)
+
+__all__ = [
+    "RELEASE_PENDING", "Boundary", "Ledger", "Reset", "TopicPartition", "batch_intervals", "batch_offsets", "batches",
+    "boundaries", "create_ledger_engine", "events", "metadata", "missing_sqlite_file", "partitions", "pipeline_dags",
+    "pipelines", "position_resets",
+]
+
+
+class Ledger(PipelineLedger, PositionLedger, BatchLedger, IntervalLedger, EventLedger):
+    """The ledger: one object over one engine, with the methods of every concern (see the modules of this package)."""

@@ -1,0 +1,202 @@
+"""Batches: their offset ranges and their state transitions, each one a compare-and-set in one transaction."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from airflow_exactly_once.core.errors import FencedError
+from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger.schema import (
+    Reset,
+    TopicPartition,
+    batch_intervals,
+    batch_offsets,
+    batches,
+    pipelines,
+)
+from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange, dumps
+from airflow_exactly_once.core.states import BatchState, check_initial
+
+# A batch detail: the batch is ABORTED but what it staged is still to be taken away (BatchCoordinator.release);
+# None once it was.
+RELEASE_PENDING = "release_pending"
+
+
+class BatchLedger(LedgerBase):
+    """Batches: reading them, creating them and moving them through their states."""
+
+    def get_batch(self, batch_id: BatchId) -> Batch:
+        with self.engine.connect() as conn:
+            return self._require(conn, batch_id)
+
+    def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None,
+                     limit: int | None = None, newest_first: bool = True) -> list[Batch]:
+        query = sa.select(batches.c.batch_seq).where(batches.c.pipeline_id == pipeline_id)
+        if states is not None:
+            query = query.where(batches.c.state.in_([s.value for s in states]))
+        order = batches.c.batch_seq.desc() if newest_first else batches.c.batch_seq.asc()
+        query = query.order_by(order).limit(limit)
+        with self.engine.connect() as conn:
+            seqs = [r[0] for r in conn.execute(query)]
+            return [self._load(conn, BatchId(pipeline_id, s)) for s in seqs]
+
+    def latest_batch_for_run(self, pipeline_id: str, run_id: str) -> Batch | None:
+        query = (sa.select(sa.func.max(batches.c.batch_seq))
+                 .where(batches.c.pipeline_id == pipeline_id, batches.c.run_id == run_id))
+        with self.engine.connect() as conn:
+            seq = conn.execute(query).scalar()
+            return None if seq is None else self._load(conn, BatchId(pipeline_id, seq))
+
+    def create_batch(self, pipeline_id: str, run_id: str, ranges: Iterable[OffsetRange], *,
+                     expected_epoch: int, supersede: Iterable[int] = (),
+                     details: dict[str, Any] | None = None, state: BatchState = BatchState.PLANNED,
+                     interval: tuple[int, int] | None = None,
+                     resets: dict[TopicPartition, Reset] | None = None) -> Batch:
+        """Take the pipeline over (epoch + 1) and record a PLANNED (or EMPTY) batch, in one transaction.
+
+        Batches in `supersede` (PLANNED batches of other runs) are aborted in the same
+        transaction, so their writers are fenced: they can no longer become PREPARED.
+        `interval` ties the batch to a data interval (interval mode); `resets` records
+        positions moved by data_loss_policy="skip" just before this batch.
+        """
+        check_initial(state)
+        with self.engine.begin() as conn:
+            epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
+            for seq in supersede:
+                old = self._require(conn, BatchId(pipeline_id, seq))
+                try:  # a superseded attempt may have staged output (or still run): recovery releases it
+                    self._set_state(conn, old.id, BatchState.PLANNED, BatchState.ABORTED,
+                                    error=f"superseded by run {run_id}",
+                                    details=dumps({**old.details, RELEASE_PENDING: True}))
+                except FencedError as exc:
+                    # Its write finished (PREPARED) after this run looked: plan again, recovering it first.
+                    raise FencedError(f"{exc}; planning again", retriable=True) from exc
+                self._event(conn, pipeline_id, seq, "superseded",
+                            f"batch {seq} was still PLANNED and was taken over by run {run_id}")
+            seq = self._last_seq(conn, pipeline_id) + 1
+            now = utc_now()
+            conn.execute(batches.insert().values(
+                pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=state.value,
+                epoch=epoch, details=dumps(details or {}), created_at=now, updated_at=now))
+            if interval is not None:
+                conn.execute(batch_intervals.insert().values(pipeline_id=pipeline_id, batch_seq=seq,
+                                                             interval_start=interval[0], interval_end=interval[1]))
+            self._insert_resets(conn, pipeline_id, resets or {}, seq - 1, "data-loss-skip")
+            rows = [dict(pipeline_id=pipeline_id, batch_seq=seq, topic=r.topic, partition=r.partition,
+                         start_offset=r.start, end_offset=r.end) for r in sorted(ranges)]
+            if rows:
+                conn.execute(batch_offsets.insert(), rows)
+            return self._load(conn, BatchId(pipeline_id, seq))
+
+    def claim(self, batch_id: BatchId) -> Batch:
+        """A write attempt takes the batch over: a new epoch fences any older attempt."""
+        with self.engine.begin() as conn:
+            current = self._require(conn, batch_id)
+            if current.state is not BatchState.PLANNED:
+                raise FencedError(f"batch {batch_id} is {current.state.value}, not PLANNED; "
+                                  "another run or attempt has taken it over")
+            pipeline_epoch = conn.execute(sa.select(pipelines.c.epoch)
+                                          .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar()
+            epoch = self._bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
+            result = conn.execute(
+                batches.update()
+                .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq,
+                       batches.c.state == BatchState.PLANNED.value, batches.c.epoch == current.epoch)
+                .values(epoch=epoch, updated_at=utc_now()))
+            if result.rowcount != 1:
+                raise FencedError(f"batch {batch_id} changed while being claimed", retriable=True)
+            return self._load(conn, batch_id)
+
+    def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
+                      input_records: int | None, output_records: int | None,
+                      details: dict[str, Any] | None = None) -> Batch:
+        """PLANNED -> PREPARED by the attempt holding `epoch`; `details` are merged into the batch's."""
+        with self.engine.begin() as conn:
+            values: dict[str, Any] = {"handles": dumps(handles), "input_records": input_records,
+                                      "output_records": output_records}
+            if details:
+                values["details"] = dumps({**self._require(conn, batch_id).details, **details})
+            self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
+            return self._load(conn, batch_id)
+
+    def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:
+        """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED.
+
+        Batches in `retracts` (whose output the sink has just replaced by this batch's)
+        go COMMITTED -> RETRACTED in the same transaction.
+        """
+        with self.engine.begin() as conn:
+            current = self._require(conn, batch_id)
+            if current.state is BatchState.COMMITTED:
+                return False
+            self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            for seq in retracts:
+                old = self._require(conn, BatchId(batch_id.pipeline_id, seq))
+                if old.state is BatchState.COMMITTED:
+                    self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED,
+                                    error=f"replaced by batch {batch_id.seq}",
+                                    details=dumps({**old.details, "output_retracted": True}))
+                    self._event(conn, batch_id.pipeline_id, seq, "replaced",
+                                f"batch {seq}'s output was replaced by batch {batch_id.seq} (same data interval)")
+            return True
+
+    def mark_aborted(self, batch_id: BatchId, reason: str, *, from_state: BatchState = BatchState.PLANNED,
+                     release_pending: bool = False) -> bool:
+        """`from_state` -> ABORTED; False (no change) when it already is ABORTED.
+
+        `release_pending`: what the batch staged is still to be taken away (`pending_releases`), so that
+        a process that dies before it did leaves the work to the next run's recovery.
+        """
+        with self.engine.begin() as conn:
+            current = self._require(conn, batch_id)
+            if current.state is BatchState.ABORTED:
+                return False
+            values: dict[str, Any] = {"error": reason[:4000]}
+            if release_pending:
+                values["details"] = dumps({**current.details, RELEASE_PENDING: True})
+            self._set_state(conn, batch_id, from_state, BatchState.ABORTED, **values)
+            self._event(conn, batch_id.pipeline_id, batch_id.seq, "aborted", reason[:4000])
+            return True
+
+    def pending_releases(self, pipeline_id: str) -> list[Batch]:
+        """ABORTED batches whose staged output (transactions, folders, snapshots) was not yet taken away."""
+        query = (sa.select(batches.c.batch_seq)
+                 .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.ABORTED.value,
+                        batches.c.details.contains(f'"{RELEASE_PENDING}"'))
+                 .order_by(batches.c.batch_seq))
+        with self.engine.connect() as conn:
+            found = [self._load(conn, BatchId(pipeline_id, r[0])) for r in conn.execute(query)]
+        return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
+
+    def update_details(self, batch_id: BatchId, **details: Any) -> None:
+        with self.engine.begin() as conn:
+            current = self._require(conn, batch_id)
+            merged = {**current.details, **details}
+            conn.execute(batches.update()
+                         .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq)
+                         .values(details=dumps(merged), updated_at=utc_now()))
+
+    def pending_retractions(self, pipeline_id: str) -> list[Batch]:
+        """RETRACTED batches whose output the sink has not confirmed removed yet."""
+        return [b for b in self.list_batches(pipeline_id, [BatchState.RETRACTED], newest_first=False)
+                if not b.details.get("output_retracted", True)]
+
+    def run_ids(self, pipeline_id: str) -> set[str]:
+        """Every Airflow run id that recorded a batch of the pipeline."""
+        with self.engine.connect() as conn:
+            return {r[0] for r in conn.execute(sa.select(batches.c.run_id).distinct()
+                                               .where(batches.c.pipeline_id == pipeline_id))}
+
+    def state_counts(self, pipeline_id: str) -> dict[str, int]:
+        """{state: how many batches of the pipeline are in it}."""
+        query = (sa.select(batches.c.state, sa.func.count()).where(batches.c.pipeline_id == pipeline_id)
+                 .group_by(batches.c.state))
+        with self.engine.connect() as conn:
+            return {state: count for state, count in conn.execute(query)}
+
+    def last_batch_seq(self, pipeline_id: str) -> int:
+        """The newest batch number of the pipeline (0 before its first batch)."""
+        with self.engine.connect() as conn:
+            return self._last_seq(conn, pipeline_id)

@@ -1,0 +1,123 @@
+"""Positions: where each partition started, where the next batch starts, and moving it on purpose (rewind)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from airflow_exactly_once.core.errors import FencedError
+from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger.schema import (
+    Reset,
+    TopicPartition,
+    batch_offsets,
+    batches,
+    partitions,
+    position_resets,
+)
+from airflow_exactly_once.core.model import BatchId, dumps
+from airflow_exactly_once.core.states import BatchState
+
+
+class PositionLedger(LedgerBase):
+    """Partition starts, committed positions, position resets and rewinds."""
+
+    def initial_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
+            return {(r.topic, r.partition): r.initial_offset for r in rows}
+
+    def register_partitions(self, pipeline_id: str, starts: dict[TopicPartition, tuple[int, str]]) -> None:
+        """Record where newly seen partitions start; partitions already known keep theirs."""
+        if not starts:
+            return
+        with self.engine.begin() as conn:
+            known = {
+                (r.topic, r.partition)
+                for r in conn.execute(sa.select(partitions.c.topic, partitions.c.partition)
+                                      .where(partitions.c.pipeline_id == pipeline_id))
+            }
+            for (topic, partition), (offset, origin) in sorted(starts.items()):
+                if (topic, partition) in known:
+                    continue
+                conn.execute(partitions.insert().values(
+                    pipeline_id=pipeline_id, topic=topic, partition=partition, initial_offset=offset,
+                    origin=origin, created_at=utc_now()))
+                self._event(conn, pipeline_id, None, "partition-added",
+                            f"{topic}[{partition}] starts at offset {offset} ({origin})")
+
+    def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
+        """Per partition: where the next batch starts.
+
+        The end of the newest COMMITTED batch that covers the partition, unless a recorded
+        position reset (rewind, accepted data loss) came after it; else where the
+        partition started. "Newest" is by batch number, not by offset, so that a rewind or
+        a recreated topic moves the position back.
+        """
+        positions = self.initial_offsets(pipeline_id)
+        newest = (
+            sa.select(batch_offsets.c.topic, batch_offsets.c.partition,
+                      sa.func.max(batch_offsets.c.batch_seq).label("seq"))
+            .join(batches, sa.and_(batches.c.pipeline_id == batch_offsets.c.pipeline_id,
+                                   batches.c.batch_seq == batch_offsets.c.batch_seq))
+            .where(batch_offsets.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value)
+            .group_by(batch_offsets.c.topic, batch_offsets.c.partition)
+            .subquery()
+        )
+        query = (
+            sa.select(batch_offsets.c.topic, batch_offsets.c.partition, batch_offsets.c.batch_seq,
+                      batch_offsets.c.end_offset)
+            .join(newest, sa.and_(batch_offsets.c.topic == newest.c.topic,
+                                  batch_offsets.c.partition == newest.c.partition,
+                                  batch_offsets.c.batch_seq == newest.c.seq))
+            .where(batch_offsets.c.pipeline_id == pipeline_id)
+        )
+        with self.engine.connect() as conn:
+            ends = {(r.topic, r.partition): (r.batch_seq, r.end_offset) for r in conn.execute(query)}
+        resets = {(r["topic"], r["partition"]): r for r in self.position_resets(pipeline_id)}
+        for tp in set(ends) | set(resets):
+            reset, committed = resets.get(tp), ends.get(tp)
+            if reset is not None and (committed is None or reset["after_batch_seq"] >= committed[0]):
+                positions[tp] = reset["new_offset"]
+            else:
+                positions[tp] = committed[1]
+        return positions
+
+    def position_resets(self, pipeline_id: str) -> list[dict[str, Any]]:
+        """Recorded position resets, oldest first."""
+        query = (sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
+                 .order_by(position_resets.c.reset_id))
+        with self.engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(query)]
+
+    # -- rewinds (the retractions they leave are BatchLedger.pending_retractions) -----
+
+    def rewind(self, pipeline_id: str, *, expected_epoch: int, retract: Iterable[int],
+               resets: dict[TopicPartition, Reset], reason: str) -> int:
+        """Move positions back (and withdraw committed batches) in one transaction; returns the epoch.
+
+        Refuses while a batch is in flight. Taking the pipeline over (epoch + 1) makes a
+        run that planned from the old positions fail its compare-and-set and plan again.
+        Retracted batches keep `output_retracted: false` until the sink has removed their
+        output; the next plan's recovery finishes that if this process dies first.
+        """
+        with self.engine.begin() as conn:
+            busy = conn.execute(sa.select(batches.c.batch_seq, batches.c.state, batches.c.run_id)
+                                .where(batches.c.pipeline_id == pipeline_id,
+                                       batches.c.state.in_([BatchState.PLANNED.value, BatchState.PREPARED.value]))
+                                ).first()
+            if busy is not None:
+                raise FencedError(f"batch {busy.batch_seq} of run {busy.run_id} is {busy.state}: a rewind must not "
+                                  "move offsets under a batch in flight; let that run finish (or fail and abort) "
+                                  "and rewind again")
+            epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
+            last = self._last_seq(conn, pipeline_id)
+            for seq in retract:
+                old = self._require(conn, BatchId(pipeline_id, seq))
+                self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED, error=f"rewound: {reason}",
+                                details=dumps({**old.details, "output_retracted": False}))
+            self._insert_resets(conn, pipeline_id, resets, last, "rewind")
+            retracted = ", ".join(str(seq) for seq in retract) or "none"
+            self._event(conn, pipeline_id, None, "rewind", f"{reason}; batches retracted: {retracted}")
+            return epoch
