@@ -80,7 +80,6 @@ RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 class Sink(ABC):
     """One sink type, built from a JSON spec, so it works after spark-submit too."""
 
-    type_name: ClassVar[str] = ""
     # The declaration of its spec: which keys it may hold, their defaults and choices, which are secret.
     spec_type: ClassVar[type[SinkSpec]] = SinkSpec
     # The guarantees this sink implements; staged-and-published sinks have only one.
@@ -97,6 +96,11 @@ class Sink(ABC):
     @property
     def name(self) -> str:
         return self.type_name or type(self).__name__
+
+    @property
+    def type_name(self) -> str:
+        """The sink type of its spec ("parquet"), as its declaration names it."""
+        return self.spec_type.type_name
 
     @property
     def guarantee(self) -> str:

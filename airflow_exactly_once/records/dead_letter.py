@@ -50,7 +50,7 @@ class SinkWithDeadLetters(Sink):
     """The pipeline's output sink and its dead-letter sink, as one."""
 
     def __init__(self, output: Sink, dead: Sink) -> None:
-        self.type_name, self.spec_type = output.type_name, output.spec_type  # the output's spec, checked by it
+        self.spec_type = output.spec_type  # the output's spec (and type), checked by it
         super().__init__(output.spec)
         self.output = output
         self.dead = dead

@@ -47,7 +47,6 @@ def _quote(*parts: str) -> str:
 
 
 class IcebergSink(Sink):
-    type_name = "iceberg"
     spec_type = IcebergSpec
     supports_retract = True
     committable_type = StagedSnapshot

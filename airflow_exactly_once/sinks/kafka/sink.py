@@ -60,7 +60,6 @@ _OPEN, _COMMITTED, _ABORTED = "open", "committed", "aborted"
 
 
 class KafkaSink(Sink):
-    type_name = "kafka"
     spec_type = KafkaSpec
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable

@@ -55,7 +55,6 @@ class StagedFolder(Committable):
 class ParquetSink(Sink):
     """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
 
-    type_name = "parquet"
     spec_type = ParquetSpec
     supports_retract = True
     committable_type = StagedFolder

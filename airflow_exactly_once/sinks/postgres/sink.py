@@ -65,7 +65,6 @@ def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
 
 
 class PostgresSink(Sink):
-    type_name = "postgres"
     spec_type = PostgresSpec
     committable_type = PostgresCommittable
 
