@@ -17,7 +17,8 @@ with DAG(
     max_active_runs=4,
     render_template_as_native_obj=True,
     params={"pipeline_id": "test", "topic": "test", "table": "db.test", "warehouse": "/tmp/lake",
-            "catalog": {"type": "embedded"}, "max_records": 100},
+            "catalog": {"type": "embedded"}, "max_records": 100,
+            "spark_conn_id": ""},  # "": the write starts its own Spark driver; a connection: it runs there
     default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
 ):
     exactly_once_batch(
@@ -27,4 +28,5 @@ with DAG(
               "catalog": "{{ params.catalog }}", "create_table": True},
         transform="eo_test_transforms:rows",
         max_records_per_partition="{{ params.max_records }}",
+        spark_conn_id="{{ params.spark_conn_id }}",
     )

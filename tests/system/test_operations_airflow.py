@@ -141,14 +141,14 @@ def at(hour_minute: str) -> int:
     return to_epoch_ms(DAY + hour_minute + ":00Z")
 
 
-def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, unique):
+def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, unique, warm_spark):
     name = f"backfill-{unique}"
     make_topic(kafka, name, partitions=2)
     sent: dict[str, list[str]] = {}
     for hour, count in (("00", 4), ("01", 6), ("02", 8), ("03", 10), ("04", 4)):
         sent[hour] = send(kafka, name, [(i % 2, f"h{hour}-{i}", at(f"{hour}:{10 + i:02d}")) for i in range(count)])
     output = tmp_path / name
-    conf = {"pipeline_id": name, "topic": name, "output": str(output), "interval_rerun": "replace"}
+    conf = {"pipeline_id": name, "topic": name, "output": str(output), "interval_rerun": "replace", **warm_spark}
     airflow.wait_for_dag(INTERVAL)
 
     # What the UI's backfill dialog sends: hours 01, 02 and 03, three runs at a time.
@@ -221,14 +221,14 @@ def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, uniq
     assert airflow.api("GET", "/dags/kafka_to_parquet_hourly")["is_paused"] is True
 
 
-def test_startup_timestamp_empty_run_rewind_and_new_partition(kafka, airflow, tmp_path, unique):
+def test_startup_timestamp_empty_run_rewind_and_new_partition(kafka, airflow, tmp_path, unique, warm_spark):
     name = f"ops-{unique}"
     make_topic(kafka, name, partitions=2)
     old = send(kafka, name, [(i % 2, f"old-{i}", at("00:00")) for i in range(20)])
     new = send(kafka, name, [(i % 2, f"new-{i}", at("01:00")) for i in range(30)])
     output = tmp_path / name
     conf = {"pipeline_id": name, "topic": name, "output": str(output), "startup_mode": "timestamp",
-            "startup_timestamp": DAY + "00:30:00Z"}
+            "startup_timestamp": DAY + "00:30:00Z", **warm_spark}
     airflow.wait_for_dag(CONTINUATION)
     assert airflow.run(CONTINUATION, f"{name}-1", conf) == "success"
     assert_exactly_once(new, values_of(output))  # startup by timestamp: the old records are not read
@@ -288,12 +288,12 @@ def test_startup_timestamp_empty_run_rewind_and_new_partition(kafka, airflow, tm
     assert staging_leftovers(output) == []
 
 
-def test_topic_recreated_fails_loudly_then_skip_is_recorded(kafka, airflow, tmp_path, unique):
+def test_topic_recreated_fails_loudly_then_skip_is_recorded(kafka, airflow, tmp_path, unique, warm_spark):
     name = f"recreated-{unique}"
     make_topic(kafka, name, partitions=1)
     send(kafka, name, [(0, f"first-{i}", at("00:00")) for i in range(30)])
     output = tmp_path / name
-    conf = {"pipeline_id": name, "topic": name, "output": str(output), "startup_mode": "latest"}
+    conf = {"pipeline_id": name, "topic": name, "output": str(output), "startup_mode": "latest", **warm_spark}
     airflow.wait_for_dag(CONTINUATION)
     assert airflow.run(CONTINUATION, f"{name}-1", conf) == "success"  # latest: nothing yet, position 30
     ledger = airflow_ledger(airflow)

@@ -41,7 +41,8 @@ def test_example_dag_two_batches(kafka, airflow, example_lakehouse):
     ("write.after_prepare", "embedded"),
     ("notify.after_sink_commit", "postgres"),
 ])
-def test_worker_killed_at_protocol_step(kafka, postgres, airflow, faults, tmp_path, unique, point, catalog):
+def test_worker_killed_at_protocol_step(kafka, postgres, airflow, faults, tmp_path, unique, point, catalog,
+                                       warm_spark):
     name = f"ice-{point.replace('.', '-').replace('_', '-')}-{unique}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 400)  # batches of 3 x 100: 300 + 100
@@ -49,7 +50,7 @@ def test_worker_killed_at_protocol_step(kafka, postgres, airflow, faults, tmp_pa
     table = f"db.t_{unique}_{point.replace('.', '_')}"
     catalog_spec = {"type": "embedded"} if catalog == "embedded" else {"type": "postgres", "conn_id": PG_CONN_ID}
     conf = {"pipeline_id": name, "topic": name, "table": table, "warehouse": str(tmp_path / "lake"),
-            "catalog": catalog_spec, "max_records": 100}
+            "catalog": catalog_spec, "max_records": 100, **warm_spark}
     arm(faults, point, "kill", times=1)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
     assert (faults / "fired.log").read_text().count(point) == 1, "the crash point was never reached"
