@@ -88,7 +88,7 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-exactly-once",
         "name": "Exactly-once Kafka micro-batches",
-        "description": "Kafka -> PySpark -> transactional sink (Parquet, PostgreSQL, Kafka), exactly once, "
+        "description": "Kafka -> PySpark -> transactional sink (Parquet, PostgreSQL, Kafka, Iceberg), exactly once, "
                        "as a two-phase commit on Airflow task states (plan, write, notify_complete, abort).",
         "versions": [__version__],
         "integrations": [

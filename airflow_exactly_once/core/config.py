@@ -43,8 +43,8 @@ class PipelineConfig:
     pipeline_id: str = argument(doc="Names the pipeline in the ledger, transactions and folders; one per "
                                     "topics-to-sink flow (letters, digits, '_', '.', '-').")
     topics: list[str] = argument(doc="The Kafka topic(s) to read (a name or a list).")
-    sink: dict[str, Any] = argument(doc="Where the output goes: a dict with a 'type' (parquet, kafka, postgres, "
-                                        "iceberg) and that sink's settings; see the sink pages of the docs.")
+    sink: dict[str, Any] = argument(doc="Where the output goes: a dict with a 'type' ({sink_types}) "
+                                        "and that sink's settings; see the sink pages of the docs.")
     bootstrap_servers: str = argument("", "Kafka servers 'host:port,...'; default: the kafka connection's "
                                           "'bootstrap.servers'.")
     startup_mode: str = argument("earliest", "Where a new pipeline starts: earliest, latest, timestamp, "

@@ -50,6 +50,7 @@ class Option:
     secret: bool
     choices: tuple[Any, ...]
     shown_default: str | None
+    templated: bool
 
     def default_text(self) -> str:
         if self.shown_default is not None:
@@ -70,7 +71,8 @@ def options_of(declaration: type) -> list[Option]:
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else (f.default if f.default is not MISSING else f.default_factory())
         found.append(Option(f.name, f.metadata["doc"], required, default, f.metadata.get("secret", False),
-                            f.metadata.get("choices", ()), f.metadata.get("shown_default")))
+                            f.metadata.get("choices", ()), f.metadata.get("shown_default"),
+                            f.metadata.get("templated", True)))
     return found
 
 

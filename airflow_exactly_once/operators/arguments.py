@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import inspect
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.declaration import options_of
+from airflow_exactly_once.sinks import SPECS
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,10 @@ TASK_ARGUMENTS = (
 
 
 def _pipeline_arguments() -> tuple[Argument, ...]:
-    found = []
-    for f in fields(PipelineConfig):
-        if not f.metadata.get("argument", True):
-            continue
-        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory
-                                                             is not MISSING else None)
-        required = f.default is MISSING and f.default_factory is MISSING
-        found.append(Argument(f.name, default, f.metadata.get("doc", ""), f.metadata.get("templated", True),
-                              required))
-    return tuple(found)
+    """PipelineConfig's declared settings; "{sink_types}" in a doc is the registry's list of sink types."""
+    sink_types = ", ".join(SPECS)
+    return tuple(Argument(o.name, o.default, o.doc.replace("{sink_types}", sink_types), o.templated, o.required)
+                 for o in options_of(PipelineConfig))
 
 
 PIPELINE_ARGUMENTS = _pipeline_arguments()
