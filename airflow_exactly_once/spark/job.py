@@ -116,12 +116,12 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
         raise_explained(_explain_spark_failure(exc, config), exc)
     prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
                                    details=staged.details)
-    summary: WriteReport = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
-                            "input_records": staged.input_records, "output_records": staged.output_records,
-                            "attempt": f"e{batch.epoch}"}
+    report: WriteReport = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
+                           "input_records": staged.input_records, "output_records": staged.output_records,
+                           "attempt": f"e{batch.epoch}"}
     if staged.details:
-        summary["bad_records"] = staged.details["bad_records"]["count"]
-    return summary
+        report["bad_records"] = staged.details["bad_records"]["count"]
+    return report
 
 
 @dataclass

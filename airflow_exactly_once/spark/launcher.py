@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Required, TypedDict
+from typing import TypedDict
 
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
 
 
-class WriteReport(TypedDict, total=False):
+class _Written(TypedDict):
+    batch: str  # "<pipeline_id>:<batch_seq>"
+    action: str  # "prepared" (this attempt wrote it) or "skipped" (it was past the write already)
+    state: str  # the batch's state afterwards: PREPARED, or COMMITTED (by another run's recovery)
+
+
+class WriteReport(_Written, total=False):
     """What a batch's write did: logged by the write task and returned as its XCom (so a plain dict)."""
 
-    batch: Required[str]  # "<pipeline_id>:<batch_seq>"
-    action: Required[str]  # "prepared" (this attempt wrote it) or "skipped" (it was past the write already)
-    state: Required[str]  # the batch's state afterwards: PREPARED, or COMMITTED (by another run's recovery)
     message: str  # why it was skipped
     input_records: int | None
     output_records: int | None
