@@ -83,13 +83,21 @@ class BatchCoordinator:
 
     # -- write (the Spark job drives these two) ------------------------------------
 
-    def claim(self, batch_id: BatchId) -> Batch | None:
-        """This write attempt takes the batch (a new epoch fences older attempts); None when it is past the write."""
+    def past_write(self, batch_id: BatchId) -> BatchState | None:
+        """None while the batch waits for its write; PREPARED or COMMITTED once it needs none. An ABORTED batch
+        cannot be written by this run (FencedError). The one check of a batch's state before a write: `claim`
+        makes it, and so does a write path that would otherwise start a Spark application for nothing."""
         batch = self.ledger.get_batch(batch_id)
         if batch.state in (BatchState.PREPARED, BatchState.COMMITTED):
-            return None
+            return batch.state
         if batch.state is BatchState.ABORTED:
             raise FencedError(f"batch {batch_id} was aborted ({batch.error}); this run cannot write it")
+        return None
+
+    def claim(self, batch_id: BatchId) -> Batch | None:
+        """This write attempt takes the batch (a new epoch fences older attempts); None when it is past the write."""
+        if self.past_write(batch_id) is not None:
+            return None
         claimed = self.ledger.claim(batch_id)
         fault_point("write.before_stage")
         return claimed

@@ -8,8 +8,6 @@ by the task group); `__init__` only stores them and every operator does its I/O 
 from __future__ import annotations
 
 import json
-import time
-from functools import partial
 from typing import Any, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
@@ -27,15 +25,11 @@ from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.operators import arguments
-from airflow_exactly_once.operators.cluster import ClusterWrite
+from airflow_exactly_once.operators.cluster import attempts_stopper, write_launcher
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
-from airflow_exactly_once.spark.connect import ConnectWrite
-from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
-from airflow_exactly_once.spark.connector import pipeline_packages
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
 
 
 class ExactlyOnceBaseOperator(BaseOperator):
@@ -87,11 +81,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        # A write on a Spark Connect server outlives a killed task: abort and recovery stop it before cleaning up.
-        # In the task its JVM dies with it; spark-submitted, its driver does (die_with_parent) or is fenced.
-        url = self.spark_connect_url()
-        stop = partial(stop_batch_attempts, url) if url is not None else None
-        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config), stop_attempts=stop)
+        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
+                                stop_attempts=attempts_stopper(self.spark_connect_url()))
 
     def execute(self, context) -> Any:
         try:
@@ -197,48 +188,29 @@ class WriteBatchOperator(_BatchStepOperator):
 
     In-process (`local[*]`, or `spark_conf["spark.master"]`) by default; on a Spark Connect
     server with `spark_conn_id` of type `spark_connect` (or `spark_conf["spark.remote"]`);
-    spark-submitted to a cluster with `spark_conn_id` of type `spark`.
+    spark-submitted to a cluster with `spark_conn_id` of type `spark` (operators.cluster chooses).
     """
 
     ui_color = "#ffe6c7"
-    remote_write: ClusterWrite | ConnectWrite | None = None  # a spark-submit or Spark Connect job, for on_kill
+    launcher: WriteLauncher | None = None  # the write running now, for on_kill
 
-    def run_step(self, context) -> dict[str, Any]:
+    def run_step(self, context) -> WriteReport:
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
-        connect_url = self.spark_connect_url()
-        if self.spark_conn_id and connect_url is None:
-            ClusterWrite.check_transform(self.transform, self.spark_conn_id)
-        coordinator = self.coordinator()
-        if connect_url is not None:
-            summary = self._remote(ConnectWrite(coordinator, connect_url, self.transform, self.log), batch_id)
-        elif self.spark_conn_id:
-            summary = self._remote(ClusterWrite(coordinator, self.ledger_hook().get_url(), self.spark_conn_id,
-                                                self.spark_conf, self.transform, self.log), batch_id)
-        else:
-            started = time.monotonic()
-            spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf,
-                                        packages=pipeline_packages(coordinator.config, coordinator.sink))
-            session_s = time.monotonic() - started
-            try:
-                summary = run_write(spark, coordinator, batch_id, transform=self.transform)
-            finally:
-                stop_spark(spark)
-            summary["seconds"] = {"spark_session": round(session_s, 3), "total": round(time.monotonic() - started, 3)}
-        self.log.info("write: %s", json.dumps(summary))
-        return summary
-
-    def _remote(self, write: ClusterWrite | ConnectWrite, batch_id: BatchId) -> dict[str, Any]:
-        self.remote_write = write
+        self.launcher = write_launcher(self.coordinator, spark_conn_id=self.spark_conn_id,
+                                       connect_url=self.spark_connect_url(), spark_conf=self.spark_conf,
+                                       transform=self.transform, log=self.log)
         try:
-            return write.run(batch_id)
+            report = self.launcher.run(batch_id)
         finally:
-            self.remote_write = None
+            self.launcher = None
+        self.log.info("write: %s", json.dumps(report))
+        return report
 
     def on_kill(self) -> None:
-        if self.remote_write is not None:
-            self.remote_write.kill()
+        if self.launcher is not None:
+            self.launcher.cancel()
 
 
 class NotifyCompleteOperator(_BatchStepOperator):

@@ -11,7 +11,7 @@ what Spark Connect adds is that the job runs on a server that outlives the task,
   session (its id is recorded in the batch's details) when the older client died, waiting
   until the server reports them ended (spark.connect_stop); `abort` and the recovery in
   `plan` do the same before they clean up the sink;
-* a killed task's operations are interrupted by `on_kill`, or by the server once the client
+* a killed task's operations are interrupted by `on_kill` (`cancel`), or by the server once the client
   is gone for longer than `spark.connect.execute.manager.detachedTimeout`;
 * an unreachable server, or one that cannot load Spark's Kafka connector or the sinks'
   Python libraries, is an error that says which.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import raise_explained
@@ -38,6 +37,7 @@ from airflow_exactly_once.spark.connect_session import (
 from airflow_exactly_once.spark.connect_stop import stop_session_operations
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.job import run_write
+from airflow_exactly_once.spark.launcher import Stopwatch, WriteLauncher, WriteReport
 from airflow_exactly_once.spark.shipping import build_bundle
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 __all__ = ["SESSION_DETAIL", "ConnectWrite", "SparkConnectUnavailable"]
 
 
-class ConnectWrite:
-    """One write attempt on a Spark Connect server, owned by the write task (which calls `kill` from on_kill)."""
+class ConnectWrite(WriteLauncher):
+    """One write attempt on a Spark Connect server: `start` opens the session, `wait` ships the code and runs the
+    job there; `cancel` (on_kill, or a newer attempt's fence) interrupts this attempt's operations."""
 
     def __init__(self, coordinator: BatchCoordinator, url: str, transform: str | Callable | None,
                  log_: logging.Logger | None = None) -> None:
@@ -57,21 +58,24 @@ class ConnectWrite:
         self.spark: Any = None
         self.tag: str | None = None
 
-    def run(self, batch_id: BatchId) -> dict[str, Any]:
-        started = time.monotonic()
+    def start(self, batch_id: BatchId) -> None:
+        self.batch_id = batch_id
+        self.clock = Stopwatch()
         self.spark = open_session(self.url)
-        session_s = time.monotonic() - started
+        self.clock.session_ready()
         self.tag = f"aeo-{batch_id.pipeline_id}-{batch_id.seq}"
-        watch = FenceWatch(self.coordinator.ledger, batch_id, on_fenced=lambda _reason: self.kill())
+
+    def wait(self) -> WriteReport:
+        watch = FenceWatch(self.coordinator.ledger, self.batch_id, on_fenced=lambda _reason: self.cancel())
         try:
             self.spark.addTag(self.tag)
             with tempfile.TemporaryDirectory(prefix="exactly-once-connect-") as folder:
                 name = self.transform if isinstance(self.transform, str) else None
                 self.spark.addArtifacts(str(build_bundle(folder, name).py_files), pyfile=True)
-            summary = run_write(self.spark, self.coordinator, batch_id, transform=self.transform,
-                                on_claimed=lambda claimed: self._claimed(claimed, watch))
-            summary["seconds"] = {"spark_session": round(session_s, 3), "total": round(time.monotonic() - started, 3)}
-            return summary
+            report = run_write(self.spark, self.coordinator, self.batch_id, transform=self.transform,
+                               on_claimed=lambda claimed: self._claimed(claimed, watch))
+            report["seconds"] = self.clock.seconds()
+            return report
         except Exception as exc:
             raise_explained(watch.explain(explain(exc, self.url)), exc)
         finally:
@@ -94,7 +98,7 @@ class ConnectWrite:
             self.log.warning("interrupted %d operation(s) an earlier attempt of batch %s left running on %s",
                              running, batch_id, server_address(self.url))
 
-    def kill(self) -> None:
+    def cancel(self) -> None:
         """Interrupt this attempt's operations on the server (on_kill, or fenced by a newer attempt)."""
         if self.spark is not None and self.tag is not None:
             try:

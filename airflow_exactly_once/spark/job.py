@@ -36,6 +36,7 @@ from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.spark import records
 from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
+from airflow_exactly_once.spark.launcher import WriteReport, skipped
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.runner import run_partition_writers
 from airflow_exactly_once.spark.session import drop_stale_connect_mode
@@ -94,8 +95,8 @@ def apply_transform(transform, frame):
 
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
-              on_claimed: Callable[[Batch], None] | None = None) -> dict[str, Any]:
-    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns a summary for the task log.
+              on_claimed: Callable[[Batch], None] | None = None) -> WriteReport:
+    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launcher).
 
     `on_claimed` sees the claimed batch (its epoch) before any data is read. Without decoding
     and without records marked bad by the transform, the output is staged straight away (the
@@ -105,9 +106,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     config = coordinator.config
     batch = coordinator.claim(batch_id)
     if batch is None:
-        current = coordinator.ledger.get_batch(batch_id)
-        return {"batch": str(batch_id), "action": "skipped", "state": current.state.value,
-                "message": f"batch {batch_id} is already {current.state.value}; nothing to write"}
+        return skipped(batch_id, coordinator.ledger.get_batch(batch_id).state, "write")
     if on_claimed is not None:
         on_claimed(batch)
     transform = resolve_transform(transform if transform is not None else config.transform)
@@ -117,12 +116,12 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
         raise_explained(_explain_spark_failure(exc, config), exc)
     prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
                                    details=staged.details)
-    summary = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
-               "input_records": staged.input_records, "output_records": staged.output_records,
-               "attempt": f"e{batch.epoch}"}
+    report: WriteReport = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
+                           "input_records": staged.input_records, "output_records": staged.output_records,
+                           "attempt": f"e{batch.epoch}"}
     if staged.details:
-        summary["bad_records"] = staged.details["bad_records"]["count"]
-    return summary
+        report["bad_records"] = staged.details["bad_records"]["count"]
+    return report
 
 
 @dataclass

@@ -1,0 +1,77 @@
+"""How the write task launches a batch's write, wherever it runs (docs/cluster.md).
+
+One interface, three implementations side by side: in the task's own process (spark.in_task),
+on a Spark Connect server (spark.connect), spark-submitted to a cluster (spark.submit).
+operators.cluster chooses one from the write task's settings; the operator only starts it,
+waits for its report and cancels it from on_kill. No Airflow here.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import TypedDict
+
+from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.states import BatchState
+
+
+class _Written(TypedDict):
+    batch: str  # "<pipeline_id>:<batch_seq>"
+    action: str  # "prepared" (this attempt wrote it) or "skipped" (it was past the write already)
+    state: str  # the batch's state afterwards: PREPARED, or COMMITTED (by another run's recovery)
+
+
+class WriteReport(_Written, total=False):
+    """What a batch's write did: logged by the write task and returned as its XCom (so a plain dict)."""
+
+    message: str  # why it was skipped
+    input_records: int | None
+    output_records: int | None
+    attempt: str  # "e<epoch>": the attempt that holds the batch
+    bad_records: int  # left out of the output by bad_record_policy (absent: none)
+    spark_conn_id: str  # spark-submitted: the cluster's connection
+    seconds: dict[str, float]  # spark_session (getting a Spark session) and total
+
+
+def skipped(batch_id: BatchId, state: BatchState, verb: str) -> WriteReport:
+    """The report of a write that found its batch PREPARED or COMMITTED already (`verb`: what it did not do)."""
+    return {"batch": str(batch_id), "action": "skipped", "state": state.value,
+            "message": f"batch {batch_id} is already {state.value}; nothing to {verb}"}
+
+
+class Stopwatch:
+    """A report's `seconds`: from the start, until a Spark session was there, and in all."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.session_s = 0.0
+
+    def session_ready(self) -> None:
+        self.session_s = time.monotonic() - self.started
+
+    def seconds(self) -> dict[str, float]:
+        return {"spark_session": round(self.session_s, 3), "total": round(time.monotonic() - self.started, 3)}
+
+
+class WriteLauncher(ABC):
+    """One write attempt of one batch. `start`, then `wait`; `cancel` may come at any time, from another thread
+    or a signal handler (the task's on_kill, or a fence watch that saw a newer attempt take the batch)."""
+
+    @abstractmethod
+    def start(self, batch_id: BatchId) -> None:
+        """Begin the write of the batch: get Spark (a session, or the submission ready); what fails here fails
+        before any data is read."""
+
+    @abstractmethod
+    def wait(self) -> WriteReport:
+        """Until the write ended: its report, or the error it failed with (an ExactlyOnceError's `retriable`
+        says whether a retry can help). The claim, the staging and PREPARED happen in here (spark.job)."""
+
+    @abstractmethod
+    def cancel(self) -> None:
+        """Stop what this attempt runs; the ledger fences it anyway, this gives the cores back."""
+
+    def run(self, batch_id: BatchId) -> WriteReport:
+        self.start(batch_id)
+        return self.wait()
