@@ -47,7 +47,7 @@ HOOK_MODULES = [
 OPERATOR_MODULES = [
     "airflow_exactly_once.operators.arguments",
     "airflow_exactly_once.operators.batch",
-    "airflow_exactly_once.operators.cluster",
+    "airflow_exactly_once.operators.write_launch",
     "airflow_exactly_once.operators.txn_guardrail",
 ]
 # Airflow >= 3.2 adds these to its own CLI (`airflow exactly-once ...`); older releases ignore the key.

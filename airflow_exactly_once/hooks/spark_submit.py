@@ -7,7 +7,7 @@ them) and a zip of this package and of the transform's module (`--py-files`).
 
 The Spark provider is optional (the `spark-submit` extra): without it this module fails to
 import with a MissingExtraError naming the extra, and only a pipeline with `spark_conn_id`
-imports it (operators/cluster.py hands it to spark/submit.py when the write task runs).
+imports it (operators/write_launch.py hands it to spark/submit.py when the write task runs).
 """
 
 from __future__ import annotations

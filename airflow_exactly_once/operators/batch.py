@@ -11,7 +11,11 @@ import json
 from typing import Any, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
-from airflow_exactly_once.compat import AirflowFailException, AirflowSkipException, BaseOperator
+from airflow_exactly_once.compat import (
+    AirflowFailException,
+    AirflowSkipException,
+    BaseOperator,
+)
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import ExactlyOnceError
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -25,8 +29,8 @@ from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.operators import arguments
-from airflow_exactly_once.operators.cluster import attempts_stopper, write_launcher
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
+from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
 from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
@@ -188,7 +192,7 @@ class WriteBatchOperator(_BatchStepOperator):
 
     In-process (`local[*]`, or `spark_conf["spark.master"]`) by default; on a Spark Connect
     server with `spark_conn_id` of type `spark_connect` (or `spark_conf["spark.remote"]`);
-    spark-submitted to a cluster with `spark_conn_id` of type `spark` (operators.cluster chooses).
+    spark-submitted to a cluster with `spark_conn_id` of type `spark` (operators.write_launch chooses).
     """
 
     ui_color = "#ffe6c7"

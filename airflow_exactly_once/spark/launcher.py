@@ -2,7 +2,7 @@
 
 One interface, three implementations side by side: in the task's own process (spark.in_task),
 on a Spark Connect server (spark.connect), spark-submitted to a cluster (spark.submit).
-operators.cluster chooses one from the write task's settings; the operator only starts it,
+operators.write_launch chooses one from the write task's settings; the operator only starts it,
 waits for its report and cancels it from on_kill. No Airflow here.
 """
 

@@ -4,7 +4,7 @@ The job (spark.job) claims, writes and marks the batch PREPARED by itself; this 
 prepares the submission and afterwards trusts the ledger, not spark-submit's exit code: a job
 killed after it marked the batch PREPARED has done its work, and one that reported an error
 fails the task the same way the in-process write would. The submission goes through the
-Spark provider's hook (hooks.spark_submit), which operators.cluster hands in: it is an
+Spark provider's hook (hooks.spark_submit), which operators.write_launch hands in: it is an
 optional extra, and this module stays free of Airflow.
 """
 

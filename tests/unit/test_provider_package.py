@@ -89,10 +89,10 @@ def _hide(monkeypatch, distribution_module: str, *reimport: str) -> None:
 
 def test_without_the_spark_provider_the_package_imports_and_spark_conn_id_names_the_extra(monkeypatch):
     _hide(monkeypatch, "airflow.providers.apache.spark", "airflow_exactly_once.hooks.spark_submit",
-          "airflow_exactly_once.operators.cluster", "airflow_exactly_once.operators.batch",
+          "airflow_exactly_once.operators.write_launch", "airflow_exactly_once.operators.batch",
           "airflow_exactly_once.task_group")
     importlib.import_module("airflow_exactly_once.task_group")
-    from airflow_exactly_once.operators.cluster import _submit_hook_class
+    from airflow_exactly_once.operators.write_launch import _submit_hook_class
 
     with pytest.raises(MissingExtraError) as raised:
         _submit_hook_class()  # what a write with spark_conn_id asks for before anything else
