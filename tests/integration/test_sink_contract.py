@@ -2,7 +2,8 @@
 
 Output is invisible until commit; commit is idempotent; abort removes staged output; a
 prepare that vanished behind the sink's back is reported lost (the batch goes back to the
-next run); the output of a fenced write attempt never becomes visible.
+next run); the output of a fenced write attempt never becomes visible; and whatever a batch
+staged is gone once it is committed or aborted (nothing holds locks or offsets).
 
 Every sink registered in airflow_exactly_once.sinks.SINK_TYPES runs every scenario; a registered
 sink without an adapter in ADAPTERS fails them (docs/adding-a-sink.md).
@@ -10,23 +11,26 @@ sink without an adapter in ADAPTERS fails them (docs/adding-a-sink.md).
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+from kafka import KafkaAdminClient
 
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import SINK_TYPES, create_sink
+from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
-from airflow_exactly_once.sinks.postgres.transactions import rollback_prepared
+from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
-from tests.helpers import create_topic, pg_query, read_parquet
+from tests.helpers import create_topic, iceberg_staged, pg_query, read_parquet, staging_leftovers
 from tests.kafka_helpers import read_all
 
 
@@ -38,8 +42,11 @@ class SinkUnderTest(Protocol):
     def visible(self) -> list[str]:
         """The `value`s a reader of the destination sees now."""
 
+    def staged(self, pipeline_id: str) -> list[Any]:
+        """What the pipeline's write attempts staged and nothing published or removed yet."""
+
     def lose(self, committable: Any) -> None:
-        """Make a prepared batch's staged output vanish behind the sink's back, as it happens for real."""
+        """Make (part of) a prepared batch's staged output vanish behind the sink's back, as it happens for real."""
 
 
 class ParquetUnderTest:
@@ -49,6 +56,9 @@ class ParquetUnderTest:
 
     def visible(self) -> list[str]:
         return sorted(row["value"] for row in read_parquet(self.root))
+
+    def staged(self, pipeline_id: str) -> list[Path]:
+        return staging_leftovers(self.root)
 
     def lose(self, committable) -> None:
         shutil.rmtree(committable.staging)  # e.g. a cleanup job emptied _staging
@@ -63,6 +73,15 @@ class KafkaUnderTest:
 
     def visible(self) -> list[str]:
         return sorted(read_all(self.kafka.bootstrap_servers, self.topic, settle=False))
+
+    def staged(self, pipeline_id: str) -> list[str]:
+        """The pipeline's transactions still open (pre-committed) on the broker."""
+        admin = KafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers)
+        try:
+            known = matching_transactions(admin, re.escape(f"{pipeline_id}-") + r"\d+-\d+")
+        finally:
+            admin.close()
+        return sorted(tid for tid, state in known.items() if state == "Ongoing")
 
     def lose(self, committable) -> None:
         for report in committable.transactions:  # e.g. the broker timed them out
@@ -79,9 +98,12 @@ class PostgresUnderTest:
     def visible(self) -> list[str]:
         return sorted(r[0] for r in pg_query(self.dsn, f"SELECT value FROM {self.table}"))
 
+    def staged(self, pipeline_id: str) -> list[str]:
+        return list_prepared(self.dsn, gid_prefix(pipeline_id))
+
     def lose(self, committable) -> None:
-        for gid in committable.gids:  # e.g. an operator's ROLLBACK PREPARED
-            rollback_prepared(self.dsn, gid)
+        assert len(committable.gids) > 1, "the batch should span several prepared transactions"
+        rollback_prepared(self.dsn, committable.gids[-1])  # e.g. an operator's ROLLBACK PREPARED of one of them
 
 
 class IcebergUnderTest:
@@ -96,6 +118,9 @@ class IcebergUnderTest:
         if table is None or table.current_snapshot() is None:
             return []
         return sorted(table.scan().to_arrow().column("value").to_pylist())
+
+    def staged(self, pipeline_id: str) -> list[int]:
+        return iceberg_staged(self.committer) if self.committer.exists() else []
 
     def lose(self, committable) -> None:  # e.g. snapshot maintenance expired the staged snapshot
         self.committer.load().maintenance.expire_snapshots().by_id(committable.snapshot_id).commit()
@@ -158,13 +183,16 @@ def test_output_is_invisible_until_commit_and_commit_is_idempotent(spark, sink, 
     assert "already" in pipe.commit(prepared.id)
     pipe.sink.commit(prepared, pipe.sink.committable(prepared.handles))  # again, below the ledger
     assert sink.visible() == sorted(values)
+    assert sink.staged(pipe.config.pipeline_id) == []
 
 
 def test_abort_removes_the_staged_output(spark, sink, pipe):
     frame, _ = rows(spark, "b")
     planned = batch(pipe)
     staged = pipe.stage(frame, pipe.claim(planned.id))  # the write attempt died here
+    assert sink.staged(pipe.config.pipeline_id) != []
     pipe.abort(planned.id)
+    assert sink.staged(pipe.config.pipeline_id) == []
     assert pipe.state(planned.id) is BatchState.ABORTED
     with pytest.raises(TransactionLostError):
         pipe.sink.commit(pipe.ledger.get_batch(planned.id), staged)  # nothing left to publish
@@ -178,7 +206,8 @@ def test_a_lost_prepare_is_reported_and_the_range_freed(spark, sink, pipe):
     with pytest.raises(TransactionLostError, match="processed again"):
         pipe.commit(prepared.id)
     assert pipe.state(prepared.id) is BatchState.ABORTED
-    assert sink.visible() == []
+    assert sink.visible() == []  # nothing of the batch, not even the part that was not lost
+    assert sink.staged(pipe.config.pipeline_id) == []  # ... and nothing of it left holding locks or offsets
 
 
 def test_a_fenced_attempt_never_becomes_visible(spark, sink, pipe):
@@ -193,3 +222,4 @@ def test_a_fenced_attempt_never_becomes_visible(spark, sink, pipe):
     pipe.coordinator.prepare(retry, retry_output, 12, 12)
     pipe.commit(planned.id)
     assert sink.visible() == sorted(values)
+    assert sink.staged(pipe.config.pipeline_id) == []  # the zombie's output was removed too
