@@ -16,12 +16,14 @@ from airflow_exactly_once.core.sink import Sink
 from airflow_exactly_once.records.bad_records import dead_letter_spec
 from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
 
+# [START sink_types]
 SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet:ParquetSink",
     "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
     "kafka": "airflow_exactly_once.sinks.kafka.sink:KafkaSink",
     "iceberg": "airflow_exactly_once.sinks.iceberg.sink:IcebergSink",
 }
+# [END sink_types]
 
 
 def sink_class(spec: dict[str, Any]) -> type[Sink]:

@@ -49,6 +49,7 @@ class SinkUnderTest(Protocol):
         """Make (part of) a prepared batch's staged output vanish behind the sink's back, as it happens for real."""
 
 
+# [START parquet_adapter]
 class ParquetUnderTest:
     def __init__(self, request, tmp_path: Path) -> None:
         self.root = tmp_path / "out"
@@ -62,6 +63,7 @@ class ParquetUnderTest:
 
     def lose(self, committable) -> None:
         shutil.rmtree(committable.staging)  # e.g. a cleanup job emptied _staging
+# [END parquet_adapter]
 
 
 class KafkaUnderTest:
@@ -126,8 +128,10 @@ class IcebergUnderTest:
         self.committer.load().maintenance.expire_snapshots().by_id(committable.snapshot_id).commit()
 
 
+# [START adapters]
 ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest,
                                             "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest}
+# [END adapters]
 
 
 def registered_sinks() -> list[str]:
