@@ -12,6 +12,7 @@ def test_every_registered_sink_has_a_contract_adapter():
     assert contract.registered_sinks() == sorted(SINK_TYPES)
     for kind in contract.registered_sinks():
         assert contract.adapter_for(kind) is contract.ADAPTERS[kind]
+    assert set(contract.ADAPTERS) <= set(SINK_TYPES), "an adapter of a sink that is no longer registered"
 
 
 def test_a_sink_registered_without_an_adapter_fails_the_contract(monkeypatch):
