@@ -100,6 +100,15 @@ def staging_leftovers(output: Path) -> list[Path]:
     return list(staging.iterdir()) if staging.exists() else []
 
 
+def iceberg_staged(committer: Any) -> list[Any]:
+    """An Iceberg table's staged leftovers (an Iceberg sink's TableCommitter): snapshots outside main's history,
+    and refs other than main."""
+    table = committer.load()
+    main = {s.snapshot_id for s in committer.main_history(table)}
+    return [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in main] + sorted(
+        set(table.metadata.refs) - {"main"})
+
+
 def pg_query(dsn: str, statement: str, params=()) -> list[tuple]:
     """One autocommit statement on PostgreSQL; its rows (or [] when it returns none)."""
     import psycopg2

@@ -24,6 +24,7 @@ from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 
+# [START sink_types]
 SINK_TYPES = {
     "parquet": "airflow_exactly_once.sinks.parquet.sink:ParquetSink",
     "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
@@ -32,6 +33,7 @@ SINK_TYPES = {
 }
 SPECS: dict[str, type[SinkSpec]] = {spec.type_name: spec for spec in (ParquetSpec, PostgresSpec, KafkaSpec,
                                                                       IcebergSpec)}
+# [END sink_types]
 
 
 def spec_type(spec: Any, what: str = "sink") -> type[SinkSpec]:

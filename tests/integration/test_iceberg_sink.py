@@ -22,7 +22,7 @@ from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.spark.job import run_write
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
-from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
+from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, iceberg_staged, produce
 
 
 def as_text(frame):
@@ -60,10 +60,7 @@ def read_spark(spark, sink, column: str = "value") -> list:
 
 def assert_nothing_staged(committer: TableCommitter) -> None:
     """No staged snapshot outside main's history, no branch or tag but main."""
-    table = committer.load()
-    main = {s.snapshot_id for s in committer.main_history(table)}
-    assert [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in main] == []
-    assert set(table.metadata.refs) <= {"main"}
+    assert iceberg_staged(committer) == []
 
 
 def test_kafka_to_iceberg_exactly_once(spark, kafka, catalog, tmp_path, unique):

@@ -2,31 +2,54 @@
 
 Output is invisible until commit; commit is idempotent; abort removes staged output; a
 prepare that vanished behind the sink's back is reported lost (the batch goes back to the
-next run); the output of a fenced write attempt never becomes visible. A new sink gets its
-adapter here and passes the same tests.
+next run); the output of a fenced write attempt never becomes visible; and whatever a batch
+staged is gone once it is committed or aborted (nothing holds locks or offsets).
+
+Every sink registered in airflow_exactly_once.sinks.SINK_TYPES runs every scenario; a registered
+sink without an adapter in ADAPTERS fails them (docs/adding-a-sink.md).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
+from kafka import KafkaAdminClient
 
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import SINK_TYPES, create_sink
+from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
-from airflow_exactly_once.sinks.postgres.transactions import rollback_prepared
+from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
-from tests.helpers import create_topic, pg_query, read_parquet
+from tests.helpers import create_topic, iceberg_staged, pg_query, read_parquet, staging_leftovers
 from tests.kafka_helpers import read_all
 
 
+class SinkUnderTest(Protocol):
+    """A sink's adapter: a spec on a fresh destination, and eyes on that destination."""
+
+    spec: dict[str, Any]
+
+    def visible(self) -> list[str]:
+        """The `value`s a reader of the destination sees now."""
+
+    def staged(self, pipeline_id: str) -> list[Any]:
+        """What the pipeline's write attempts staged and nothing published or removed yet."""
+
+    def lose(self, committable: Any) -> None:
+        """Make (part of) a prepared batch's staged output vanish behind the sink's back, as it happens for real."""
+
+
+# [START parquet_adapter]
 class ParquetUnderTest:
     def __init__(self, request, tmp_path: Path) -> None:
         self.root = tmp_path / "out"
@@ -35,8 +58,12 @@ class ParquetUnderTest:
     def visible(self) -> list[str]:
         return sorted(row["value"] for row in read_parquet(self.root))
 
+    def staged(self, pipeline_id: str) -> list[Path]:
+        return staging_leftovers(self.root)
+
     def lose(self, committable) -> None:
         shutil.rmtree(committable.staging)  # e.g. a cleanup job emptied _staging
+# [END parquet_adapter]
 
 
 class KafkaUnderTest:
@@ -48,6 +75,15 @@ class KafkaUnderTest:
 
     def visible(self) -> list[str]:
         return sorted(read_all(self.kafka.bootstrap_servers, self.topic, settle=False))
+
+    def staged(self, pipeline_id: str) -> list[str]:
+        """The pipeline's transactions still open (pre-committed) on the broker."""
+        admin = KafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers)
+        try:
+            known = matching_transactions(admin, re.escape(f"{pipeline_id}-") + r"\d+-\d+")
+        finally:
+            admin.close()
+        return sorted(tid for tid, state in known.items() if state == "Ongoing")
 
     def lose(self, committable) -> None:
         for report in committable.transactions:  # e.g. the broker timed them out
@@ -64,9 +100,12 @@ class PostgresUnderTest:
     def visible(self) -> list[str]:
         return sorted(r[0] for r in pg_query(self.dsn, f"SELECT value FROM {self.table}"))
 
+    def staged(self, pipeline_id: str) -> list[str]:
+        return list_prepared(self.dsn, gid_prefix(pipeline_id))
+
     def lose(self, committable) -> None:
-        for gid in committable.gids:  # e.g. an operator's ROLLBACK PREPARED
-            rollback_prepared(self.dsn, gid)
+        assert len(committable.gids) > 1, "the batch should span several prepared transactions"
+        rollback_prepared(self.dsn, committable.gids[-1])  # e.g. an operator's ROLLBACK PREPARED of one of them
 
 
 class IcebergUnderTest:
@@ -82,17 +121,41 @@ class IcebergUnderTest:
             return []
         return sorted(table.scan().to_arrow().column("value").to_pylist())
 
+    def staged(self, pipeline_id: str) -> list[int]:
+        return iceberg_staged(self.committer) if self.committer.exists() else []
+
     def lose(self, committable) -> None:  # e.g. snapshot maintenance expired the staged snapshot
         self.committer.load().maintenance.expire_snapshots().by_id(committable.snapshot_id).commit()
 
 
-SINKS = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest, "postgres": PostgresUnderTest,
-         "iceberg": IcebergUnderTest}
+# [START adapters]
+ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest,
+                                            "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest}
+# [END adapters]
 
 
-@pytest.fixture(params=sorted(SINKS))
-def sink(request, tmp_path):
-    return SINKS[request.param](request, tmp_path)
+def registered_sinks() -> list[str]:
+    """The sink types the contract runs: the registry's, read when the tests are collected."""
+    return sorted(SINK_TYPES)
+
+
+def adapter_for(kind: str) -> type[SinkUnderTest]:
+    """A registered sink without an adapter fails the contract instead of escaping it."""
+    if kind not in ADAPTERS:
+        pytest.fail(f"the {kind!r} sink is registered in SINK_TYPES (airflow_exactly_once/sinks/__init__.py) but "
+                    "has no adapter in ADAPTERS of tests/integration/test_sink_contract.py: write one "
+                    "(docs/adding-a-sink.md)", pytrace=False)
+    return ADAPTERS[kind]
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "sink" in metafunc.fixturenames:
+        metafunc.parametrize("sink", registered_sinks(), indirect=True)
+
+
+@pytest.fixture
+def sink(request, tmp_path) -> SinkUnderTest:
+    return adapter_for(request.param)(request, tmp_path)
 
 
 @pytest.fixture
@@ -124,13 +187,16 @@ def test_output_is_invisible_until_commit_and_commit_is_idempotent(spark, sink, 
     assert "already" in pipe.commit(prepared.id)
     pipe.sink.commit(prepared, pipe.sink.committable(prepared.handles))  # again, below the ledger
     assert sink.visible() == sorted(values)
+    assert sink.staged(pipe.config.pipeline_id) == []
 
 
 def test_abort_removes_the_staged_output(spark, sink, pipe):
     frame, _ = rows(spark, "b")
     planned = batch(pipe)
     staged = pipe.stage(frame, pipe.claim(planned.id))  # the write attempt died here
+    assert sink.staged(pipe.config.pipeline_id) != []
     pipe.abort(planned.id)
+    assert sink.staged(pipe.config.pipeline_id) == []
     assert pipe.state(planned.id) is BatchState.ABORTED
     with pytest.raises(TransactionLostError):
         pipe.sink.commit(pipe.ledger.get_batch(planned.id), staged)  # nothing left to publish
@@ -144,7 +210,8 @@ def test_a_lost_prepare_is_reported_and_the_range_freed(spark, sink, pipe):
     with pytest.raises(TransactionLostError, match="processed again"):
         pipe.commit(prepared.id)
     assert pipe.state(prepared.id) is BatchState.ABORTED
-    assert sink.visible() == []
+    assert sink.visible() == []  # nothing of the batch, not even the part that was not lost
+    assert sink.staged(pipe.config.pipeline_id) == []  # ... and nothing of it left holding locks or offsets
 
 
 def test_a_fenced_attempt_never_becomes_visible(spark, sink, pipe):
@@ -159,3 +226,4 @@ def test_a_fenced_attempt_never_becomes_visible(spark, sink, pipe):
     pipe.coordinator.prepare(retry, retry_output, 12, 12)
     pipe.commit(planned.id)
     assert sink.visible() == sorted(values)
+    assert sink.staged(pipe.config.pipeline_id) == []  # the zombie's output was removed too

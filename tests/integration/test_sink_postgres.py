@@ -1,7 +1,9 @@
 """The PostgreSQL sink on a real server with real Spark (local mode), driven by the coordinator.
 
-Kafka is left out here (the DataFrames are made by Spark); tests/test_pipeline_postgres.py
-runs the whole pipeline under Airflow. Every test ends with pg_prepared_xacts empty.
+Kafka is left out here (the DataFrames are made by Spark); tests/system/test_pipeline_postgres.py
+runs the whole pipeline under Airflow. Every test ends with pg_prepared_xacts empty. What every
+sink keeps (an abort rolls back what the batch prepared, a lost prepared transaction aborts the
+whole batch) is in tests/integration/test_sink_contract.py; here is what only this sink has.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ import uuid
 
 import pytest
 
-from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.postgres.sink import parse_gid, with_lock_timeout
-from airflow_exactly_once.sinks.postgres.transactions import make_gid, rollback_prepared
+from airflow_exactly_once.sinks.postgres.transactions import make_gid
 from airflow_exactly_once.spark.runner import run_partition_writers
 from devtools.postgres import LocalPostgres
 from tests.conftest import PG_DATABASE
@@ -167,28 +169,6 @@ def test_killed_attempts_are_rolled_back_before_the_retry_writes(spark, dsn, tab
     pipe.coordinator.commit(batch.id)
     assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(50)]
     assert prepared(dsn) == []
-
-
-def test_a_gone_gid_aborts_the_batch_and_nothing_is_committed(spark, dsn, table, tmp_path):
-    pipe = Pipeline(tmp_path, dsn, table)
-    batch = pipe.write_frame(frame(spark, [(i, f"v{i}", None, None, None, None) for i in range(30)]))
-    victim = batch.handles["gids"][1]
-    assert rollback_prepared(dsn, victim) == "rolled-back"  # e.g. an operator's ROLLBACK PREPARED
-    with pytest.raises(TransactionLostError, match="never committed"):
-        pipe.coordinator.commit(batch.id)
-    assert pipe.ledger.get_batch(batch.id).state is BatchState.ABORTED  # the range goes to the next run
-    assert rows_of(dsn, table) == []
-    assert prepared(dsn) == []
-
-
-def test_orphans_of_an_aborted_batch_are_rolled_back_by_abort(spark, dsn, table, tmp_path):
-    pipe = Pipeline(tmp_path, dsn, table)
-    batch = pipe.plan_rows(20)
-    pipe.stage(frame(spark, [(i, "x", None, None, None, None) for i in range(20)]), pipe.claim(batch.id))
-    assert len(prepared(dsn)) == 3
-    assert "ABORTED" in pipe.coordinator.abort(batch.id, "write failed for good")
-    assert prepared(dsn) == []
-    assert rows_of(dsn, table) == []
 
 
 def test_a_constraint_violation_fails_the_write_clearly_and_leaves_nothing(spark, dsn, table, tmp_path):

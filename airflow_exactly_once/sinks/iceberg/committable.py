@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from airflow_exactly_once.core.sink import Committable, Handles
 
 
+# [START committable]
 @dataclass(frozen=True)
 class StagedSnapshot(Committable):
     """A write attempt's staged snapshot (None: the attempt had no rows, so Spark staged nothing)."""
@@ -23,3 +24,4 @@ class StagedSnapshot(Committable):
     def from_handles(cls, handles: Handles) -> "StagedSnapshot":
         snapshot = handles.get("snapshot_id")
         return cls(str(handles["table"]), str(handles["wap_id"]), None if snapshot is None else int(snapshot))
+# [END committable]

@@ -102,6 +102,7 @@ class ParquetSink(Sink):
         files = tuple(sorted(p.name for p in staging.glob("*.parquet")))
         return StagedFolder(str(staging), str(self.final_dir(batch)), files)
 
+    # [START committer]
     def verify_staged(self, batch: Batch, committable: StagedFolder) -> None:
         if not Path(committable.final).exists() and not Path(committable.staging).exists():
             raise TransactionLostError(f"the staged output {committable.staging} of batch {batch.seq} is gone and "
@@ -125,6 +126,7 @@ class ParquetSink(Sink):
             return f"removed {committable.staging}"
         removed = self._remove_staging(batch)
         return f"removed {removed} staged attempt(s) of batch {batch.seq}"
+    # [END committer]
 
     def retract(self, batch: Batch, committable: StagedFolder | None) -> str:
         """Withdraw a committed batch: one rename hides it from readers, then it is deleted."""

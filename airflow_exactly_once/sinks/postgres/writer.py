@@ -67,11 +67,13 @@ class PostgresPartitionWriter(PartitionWriter):
 
     def write(self, partition: int, batches: Iterator[Any],
               claim: ClaimCheck | None = None) -> PreparedPartition | None:
+        # [START claim_check]
         arrow = [b for b in batches if b.num_rows]
         if not arrow:
             return None  # an empty partition holds no prepared transaction
         if claim is not None:  # an aborted batch's zombie must not leave a prepared transaction holding locks
             claim.ensure(f"writing Spark partition {partition} into {self.table}")
+        # [END claim_check]
         gid = make_gid(self.pipeline_id, self.batch_seq, partition, self.attempt)
         marker = {"pipeline_id": self.pipeline_id, "batch_seq": self.batch_seq, "partition_id": partition}
         rows: list[tuple] = []
