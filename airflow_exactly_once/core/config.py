@@ -219,14 +219,14 @@ class PipelineConfig:
             raise RuntimeError(f"pipeline {self.pipeline_id}: its secrets are not known yet; build the config with "
                                "airflow_exactly_once.pipeline.checked(), which finds them, before storing it")
         stored = asdict(self)
-        for path, _ in self._secret_values():
+        for path, _ in self._secret_values(stored):
             _set(stored, path, REDACTED)
         return stored
 
     def secrets(self) -> list[list[Any]]:
         """The values to_stored_dict() leaves out, as [path, value] pairs: what travels to a write that reads
         its settings from the ledger (a spark-submit job's environment)."""
-        return [[path, value] for path, value in self._secret_values()]
+        return [[path, value] for path, value in self._secret_values(asdict(self))]
 
     def with_secrets(self, secrets: list[list[Any]]) -> "PipelineConfig":
         """A stored config made whole again with secrets() of the original."""
@@ -235,8 +235,8 @@ class PipelineConfig:
             _set(data, path, value)
         return PipelineConfig.from_dict(data)
 
-    def _secret_values(self) -> list[tuple[list[str], Any]]:
-        data = asdict(self)
+    def _secret_values(self, data: dict[str, Any]) -> list[tuple[list[str], Any]]:
+        """The secrets found at `secret_paths` in `data` (this config as a dict)."""
         found = []
         for path in self.secret_paths or ():
             value = _get(data, path)

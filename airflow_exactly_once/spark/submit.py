@@ -56,8 +56,9 @@ class SparkSubmitWrite(WriteLauncher):
             self.report = skipped(batch_id, past, "submit")
             return
         resolve_transform(config.transform)  # a typo fails here, before a Spark application starts
-        ledger.ensure_pipeline(config.pipeline_id, config.fingerprint(), config.to_stored_dict())
-        ledger.store_config(config.pipeline_id, config.to_stored_dict())
+        stored = config.to_stored_dict()
+        ledger.ensure_pipeline(config.pipeline_id, config.fingerprint(), stored)
+        ledger.store_config(config.pipeline_id, stored)
         clear_failure(ledger, batch_id)
         self.hook = self.submit_hook(spark_conn_id=self.spark_conn_id, batch_id=batch_id, ledger_url=ledger.url,
                                      transform=config.transform, spark_conf=self.spark_conf, secrets=config.secrets(),
