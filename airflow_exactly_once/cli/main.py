@@ -26,7 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.config import REDACTED, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -34,7 +34,7 @@ from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
-from airflow_exactly_once.kafka.settings import REDACTED, KafkaSettings
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_sink
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
@@ -119,7 +119,9 @@ def _ledger_url(args: argparse.Namespace) -> str:
     if args.ledger_url:
         return args.ledger_url
     if args.ledger_conn_id or not os.environ.get(LEDGER_URL_ENV):
-        from airflow_exactly_once.hooks.ledger import LedgerHook  # Airflow only when asked for
+        from airflow_exactly_once.hooks.ledger import (
+            LedgerHook,  # Airflow only when asked for
+        )
 
         return LedgerHook(ledger_conn_id=args.ledger_conn_id).get_url()
     return os.environ[LEDGER_URL_ENV]
@@ -129,7 +131,9 @@ def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSe
     """The pipeline's Kafka settings from the ledger, or from --kafka-conn-id; --bootstrap-servers on top."""
 
     if args.kafka_conn_id:
-        from airflow_exactly_once.hooks.kafka import connection_kafka_settings  # Airflow only when asked for
+        from airflow_exactly_once.hooks.kafka import (
+            connection_kafka_settings,  # Airflow only when asked for
+        )
 
         settings = connection_kafka_settings(args.kafka_conn_id)
     else:

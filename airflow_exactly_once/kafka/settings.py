@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from airflow_exactly_once.core.config import REDACTED, PipelineConfig
+from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -358,10 +358,6 @@ class KafkaSettings:
                 "IdempotentWrite --cluster)")
 
     # -- storage and transport ---------------------------------------------------------
-
-    def redacted(self) -> dict[str, str]:
-        """For logs and the ledger: secrets replaced."""
-        return {k: (REDACTED if k in SECRETS else v) for k, v in self.properties.items()}
 
     def secrets(self) -> dict[str, str]:
         return {k: v for k, v in self.properties.items() if k in SECRETS}

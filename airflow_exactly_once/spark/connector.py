@@ -125,13 +125,15 @@ def names_kafka_connector(conf: Mapping[str, Any], environ: Mapping[str, str] | 
 
 
 def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> dict[str, Any]:
-    """`conf` plus what Spark needs to load the Kafka connector and `packages` (Maven coordinates).
+    """`conf` plus what Spark needs to load the Kafka connector and `packages` (Maven coordinates, templates
+    such as a sink's completed here: the one place packages reach Spark's settings).
 
     Each package the user's settings do not name already goes to `spark.jars.packages`, for
     Spark's own resolution.
     """
     result = dict(conf)
-    missing = [p for p in dict.fromkeys([kafka_package(), *packages]) if not names_package(artifact_of(p), result)]
+    wanted = dict.fromkeys([kafka_package(), *map(for_installed_spark, packages)])
+    missing = [p for p in wanted if not names_package(artifact_of(p), result)]
     if not missing:
         return result
     given = [p for p in str(result.get("spark.jars.packages") or "").split(",") if p.strip()]
@@ -152,7 +154,8 @@ def for_installed_spark(coordinates: str, version: str | None = None, scala: str
     knowledge of the Spark it runs on; coordinates without placeholders pass through.
     """
     version = version or spark_version()
-    return coordinates.format(spark_line=".".join(version.split(".")[:2]), scala=scala or scala_version(version=version))
+    line = ".".join(version.split(".")[:2])
+    return coordinates.format(spark_line=line, scala=scala or scala_version(version=version))
 
 
 def iceberg_package(version: str | None = None, scala: str | None = None) -> str:
@@ -169,5 +172,4 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
 def pipeline_packages(config: PipelineConfig, sink: Sink) -> list[str]:
     """What a pipeline's write loads besides Kafka's connector: its sink's packages, and spark-avro when the
     Kafka values are Avro (value_format="avro")."""
-    return [*map(for_installed_spark, sink.spark_packages()),
-            *([avro_package()] if config.value_format == "avro" else [])]
+    return [*sink.spark_packages(), *([avro_package()] if config.value_format == "avro" else [])]

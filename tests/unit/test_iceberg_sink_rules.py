@@ -10,7 +10,7 @@ from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
-from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE, ICEBERG_SPARK_RUNTIME
 from airflow_exactly_once.spark import connector
 
 
@@ -123,6 +123,9 @@ def test_the_sinks_packages_join_kafkas_unless_the_user_names_them(tmp_path, mon
     assert connector.artifact_of("org.xerial:sqlite-jdbc:3.50.3.0") == "sqlite-jdbc"
     with pytest.raises(ValueError):
         connector.artifact_of("sqlite-jdbc")
+    # Whoever hands a sink's packages to Spark gets its templates completed (a benchmark once passed them raw).
+    runtime = connector.with_connectors({}, [ICEBERG_SPARK_RUNTIME])["spark.jars.packages"].split(",")[1]
+    assert runtime == connector.iceberg_package()
     iceberg = connector.iceberg_package("4.0.0", "2.13")
     assert iceberg == f"org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:{ICEBERG_RELEASE}"
     conf = connector.with_connectors({}, [iceberg, "org.xerial:sqlite-jdbc:3.50.3.0"])
