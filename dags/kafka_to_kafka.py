@@ -59,7 +59,7 @@ with DAG(
             # Must outlive write + every notify_complete retry (checked at plan time: docs/sinks/kafka.md),
             # and stay within the brokers' transaction.max.timeout.ms (15 min by default).
             "transaction_timeout_ms": 900_000,
-            "producer_config": {"linger_ms": 20},
+            "producer_config": {"linger.ms": 20},
             "guarantee": "EXACTLY_ONCE",  # or AT_LEAST_ONCE / NONE (cheaper, weaker: docs/sinks/kafka.md)
         },
         mirror_consumer_group="kafka_to_kafka",  # committed offsets for lag dashboards (monitoring only)

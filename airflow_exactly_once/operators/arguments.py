@@ -36,8 +36,9 @@ TASK_ARGUMENTS = (
     Argument("ledger_url", None, "SQLAlchemy URL of the ledger, instead of ledger_conn_id."),
     Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*].",
              templated=False),
-    Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster instead of "
-                                    "running it in the task."),
+    Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster; or a "
+                                    "`spark_connect` connection: run it on that Spark Connect server; default: a "
+                                    "Spark driver in the task."),
 )
 
 

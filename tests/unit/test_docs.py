@@ -36,3 +36,35 @@ def test_every_registered_sink_has_a_declaration_and_its_generated_table_in_the_
     for kind, spec in SPECS.items():
         page = (docs.REPO / "docs" / "sinks" / f"{kind}.md").read_text()
         assert f"<!-- sink-options: {kind} -->\n{spec.markdown_table()}\n<!-- /sink-options -->" in page
+
+
+# A path the docs name: a folder of the repository or package-relative (`core/faults.py`), ending in a file
+# with an extension or in a folder's slash. Placeholders (`test_<sink>.py`) and globs are not paths.
+_NAMED_PATH = re.compile(r"(?<![\w/.<-])((?:airflow_exactly_once|benchmarks|dags|tests|devtools|docker|docs|core|sinks|"
+                         r"spark|kafka|records|operators|hooks|ui|cli|triggers)/[\w./-]*(?:\.\w+|/))(?![\w<*{])")
+_MAKE_TARGET = re.compile(r"\bmake ([a-z][\w-]*)")
+# Named in the docs but made at build time: setup.py copies dags/ into the wheel there.
+_BUILT = {"airflow_exactly_once/example_dags/"}
+
+
+def named_paths(text: str) -> list[str]:
+    return [m.group(1) for m in _NAMED_PATH.finditer(text)]
+
+
+def test_every_path_and_make_target_the_docs_name_exists():
+    targets = set(re.findall(r"^([a-z][\w-]*):", (docs.REPO / "Makefile").read_text(), re.M))
+    missing = []
+    for doc in docs.DOCS:
+        text = doc.read_text()
+        for path in named_paths(text):
+            bases = (docs.REPO, docs.REPO / "airflow_exactly_once", doc.parent)
+            if path not in _BUILT and not any((base / path).exists() for base in bases):
+                missing.append(f"{doc.relative_to(docs.REPO)}: {path}")
+        missing += [f"{doc.relative_to(docs.REPO)}: make {t}" for t in _MAKE_TARGET.findall(text) if t not in targets]
+    assert missing == [], "the docs name paths or make targets that do not exist"
+
+
+def test_named_paths_finds_paths_and_leaves_placeholders():
+    text = ("see `benchmarks/bench_gone.py`, core/faults.py and docs/sinks/ but not tests/integration/test_<sink>.py, "
+            "records/s or tests/*.py")
+    assert named_paths(text) == ["benchmarks/bench_gone.py", "core/faults.py", "docs/sinks/"]

@@ -4,7 +4,7 @@ Spec: {"type": "kafka", "topic": "out"} plus optional "guarantee" (NONE, AT_LEAS
 EXACTLY_ONCE: the default), "bootstrap_servers" (default: the pipeline's),
 "transaction_timeout_ms", "transactional_id_prefix" (default: the pipeline id),
 "kafka_config" (client settings of the output cluster, default: the pipeline's) and
-"producer_config" (producer-only settings such as linger_ms or compression_type).
+"producer_config" (producer-only settings in librdkafka's names, such as linger.ms or compression.type).
 
 The transformed DataFrame must have a `value` column (STRING or BINARY) and may have a
 `key` column; other columns are ignored. Under the sink's guarantee:
