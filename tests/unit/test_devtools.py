@@ -83,3 +83,28 @@ def test_the_triggerer_log_server_listens_on_a_reserved_port(tmp_path):
                        int(env["AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT"]))
     assert {worker, trigger, stack.port} <= set(ports._held) and len({worker, trigger, stack.port}) == 3
     assert stack.components[-1] == "triggerer" and "triggerer" not in AirflowStack(tmp_path, []).components
+
+
+def test_demo_check_compares_the_output_with_what_the_input_topic_holds(tmp_path):
+    """The demo's check line counts from the input (read off the topic), so a lost or doubled record shows."""
+    from collections import Counter
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from devtools.demo import _event, verify
+
+    output = tmp_path / "out"
+    (output / "_dead_letter").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [0, 1, 1]}), output / "part-0.parquet")
+    pq.write_table(pa.table({"key": [b"bad-0"]}), output / "_dead_letter" / "part-0.parquet")
+    good_in, bad_in = Counter({0: 1, 1: 1, 2: 1}), Counter({b"bad-0": 1})
+    line, ok = verify(output, good_in, bad_in)
+    assert not ok and line == "exactly-once check: in=4 out=3 dead_letters=1 duplicates=1 missing=1"
+    pq.write_table(pa.table({"id": [2]}), output / "part-1.parquet")
+    (output / "part-0.parquet").unlink()
+    pq.write_table(pa.table({"id": [0, 1]}), output / "part-0.parquet")
+    assert verify(output, good_in, bad_in) == ("exactly-once check: in=4 out=3 dead_letters=1 duplicates=0 "
+                                               "missing=0", True)
+    assert _event(b'{"id": 7}') == {"id": 7}
+    assert _event(b"{not json") is None and _event(b'{"id": "bad-1"}') is None
