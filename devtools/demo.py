@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def read_input(bootstrap: str) -> tuple[Counter, Counter]:
     the ids of the good events, and the keys of the bad records (values that do not decode as an event)."""
     from kafka import KafkaConsumer, TopicPartition
 
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # Airflow's logging, set up by now, would print its info
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
                              consumer_timeout_ms=10_000)
     partitions = [TopicPartition(TOPIC, p) for p in sorted(consumer.partitions_for_topic(TOPIC) or ())]
