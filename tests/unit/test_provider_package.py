@@ -32,9 +32,10 @@ PACKAGE = Path(airflow_exactly_once.__file__).resolve().parent
 
 @pytest.mark.parametrize("version", ["3.1.0", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
 def test_supported_airflow_releases_pass_the_floor(version):
-    from airflow_exactly_once.compat import check_airflow_version
+    from airflow_exactly_once.compat import AIRFLOW_FLOOR, airflow_release, check_airflow_version
 
-    check_airflow_version(version)
+    assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 0)
+    assert check_airflow_version(version) is None  # raises ImportError below the floor (the test below)
 
 
 @pytest.mark.parametrize("version", ["3.0.6", "3.0.0", "2.11.0"])
