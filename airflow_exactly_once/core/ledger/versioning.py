@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
@@ -25,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import LedgerVersionError
 from airflow_exactly_once.core.faults import fault_point
-from airflow_exactly_once.core.ledger.schema import pipelines
+from airflow_exactly_once.core.ledger.schema import metadata, pipelines
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,19 @@ def check_readable(engine: Engine) -> bool:
                                  f"{UPGRADE_HINT}")
     _current_engines.add(engine)
     return True
+
+
+def schema_differences(conn: Connection) -> list:
+    """How the database's ledger tables differ from schema.py (Alembic's autogenerate comparison; [] when equal).
+
+    On a database migrated to head this must be empty: a schema change without its migration shows here.
+    Tables that are not the ledger's (Airflow's, in a shared database) are left out.
+    """
+    context = MigrationContext.configure(conn, opts={
+        "version_table": VERSION_TABLE, "compare_type": True,
+        "include_name": lambda name, kind, _parent: kind != "table" or name in metadata.tables,
+    })
+    return compare_metadata(context, metadata)
 
 
 def _refuse_newer(version: SchemaVersion) -> None:
