@@ -150,3 +150,29 @@ def test_the_head_of_the_migrations_is_exactly_schema_py_on_postgresql(postgres)
         conn.exec_driver_sql("ALTER TABLE aeo_event ALTER COLUMN kind TYPE VARCHAR(80)")
         assert [d[0][0] for d in versioning.schema_differences(conn)] == ["modify_type"]
         conn.rollback()
+
+
+def test_writers_starting_at_once_on_an_earlier_ledger_upgrade_it_once(backend, tmp_path, request):
+    """The schema lock (advisory lock / BEGIN IMMEDIATE) serialises the upgrades of tasks that start together."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Barrier
+
+    url, _output = load_fixture(RELEASES[-1], backend, tmp_path, request)
+    epoch = Ledger(url).pipeline(PIPELINE)["epoch"]
+    ledgers = [Ledger(url) for _ in range(6)]
+    barrier = Barrier(len(ledgers))
+
+    def first_use(ledger: Ledger) -> int:
+        barrier.wait()
+        return ledger.ensure_pipeline(PIPELINE, ledger.pipeline(PIPELINE)["fingerprint"], {})
+
+    try:
+        with ThreadPoolExecutor(len(ledgers)) as pool:
+            assert list(pool.map(first_use, ledgers)) == [epoch] * len(ledgers)
+    finally:
+        for ledger in ledgers:
+            ledger.engine.dispose()
+    ledger = Ledger(url)
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql(f"SELECT version_num FROM {versioning.VERSION_TABLE}").scalars().all() == [
+            versioning.head_revision()]
