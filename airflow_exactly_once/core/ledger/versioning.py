@@ -58,7 +58,7 @@ class SchemaVersion:
         return "behind" if self.revision in known_revisions() else "ahead"
 
     def describe(self) -> str:
-        return {"empty": "no ledger tables yet", "unversioned": "written before versioning (no version row)",
+        return {"empty": "empty (no ledger tables yet)", "unversioned": "written before versioning (no version row)",
                 "current": f"at {self.revision}, the newest this provider knows",
                 "behind": f"at {self.revision}, older than {self.head}",
                 "ahead": f"at {self.revision}, which this provider does not know (its newest is {self.head})",
