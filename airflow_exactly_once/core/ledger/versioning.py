@@ -59,7 +59,7 @@ class SchemaVersion:
 
     def describe(self) -> str:
         return {"empty": "empty (no ledger tables yet)", "unversioned": "written before versioning (no version row)",
-                "current": f"at {self.revision}, the newest this provider knows",
+                "current": f"at {self.revision}, up to date",
                 "behind": f"at {self.revision}, older than {self.head}",
                 "ahead": f"at {self.revision}, which this provider does not know (its newest is {self.head})",
                 }[self.state]
