@@ -26,7 +26,8 @@ import sys
 from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.config import REDACTED, PipelineConfig
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.secrets import REDACTED
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
+from airflow_exactly_once.core.secrets import is_redacted, redacted_value
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 
 # Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
@@ -31,8 +32,6 @@ RANGE_MODES = ("continuation", "interval")
 INTERVAL_RERUNS = ("noop", "replace")
 VALUE_FORMATS = ("json", "avro", "string", "bytes")
 BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
-# What the ledger holds instead of a secret.
-REDACTED = "***"
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -214,13 +213,14 @@ class PipelineConfig:
         return asdict(self)
 
     def to_stored_dict(self) -> dict[str, Any]:
-        """What the ledger keeps: every value at `secret_paths` replaced by REDACTED; see secrets()."""
+        """What the ledger keeps: every value at `secret_paths` replaced by REDACTED (a URL keeps all but its
+        password); see secrets()."""
         if self.secret_paths is None:
             raise RuntimeError(f"pipeline {self.pipeline_id}: its secrets are not known yet; build the config with "
                                "airflow_exactly_once.pipeline.checked(), which finds them, before storing it")
         stored = asdict(self)
-        for path, _ in self._secret_values(stored):
-            _set(stored, path, REDACTED)
+        for path, value in self._secret_values(stored):
+            _set(stored, path, redacted_value(value))
         return stored
 
     def secrets(self) -> list[list[Any]]:
@@ -240,7 +240,7 @@ class PipelineConfig:
         found = []
         for path in self.secret_paths or ():
             value = _get(data, path)
-            if value not in (None, "", REDACTED):
+            if value not in (None, "") and not is_redacted(value):
                 found.append((list(path), value))
         return found
 
