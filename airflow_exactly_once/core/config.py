@@ -16,7 +16,7 @@ from typing import Any, Callable
 from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
-from airflow_exactly_once.core.secrets import is_redacted, redacted_value
+from airflow_exactly_once.core.secrets import is_redacted, redacted_value, secret_values
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 
 # Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
@@ -227,6 +227,10 @@ class PipelineConfig:
         """The values to_stored_dict() leaves out, as [path, value] pairs: what travels to a write that reads
         its settings from the ledger (a spark-submit job's environment)."""
         return [[path, value] for path, value in self._secret_values(asdict(self))]
+
+    def secret_texts(self) -> list[str]:
+        """The secrets as text a masker or a scrubber looks for (a URL's password on its own too)."""
+        return secret_values(asdict(self), self.secret_paths or ())
 
     def with_secrets(self, secrets: list[list[Any]]) -> "PipelineConfig":
         """A stored config made whole again with secrets() of the original."""

@@ -20,9 +20,9 @@ REDACTED = "***"
 # `credential` (Iceberg's REST catalog).
 SECRET_KEY_PATTERN = r"(?i)secret|password|token|access[.-]key|credential"
 # scheme://user:password@host — the password part (group 2) of a URL with user info.
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*:)([^@/?#\s]+)(@)")
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s'\"]*:)([^@/?#\s'\"]+)(@)")
 # A Spark Connect URL's token parameter: sc://host:15002/;token=...
-_URL_TOKEN = re.compile(r"(;token=)([^;\s]+)", re.IGNORECASE)
+_URL_TOKEN = re.compile(r"(;token=)([^;\s'\"]+)", re.IGNORECASE)
 
 
 def url_password(value: Any) -> str | None:
