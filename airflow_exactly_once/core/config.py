@@ -228,6 +228,11 @@ class PipelineConfig:
         its settings from the ledger (a spark-submit job's environment)."""
         return [[path, value] for path, value in self._secret_values(asdict(self))]
 
+    def redacted_paths(self) -> list[list[str]]:
+        """The secrets a stored config no longer holds (a reader must get them elsewhere, or do without)."""
+        data = asdict(self)
+        return [list(path) for path in self.secret_paths or () if is_redacted(_get(data, path))]
+
     def secret_texts(self) -> list[str]:
         """The secrets as text a masker or a scrubber looks for (a URL's password on its own too)."""
         return secret_values(asdict(self), self.secret_paths or ())

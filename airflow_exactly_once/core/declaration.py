@@ -76,7 +76,8 @@ def options_of(declaration: type) -> list[Option]:
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else (f.default if f.default is not MISSING else f.default_factory())
         found.append(Option(f.name, f.metadata["doc"], required, default, f.metadata.get("secret", False),
-                            f.metadata.get("secret_keys"), f.metadata.get("choices", ()), f.metadata.get("shown_default"),
+                            f.metadata.get("secret_keys"), f.metadata.get("choices", ()),
+                            f.metadata.get("shown_default"),
                             f.metadata.get("templated", True)))
     return found
 
@@ -130,7 +131,8 @@ class SinkSpec:
         paths = [[o.name] for o in cls.options() if o.secret and spec.get(o.name) not in (None, "")]
         for option in cls.options():
             if option.secret_keys:
-                paths += [[option.name, *path] for path in matching_key_paths(spec.get(option.name), option.secret_keys)]
+                found = matching_key_paths(spec.get(option.name), option.secret_keys)
+                paths += [[option.name, *path] for path in found]
         paths += url_paths(spec)
         return [list(p) for p in dict.fromkeys(tuple(p) for p in paths)]
 

@@ -92,3 +92,14 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
     for secret in sorted({s for s in secrets if s and len(s) > 2}, key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return _URL_TOKEN.sub(rf"\g<1>{REDACTED}", _URL_PASSWORD.sub(rf"\g<1>{REDACTED}\g<3>", text))
+
+
+def scrub_value(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """scrub() over every string in a JSON-like value (what a task returns as its XCom)."""
+    if isinstance(value, str):
+        return scrub(value, secrets)
+    if isinstance(value, Mapping):
+        return {k: scrub_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_value(v, secrets) for v in value]
+    return value

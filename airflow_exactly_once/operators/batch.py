@@ -22,7 +22,7 @@ from airflow_exactly_once.core.errors import ExactlyOnceError
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from airflow_exactly_once.core.secrets import url_password
+from airflow_exactly_once.core.secrets import scrub, scrub_value, url_password
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
@@ -101,14 +101,16 @@ class ExactlyOnceBaseOperator(BaseOperator):
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
     def execute(self, context) -> Any:
+        """The step; its XCom (a batch id, a message, a write's counts) and a failure's message hold no secret."""
+        secrets = arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
         try:
-            return self.run_step(context)
+            return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)
             if exc.retriable:
                 raise
             # Retrying cannot help (bad configuration, data loss, fenced, a transform bug).
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+            raise AirflowFailException(scrub(f"{type(exc).__name__}: {exc}", secrets)) from exc
 
     def run_step(self, context) -> Any:
         raise NotImplementedError
