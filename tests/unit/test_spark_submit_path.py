@@ -106,6 +106,21 @@ def test_submit_command_carries_only_the_batch_id(spark_conn, monkeypatch, tmp_p
     assert f"spark.pyspark.driver.python={sys.executable}" in text and "spark.executor.memory=1g" in text
 
 
+def test_the_job_gets_the_ledger_password_and_the_configs_secrets_from_its_environment_only(monkeypatch):
+    from airflow_exactly_once.core.config import PipelineConfig
+    from airflow_exactly_once.spark.job import _from_environment, secrets_environment
+    from tests.harness import pipeline_config
+
+    config = pipeline_config("p", ["t"], {"type": "postgres", "url": "postgresql://app:sink-pw@db/shop", "table": "o"})
+    env = secrets_environment("postgresql+psycopg2://eo:p%40ss@db/ledger", config)
+    assert env[LEDGER_URL_ENV] == "postgresql+psycopg2://eo:***@db/ledger"
+    monkeypatch.setenv(SECRETS_ENV, env[SECRETS_ENV])
+    url, secrets = _from_environment(env[LEDGER_URL_ENV])
+    assert url == "postgresql+psycopg2://eo:p%40ss@db/ledger"
+    stored = PipelineConfig.from_dict(config.to_stored_dict())
+    assert "sink-pw" not in repr(stored) and stored.with_secrets(secrets).sink == config.sink
+
+
 def test_connector_given_by_the_user_is_not_added(spark_conn):
     conn_id = spark_conn("eo_unit_spark", "spark://127.0.0.1", 7077, "client")
     package = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.0.0"
