@@ -56,6 +56,7 @@ from airflow.providers.common.compat.sdk import (  # noqa: E402
     BaseHook,
     BaseOperator,
     TaskGroup,
+    mask_secret,
 )
 from airflow.sdk import AssetWatcher  # noqa: E402  (3.0+; not in common-compat's sdk map)
 
@@ -78,4 +79,5 @@ __all__ = [
     "TriggerEvent",
     "airflow_release",
     "check_airflow_version",
+    "mask_secret",
 ]

@@ -8,7 +8,11 @@ never stores one.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.secrets import url_paths
 from airflow_exactly_once.kafka.settings import KafkaSettings, secret_keys
 from airflow_exactly_once.records.avro_schema import record_fields
 from airflow_exactly_once.sinks import spec_secret_paths
@@ -20,14 +24,26 @@ def checked(config: PipelineConfig) -> PipelineConfig:
     KafkaSettings.of(config).require_servers().check()
     if config.value_format == "avro":
         record_fields(config.value_schema)
-    config.secret_paths = secret_paths(config)
+    config.secret_paths = secret_paths(config.to_dict())
     return config
 
 
-def secret_paths(config: PipelineConfig) -> list[list[str]]:
-    """Where a config holds secrets: its Kafka client settings', and what the sinks' declarations name."""
-    paths = [["kafka_config", key] for key in secret_keys(config.kafka_config)]
-    paths += [["sink", *path] for path in spec_secret_paths(config.sink)]
-    if config.dead_letter:
-        paths += [["dead_letter", *path] for path in spec_secret_paths(config.dead_letter)]
-    return paths
+def secret_paths(settings: Mapping[str, Any]) -> list[list[str]]:
+    """Where pipeline settings (a config as a dict, or an operator's arguments, maybe not yet rendered) hold
+    secrets: their Kafka client settings', what the sinks' declarations name, and any URL with a password."""
+    kafka_config = settings.get("kafka_config")
+    paths = [["kafka_config", key] for key in secret_keys(kafka_config if isinstance(kafka_config, dict) else None)]
+    for name in ("sink", "dead_letter"):
+        paths += [[name, *path] for path in _spec_paths(settings.get(name))]
+    paths += url_paths(settings)
+    return [list(p) for p in dict.fromkeys(tuple(p) for p in paths)]
+
+
+def _spec_paths(spec: Any) -> list[list[str]]:
+    """A sink spec's secret paths; none for a spec that is still a template, or not yet valid (checked later)."""
+    if not isinstance(spec, dict):
+        return []
+    try:
+        return spec_secret_paths(spec)
+    except ConfigurationError:
+        return []

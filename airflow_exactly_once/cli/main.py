@@ -26,11 +26,13 @@ import sys
 from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.config import REDACTED, PipelineConfig
+from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
+from airflow_exactly_once.core.secrets import REDACTED
+from airflow_exactly_once.core.sink import Sink
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
@@ -247,6 +249,16 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
 # -- rewinding -----------------------------------------------------------------------
 
 
+def _stored_sink(config: PipelineConfig, output: str) -> Sink:
+    """The pipeline's sink as the ledger stored it; retracting output needs secrets the ledger does not keep."""
+    hidden = [".".join(path) for path in config.redacted_paths() if path[0] in ("sink", "dead_letter")]
+    if hidden and output == "retract":
+        raise ConfigurationError(f"retracting {config.pipeline_id}'s output needs its sink's secrets "
+                                 f"({', '.join(hidden)}), which the ledger does not store: give the sink a "
+                                 "connection (conn_id) instead of the secret, or rewind with --output keep")
+    return pipeline_sink(config)
+
+
 def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
 
     pid = _known(ledger, args.pipeline)
@@ -273,7 +285,7 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
     reason = what + (f": {args.reason}" if args.reason else "")
     done: list[str] = []
     if args.execute:
-        done = apply_rewind(ledger, pipeline_sink(config), plan, reason)
+        done = apply_rewind(ledger, _stored_sink(config, args.output), plan, reason)
     if args.json:
         print(json.dumps({"pipeline": pid, "executed": args.execute, "reason": reason,
                           "moves": {f"{t}:{p}": list(m) for (t, p), m in plan.moves.items()},

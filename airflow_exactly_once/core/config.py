@@ -16,6 +16,7 @@ from typing import Any, Callable
 from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
+from airflow_exactly_once.core.secrets import is_redacted, redacted_value, secret_values
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 
 # Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
@@ -31,8 +32,6 @@ RANGE_MODES = ("continuation", "interval")
 INTERVAL_RERUNS = ("noop", "replace")
 VALUE_FORMATS = ("json", "avro", "string", "bytes")
 BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
-# What the ledger holds instead of a secret.
-REDACTED = "***"
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -214,19 +213,29 @@ class PipelineConfig:
         return asdict(self)
 
     def to_stored_dict(self) -> dict[str, Any]:
-        """What the ledger keeps: every value at `secret_paths` replaced by REDACTED; see secrets()."""
+        """What the ledger keeps: every value at `secret_paths` replaced by REDACTED (a URL keeps all but its
+        password); see secrets()."""
         if self.secret_paths is None:
             raise RuntimeError(f"pipeline {self.pipeline_id}: its secrets are not known yet; build the config with "
                                "airflow_exactly_once.pipeline.checked(), which finds them, before storing it")
         stored = asdict(self)
-        for path, _ in self._secret_values(stored):
-            _set(stored, path, REDACTED)
+        for path, value in self._secret_values(stored):
+            _set(stored, path, redacted_value(value))
         return stored
 
     def secrets(self) -> list[list[Any]]:
         """The values to_stored_dict() leaves out, as [path, value] pairs: what travels to a write that reads
         its settings from the ledger (a spark-submit job's environment)."""
         return [[path, value] for path, value in self._secret_values(asdict(self))]
+
+    def redacted_paths(self) -> list[list[str]]:
+        """The secrets a stored config no longer holds (a reader must get them elsewhere, or do without)."""
+        data = asdict(self)
+        return [list(path) for path in self.secret_paths or () if is_redacted(_get(data, path))]
+
+    def secret_texts(self) -> list[str]:
+        """The secrets as text a masker or a scrubber looks for (a URL's password on its own too)."""
+        return secret_values(asdict(self), self.secret_paths or ())
 
     def with_secrets(self, secrets: list[list[Any]]) -> "PipelineConfig":
         """A stored config made whole again with secrets() of the original."""
@@ -240,7 +249,7 @@ class PipelineConfig:
         found = []
         for path in self.secret_paths or ():
             value = _get(data, path)
-            if value not in (None, "", REDACTED):
+            if value not in (None, "") and not is_redacted(value):
                 found.append((list(path), value))
         return found
 

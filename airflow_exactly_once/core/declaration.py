@@ -12,14 +12,18 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, Iterable, Mapping
 
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.secrets import matching_key_paths, url_paths
 
 
 def argument(default: Any = MISSING, doc: str = "", *, templated: bool = True, factory: Any = MISSING,
-             secret: bool = False, choices: Iterable[Any] = (), shown_default: str | None = None) -> Any:
-    """A declared setting: its default, the sentence docs and `:param` lines show, whether it is a secret,
-    the values it may take, and the default as the docs say it when it is not a literal."""
-    metadata = {"doc": doc, "templated": templated, "secret": secret, "choices": tuple(choices),
-                "shown_default": shown_default}
+             secret: bool = False, secret_keys: str | None = None, choices: Iterable[Any] = (),
+             shown_default: str | None = None) -> Any:
+    """A declared setting: its default, the sentence docs and `:param` lines show, whether it is a secret
+    (`secret`: as a whole; `secret_keys`: a dict whose keys matching this pattern hold secrets, e.g.
+    core.secrets.SECRET_KEY_PATTERN), the values it may take, and the default as the docs say it when it is
+    not a literal."""
+    metadata = {"doc": doc, "templated": templated, "secret": secret, "secret_keys": secret_keys,
+                "choices": tuple(choices), "shown_default": shown_default}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -48,6 +52,7 @@ class Option:
     required: bool
     default: Any
     secret: bool
+    secret_keys: str | None
     choices: tuple[Any, ...]
     shown_default: str | None
     templated: bool
@@ -71,7 +76,8 @@ def options_of(declaration: type) -> list[Option]:
         required = f.default is MISSING and f.default_factory is MISSING
         default = None if required else (f.default if f.default is not MISSING else f.default_factory())
         found.append(Option(f.name, f.metadata["doc"], required, default, f.metadata.get("secret", False),
-                            f.metadata.get("choices", ()), f.metadata.get("shown_default"),
+                            f.metadata.get("secret_keys"), f.metadata.get("choices", ()),
+                            f.metadata.get("shown_default"),
                             f.metadata.get("templated", True)))
     return found
 
@@ -120,8 +126,15 @@ class SinkSpec:
 
     @classmethod
     def secret_paths(cls, spec: Mapping[str, Any]) -> list[list[str]]:
-        """Where `spec` holds secrets, as key paths within it: the declared secret keys it gives."""
-        return [[o.name] for o in cls.options() if o.secret and spec.get(o.name) not in (None, "")]
+        """Where `spec` holds secrets, as key paths within it: the declared secret keys it gives, the keys of a
+        declared property dict that match its pattern, and any URL with a password, wherever it is."""
+        paths = [[o.name] for o in cls.options() if o.secret and spec.get(o.name) not in (None, "")]
+        for option in cls.options():
+            if option.secret_keys:
+                found = matching_key_paths(spec.get(option.name), option.secret_keys)
+                paths += [[option.name, *path] for path in found]
+        paths += url_paths(spec)
+        return [list(p) for p in dict.fromkeys(tuple(p) for p in paths)]
 
     @classmethod
     def dead_letter_beside(cls, spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class BatchCoordinator:
                  stop_attempts: StopAttempts | None = None) -> None:
         self.config = config
         self.ledger = ledger
+        ledger.hide(config.secret_texts())  # no error or event it records holds one
         self.sink = sink.bind(config)
         self.stop_attempts = stop_attempts
         self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery

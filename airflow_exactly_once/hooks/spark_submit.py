@@ -1,6 +1,7 @@
 """The write job of one batch, submitted to a Spark cluster with the Spark provider's SparkSubmitHook.
 
-Only the batch id travels on the command line and the ledger URL in the environment; the
+Only the batch id travels on the command line, and the ledger URL (without its password) and
+the secrets the ledger does not store in the environment (spark.job.secrets_environment); the
 job reads everything else from the ledger. What the job needs besides pyspark goes with
 the submission: the Kafka connector jars (`--jars`, unless `spark_conf` already names
 them) and a zip of this package and of the transform's module (`--py-files`).
@@ -12,7 +13,6 @@ imports it (operators/write_launch.py hands it to spark/submit.py when the write
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -29,9 +29,10 @@ except ImportError as exc:
     raise MissingExtraError("spark_conn_id (the write on a Spark cluster, through SparkSubmitHook)",
                             "spark-submit", exc.name) from exc
 
+from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.spark.connector import spark_home, with_connectors
-from airflow_exactly_once.spark.job import LEDGER_URL_ENV, SECRETS_ENV
+from airflow_exactly_once.spark.job import secrets_environment
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.shipping import build_bundle
 
@@ -44,7 +45,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
     """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
-                 spark_conf: dict[str, Any] | None = None, secrets: list[list[Any]] | None = None,
+                 spark_conf: dict[str, Any] | None = None, config: PipelineConfig | None = None,
                  packages: Sequence[str] = ()) -> None:
         conf = {k: str(v) for k, v in with_connectors(spark_conf or {}, packages).items()}
         master = conf.pop("spark.master", None)
@@ -57,7 +58,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
         super().__init__(conf=conf, conn_id=spark_conn_id, name=f"exactly-once {batch_id}",
                          jars=user_jars or None,
                          application_args=["--batch-id", str(batch_id)],
-                         env_vars={LEDGER_URL_ENV: ledger_url, SECRETS_ENV: json.dumps(secrets or [])})
+                         env_vars=secrets_environment(ledger_url, config))
         if master and master != self._connection["master"]:
             self.log.warning("spark_conf sets spark.master=%s; the %s connection's master %s is used instead",
                              master, spark_conn_id, self._connection["master"])

@@ -12,10 +12,12 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import options_of
+from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN, matching_key_paths, secret_values
+from airflow_exactly_once.pipeline import secret_paths
 from airflow_exactly_once.sinks import SPECS
 
 
@@ -26,6 +28,8 @@ class Argument:
     doc: str
     templated: bool = True
     required: bool = False
+    # A free-form dict whose keys matching this pattern hold secrets (core.declaration.argument's secret_keys).
+    secret_keys: str | None = None
 
 
 TASK_ARGUMENTS = (
@@ -34,8 +38,10 @@ TASK_ARGUMENTS = (
     Argument("ledger_conn_id", None, "Connection of the offset ledger (postgres, sqlite or exactly_once_ledger); "
                                      "default: the embedded SQLite file in AIRFLOW_HOME."),
     Argument("ledger_url", None, "SQLAlchemy URL of the ledger, instead of ledger_conn_id."),
-    Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*].",
-             templated=False),
+    Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*]. "
+                                 "Keys matching Spark's `spark.redaction.regex` (secret, password, token, access "
+                                 "key) and a `spark.remote` URL's token are secrets: masked in logs, never stored.",
+             templated=False, secret_keys=SECRET_KEY_PATTERN),
     Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster instead of "
                                     "running it in the task."),
 )
@@ -51,6 +57,16 @@ def _pipeline_arguments() -> tuple[Argument, ...]:
 PIPELINE_ARGUMENTS = _pipeline_arguments()
 ARGUMENTS: tuple[Argument, ...] = PIPELINE_ARGUMENTS + TASK_ARGUMENTS
 TEMPLATE_FIELDS: tuple[str, ...] = tuple(a.name for a in ARGUMENTS if a.templated)
+
+
+def secret_texts(values: Mapping[str, Any]) -> list[str]:
+    """Every secret in an operator's arguments (rendered or not), as text for Airflow's secrets masker: those the
+    pipeline settings' declarations name, the declared keys of property dicts, and any URL's password."""
+    paths = secret_paths(values)
+    for a in ARGUMENTS:
+        if a.secret_keys:
+            paths += [[a.name, *path] for path in matching_key_paths(values.get(a.name), a.secret_keys)]
+    return secret_values(values, paths)
 
 
 def take_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:

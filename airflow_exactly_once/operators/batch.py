@@ -15,12 +15,14 @@ from airflow_exactly_once.compat import (
     AirflowFailException,
     AirflowSkipException,
     BaseOperator,
+    mask_secret,
 )
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import ExactlyOnceError
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.secrets import scrub, scrub_value, url_password
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
@@ -54,8 +56,15 @@ class ExactlyOnceBaseOperator(BaseOperator):
         super().__init__(**kwargs)
         for name, value in values.items():
             setattr(self, name, value)
+        _mask(arguments.secret_texts(values))  # literal secrets: out of the logs from the start
 
     __init__.__signature__ = arguments.signature()  # type: ignore[attr-defined]
+
+    def render_template_fields(self, context, jinja_env=None) -> None:
+        """Render, then register every secret of the rendered arguments with Airflow's secrets masker, before
+        Airflow stores the rendered fields (it redacts what the masker knows) or anything logs them."""
+        super().render_template_fields(context, jinja_env)
+        _mask(arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS}))
 
     # -- building blocks (called from execute only) --------------------------------
 
@@ -72,7 +81,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
             startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
             startup_group_id=_optional(self.startup_group_id), guarantee=_optional(self.guarantee),
         )
-        return checked(PipelineConfig(**values))
+        config = checked(PipelineConfig(**values))
+        _mask(config.secret_texts())  # with those the connections added
+        return config
 
     def ledger_hook(self) -> LedgerHook:
         return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
@@ -81,6 +92,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         """The Spark Connect server the writes run on (None: in the task, or spark-submitted); read once."""
         if "_connect_url" not in self.__dict__:
             self._connect_url = spark_connect_url(self.spark_conn_id, self.spark_conf)
+            _mask([url_password(self._connect_url)])  # a token from the spark_connect connection
         return self._connect_url
 
     def coordinator(self) -> BatchCoordinator:
@@ -89,20 +101,29 @@ class ExactlyOnceBaseOperator(BaseOperator):
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
     def execute(self, context) -> Any:
+        """The step; its XCom (a batch id, a message, a write's counts) and a failure's message hold no secret."""
+        secrets = arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
         try:
-            return self.run_step(context)
+            return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)
             if exc.retriable:
                 raise
             # Retrying cannot help (bad configuration, data loss, fenced, a transform bug).
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+            raise AirflowFailException(scrub(f"{type(exc).__name__}: {exc}", secrets)) from exc
 
     def run_step(self, context) -> Any:
         raise NotImplementedError
 
 
 ExactlyOnceBaseOperator.__doc__ = ExactlyOnceBaseOperator.__doc__.format(params=arguments.param_docs())
+
+
+def _mask(secrets: list[str | None]) -> None:
+    """Tell Airflow's secrets masker: task logs, rendered fields and XComs then show *** instead."""
+    for secret in secrets:
+        if secret:
+            mask_secret(secret)
 
 
 def _optional_int(value: Any) -> int | None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
+from sqlalchemy.engine import make_url
+
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import (
@@ -28,6 +30,7 @@ from airflow_exactly_once.core.errors import (
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.kafka.access import diagnose
 from airflow_exactly_once.kafka.settings import KafkaSettings
@@ -43,9 +46,11 @@ from airflow_exactly_once.spark.session import drop_stale_connect_mode
 
 log = logging.getLogger(__name__)
 
-# The ledger URL may hold a password: spark-submit passes it in the environment, not argv.
+# spark-submit passes the ledger URL in the environment, without its password (a cluster shows a driver's
+# environment in Spark's UI, e.g. as spark.yarn.appMasterEnv.*) ...
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
-# The settings the ledger does not store (PipelineConfig.secrets()), likewise.
+# ... and, under a name Spark's UI redacts (spark.redaction.regex matches "secret"), what the ledger does not
+# store: {"config": PipelineConfig.secrets(), "ledger_password": the ledger URL's password}.
 SECRETS_ENV = "AIRFLOW_EXACTLY_ONCE_SECRETS"
 EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 FIRST_BAD = 5  # bad records named in an error or kept in the ledger
@@ -257,6 +262,23 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
     return exc
 
 
+def secrets_environment(ledger_url: str, config: PipelineConfig | None) -> dict[str, str]:
+    """The environment that brings the ledger's location and a config's secrets to the job (see main)."""
+    url = make_url(ledger_url)
+    secrets = {"config": config.secrets() if config is not None else [], "ledger_password": url.password}
+    return {LEDGER_URL_ENV: redacted_value(ledger_url) if url.password else ledger_url,
+            SECRETS_ENV: json.dumps(secrets)}
+
+
+def _from_environment(ledger_url: str) -> tuple[str, list[list[Any]]]:
+    """The ledger URL made whole and the config's secrets, from what secrets_environment() set."""
+    secrets = json.loads(os.environ.get(SECRETS_ENV) or "{}")
+    password = secrets.get("ledger_password")
+    if password:
+        ledger_url = make_url(ledger_url).set(password=password).render_as_string(hide_password=False)
+    return ledger_url, secrets.get("config") or []
+
+
 def main(argv: list[str] | None = None) -> int:
     """spark-submit entry point: only the batch id and the ledger location travel.
 
@@ -275,14 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     batch_id = BatchId.parse(args.batch_id)
-    ledger = Ledger(args.ledger_url)
+    ledger_url, secrets = _from_environment(args.ledger_url)
+    ledger = Ledger(ledger_url)
     ledger.create_schema()  # idempotent; an empty database then says "not in the ledger" below
     pipeline = ledger.pipeline(batch_id.pipeline_id)
     if pipeline is None:
         log.error("pipeline %s is not in the ledger at the given URL; was the batch planned there?",
                   batch_id.pipeline_id)
         return EXIT_FOR_GOOD
-    config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(json.loads(os.environ.get(SECRETS_ENV) or "[]"))
+    config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(secrets)
     coordinator = BatchCoordinator(config, ledger, pipeline_sink(config))
     drop_stale_connect_mode()  # a Spark Connect mark inherited from the process that submitted the job
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()

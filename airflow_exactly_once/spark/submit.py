@@ -61,7 +61,7 @@ class SparkSubmitWrite(WriteLauncher):
         ledger.store_config(config.pipeline_id, stored)
         clear_failure(ledger, batch_id)
         self.hook = self.submit_hook(spark_conn_id=self.spark_conn_id, batch_id=batch_id, ledger_url=ledger.url,
-                                     transform=config.transform, spark_conf=self.spark_conf, secrets=config.secrets(),
+                                     transform=config.transform, spark_conf=self.spark_conf, config=config,
                                      packages=pipeline_packages(config, self.coordinator.sink))
 
     def wait(self) -> WriteReport:

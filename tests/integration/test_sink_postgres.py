@@ -249,3 +249,44 @@ def test_gid_parsing_and_lock_timeout_url():
     assert parse_gid("pipe", make_gid("pipe-1", 12, 3, 7)) is None
     url = with_lock_timeout("postgresql://u@h:5/db?sslmode=disable", 1500)
     assert url == "postgresql://u@h:5/db?sslmode=disable&options=-c%20lock_timeout%3D1500"
+
+
+def test_a_url_password_stays_out_of_the_ledger_and_every_write_path_gets_it_from_the_argument(spark, dsn, table):
+    """Invariant 9 on a PostgreSQL ledger: the sink's `url` password is in no ledger row (config, errors, events),
+    and both the task's write (the argument) and a spark-submit job's (the stored config made whole by the secrets
+    that travel outside the ledger) commit. The tests' server trusts 127.0.0.1, so the password is carried, not
+    checked: what is asserted is where it goes."""
+    import sqlalchemy as sa
+
+    from airflow_exactly_once.core.config import PipelineConfig
+    from airflow_exactly_once.core.ledger.schema import metadata
+    from airflow_exactly_once.core.protocol import BatchCoordinator
+    from airflow_exactly_once.sinks import pipeline_sink
+
+    secret = f"pg-url-{uuid.uuid4().hex[:8]}"
+    url = dsn.replace("@", f":{secret}@", 1)
+    config = pipeline_config(f"pg-secret-{uuid.uuid4().hex[:8]}", ["t"], {"type": "postgres", "url": url,
+                                                                         "table": table})
+    ledger = open_ledger(dsn)
+    pipe = Pipe(config, ledger, lambda: FakeSource({}), run_writers=run_partition_writers)
+    pipe.sink.check(config.pipeline_id)
+    first = pipe.planted_batch("run-1", [OffsetRange("t", 0, 0, 2)])
+    pipe.write(first.id, frame(spark, [(1, "a", None, None, None, None), (2, "b", None, None, None, None)], 1))
+    pipe.commit(first.id)
+    failed = pipe.planted_batch("run-2", [OffsetRange("t", 0, 2, 3)])
+    pipe.abort(failed.id, f"the write could not reach {url}")  # an error naming the URL
+
+    stored = PipelineConfig.from_dict(ledger.pipeline(config.pipeline_id)["config"])
+    assert stored.sink["url"] == dsn.replace("@", ":***@", 1)
+    job = BatchCoordinator(stored.with_secrets(config.secrets()), ledger, pipeline_sink(stored))  # spark.job's view
+    third = pipe.planted_batch("run-3", [OffsetRange("t", 0, 2, 4)])
+    claimed = job.claim(third.id)
+    staged = job.sink.stage(frame(spark, [(3, "c", None, None, None, None)], 1), claimed, run_partition_writers)
+    job.prepare(claimed, staged, 2, 1)
+    assert "1 now" in job.commit(third.id)
+    assert rows_of(dsn, table) == [(1, "a"), (2, "b"), (3, "c")]
+
+    with ledger.engine.connect() as conn:
+        rows = repr([conn.execute(sa.select(t)).all() for t in metadata.sorted_tables])
+    assert config.pipeline_id in rows and "could not reach" in rows and secret not in rows
+    assert prepared(dsn) == []

@@ -38,7 +38,7 @@ def test_a_valid_spec_names_table_catalog_and_packages():
     ({"catalog": {"type": "postgres"}}, "exactly one of 'conn_id'"),
     ({"catalog": {"type": "postgres", "url": "mysql://h/db"}}, "postgresql://"),
     ({"catalog": {"name": "9lives"}}, "Spark identifier"),
-    ({"catalog": {"conn_id": "x"}}, "takes 'name' and 'path'"),
+    ({"catalog": {"conn_id": "x"}}, "takes 'name', 'path' and 'properties'"),
     ({"warehouse": "s3://bucket/lake"}, "SQLite file under a local warehouse"),
     ({"create_table": "yes"}, "True or False"),
     ({"partitioned_by": [1]}, "column names"),

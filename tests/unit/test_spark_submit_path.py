@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from airflow_exactly_once.operators.batch import WriteBatchOperator
 from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.job import EXIT_FOR_GOOD, LEDGER_URL_ENV, SECRETS_ENV
+
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]key"  # Spark's spark.redaction.regex default
 from airflow_exactly_once.spark.shipping import build_bundle, transform_source
 
 
@@ -96,9 +99,26 @@ def test_submit_command_carries_only_the_batch_id(spark_conn, monkeypatch, tmp_p
     # No connector named anywhere: Spark resolves the one matching the installed pyspark.
     assert f"spark.jars.packages={kafka_package()}" in text and "spark.jars.ivySettings=" in text
     assert cmd[-3:] == ["launcher.py", "--batch-id", "orders:3"]
-    assert "s3cr3t" not in text and hook._env_vars == {LEDGER_URL_ENV: "postgresql+psycopg2://eo:s3cr3t@db/ledger",
-                                                       SECRETS_ENV: "[]"}
+    # The ledger's password travels only under a name Spark's UI redacts, never with the URL.
+    assert "s3cr3t" not in text and hook._env_vars[LEDGER_URL_ENV] == "postgresql+psycopg2://eo:***@db/ledger"
+    assert json.loads(hook._env_vars[SECRETS_ENV]) == {"config": [], "ledger_password": "s3cr3t"}
+    assert re.search(SPARK_REDACTION_REGEX, SECRETS_ENV) and not re.search(SPARK_REDACTION_REGEX, LEDGER_URL_ENV)
     assert f"spark.pyspark.driver.python={sys.executable}" in text and "spark.executor.memory=1g" in text
+
+
+def test_the_job_gets_the_ledger_password_and_the_configs_secrets_from_its_environment_only(monkeypatch):
+    from airflow_exactly_once.core.config import PipelineConfig
+    from airflow_exactly_once.spark.job import _from_environment, secrets_environment
+    from tests.harness import pipeline_config
+
+    config = pipeline_config("p", ["t"], {"type": "postgres", "url": "postgresql://app:sink-pw@db/shop", "table": "o"})
+    env = secrets_environment("postgresql+psycopg2://eo:p%40ss@db/ledger", config)
+    assert env[LEDGER_URL_ENV] == "postgresql+psycopg2://eo:***@db/ledger"
+    monkeypatch.setenv(SECRETS_ENV, env[SECRETS_ENV])
+    url, secrets = _from_environment(env[LEDGER_URL_ENV])
+    assert url == "postgresql+psycopg2://eo:p%40ss@db/ledger"
+    stored = PipelineConfig.from_dict(config.to_stored_dict())
+    assert "sink-pw" not in repr(stored) and stored.with_secrets(secrets).sink == config.sink
 
 
 def test_connector_given_by_the_user_is_not_added(spark_conn):

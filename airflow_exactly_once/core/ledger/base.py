@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, Iterable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -26,6 +26,7 @@ from airflow_exactly_once.core.ledger.schema import (
     position_resets,
 )
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
+from airflow_exactly_once.core.secrets import scrub
 from airflow_exactly_once.core.states import BatchState, check_transition
 
 _L = TypeVar("_L", bound="LedgerBase")
@@ -41,6 +42,17 @@ class LedgerBase:
 
     def __init__(self, engine: Engine | str) -> None:
         self.engine = create_ledger_engine(engine) if isinstance(engine, str) else engine
+        # Secret values that no error, event or detail written through this ledger may hold (see hide()).
+        self.hidden: frozenset[str] = frozenset()
+
+    def hide(self, secrets: Iterable[str]) -> None:
+        """Keep these values (a pipeline's secrets) out of every text this ledger writes; a URL's password
+        is always kept out."""
+        self.hidden = self.hidden | frozenset(secrets)
+
+    def scrubbed(self, text: str) -> str:
+        """`text` as the ledger may keep it: without the hidden values or any URL's password."""
+        return scrub(text, self.hidden)
 
     @property
     def url(self) -> str:
@@ -60,19 +72,17 @@ class LedgerBase:
         with self.engine.begin() as conn:  # one transaction: on SQLite it holds the write lock
             create_tables(conn)
 
-    @staticmethod
-    def _event(conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
+    def _event(self, conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
         conn.execute(events.insert().values(pipeline_id=pipeline_id, batch_seq=batch_seq, kind=kind,
-                                            message=message, at=utc_now()))
+                                            message=self.scrubbed(message), at=utc_now()))
 
-    @classmethod
-    def _insert_resets(cls, conn: Connection, pipeline_id: str, resets: dict[TopicPartition, Reset],
+    def _insert_resets(self, conn: Connection, pipeline_id: str, resets: dict[TopicPartition, Reset],
                        after_seq: int, kind: str) -> None:
         for (topic, partition), (offset, reason) in sorted(resets.items()):
             conn.execute(position_resets.insert().values(
                 pipeline_id=pipeline_id, topic=topic, partition=partition, new_offset=offset,
-                after_batch_seq=after_seq, kind=kind, reason=reason[:4000], at=utc_now()))
-            cls._event(conn, pipeline_id, None, kind, f"{topic}[{partition}] continues at offset {offset}: {reason}")
+                after_batch_seq=after_seq, kind=kind, reason=self.scrubbed(reason)[:4000], at=utc_now()))
+            self._event(conn, pipeline_id, None, kind, f"{topic}[{partition}] continues at offset {offset}: {reason}")
 
     @staticmethod
     def _bump_epoch(conn: Connection, pipeline_id: str, expected_epoch: int) -> int:
@@ -87,6 +97,8 @@ class LedgerBase:
     def _set_state(self, conn: Connection, batch_id: BatchId, expected: BatchState, target: BatchState,
                    epoch: int | None = None, **values: Any) -> None:
         check_transition(expected, target)
+        if values.get("error"):
+            values["error"] = self.scrubbed(values["error"])
         where = [batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq,
                  batches.c.state == expected.value]
         if epoch is not None:

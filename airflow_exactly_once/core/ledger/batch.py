@@ -176,7 +176,7 @@ class BatchLedger(LedgerBase):
             merged = {**current.details, **details}
             conn.execute(batches.update()
                          .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq)
-                         .values(details=dumps(merged), updated_at=utc_now()))
+                         .values(details=self.scrubbed(dumps(merged)), updated_at=utc_now()))
 
     def pending_retractions(self, pipeline_id: str) -> list[Batch]:
         """RETRACTED batches whose output the sink has not confirmed removed yet."""

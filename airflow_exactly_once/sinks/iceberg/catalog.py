@@ -53,6 +53,9 @@ class CatalogSpec:
     kind: str
     warehouse: str  # URI
     url: str  # SQLAlchemy URL of the catalog database (may hold a password)
+    # Iceberg catalog properties (FileIO settings such as s3.endpoint, s3.secret-access-key), given to pyiceberg
+    # and to Spark's catalog alike; their secrets are declared by the spec (IcebergSpec.catalog's secret_keys).
+    properties: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "CatalogSpec":
@@ -66,27 +69,33 @@ class CatalogSpec:
             raise ConfigurationError(f"iceberg catalog type {kind!r} is not supported; choose one of "
                                      f"{', '.join(KINDS)}")
         name = given.get("name", "iceberg")
+        properties = given.get("properties") or {}
+        if not isinstance(properties, dict):
+            raise ConfigurationError("the iceberg catalog's 'properties' must be a dict of Iceberg catalog properties, "
+                                     "e.g. {'s3.endpoint': 'http://minio:9000', 's3.secret-access-key': '...'}")
+        props = tuple(sorted((str(k), str(v)) for k, v in properties.items()))
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigurationError(f"iceberg catalog name {name!r} must be a Spark identifier (letters, digits, "
                                      "'_'; not starting with a digit)")
         if kind == "embedded":
-            unknown = sorted(set(given) - {"type", "name", "path"})
+            unknown = sorted(set(given) - {"type", "name", "path", "properties"})
             if unknown:
-                raise ConfigurationError(f"the embedded iceberg catalog takes 'name' and 'path', not {unknown}; "
+                raise ConfigurationError(f"the embedded iceberg catalog takes 'name', 'path' and 'properties', not "
+                                         f"{unknown}; "
                                          "for a PostgreSQL catalog set 'type': 'postgres'")
             path = given.get("path") or (os.path.join(local, EMBEDDED_FILE) if local else None)
             if not path or not os.path.isabs(str(path)):
                 raise ConfigurationError("the embedded iceberg catalog is a SQLite file under a local warehouse; "
                                          f"with warehouse {warehouse!r} give catalog 'path' (an absolute file path) "
                                          "or use a PostgreSQL catalog ({'type': 'postgres', 'conn_id': ...})")
-            return cls(name, kind, warehouse, f"sqlite:///{path}")
+            return cls(name, kind, warehouse, f"sqlite:///{path}", props)
         if bool(given.get("conn_id")) == bool(given.get("url")):
             raise ConfigurationError("a postgres iceberg catalog needs exactly one of 'conn_id' (an Airflow postgres "
                                      "connection, recommended: the spec is stored in the ledger) or 'url' "
                                      "('postgresql://user@host:5432/db')")
         if given.get("url") and urlsplit(str(given["url"])).scheme not in _PG_SCHEMES:
             raise ConfigurationError(f"the iceberg catalog url must start with postgresql://, not {given['url']!r}")
-        return cls(name, kind, warehouse, str(given.get("url") or f"conn:{given['conn_id']}"))
+        return cls(name, kind, warehouse, str(given.get("url") or f"conn:{given['conn_id']}"), props)
 
     # -- the database --------------------------------------------------------------
 
@@ -142,7 +151,7 @@ class CatalogSpec:
         conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "jdbc",
                 f"{prefix}.warehouse": self.warehouse, f"{prefix}.jdbc.init-catalog-tables": "false",
                 # Always the catalog's current metadata: pyiceberg commits from other processes.
-                f"{prefix}.cache-enabled": "false"}
+                f"{prefix}.cache-enabled": "false", **{f"{prefix}.{k}": v for k, v in self.properties}}
         if self.kind == "embedded":
             conf[f"{prefix}.uri"] = "jdbc:sqlite:" + self.url[len("sqlite:///"):]
             return conf
@@ -166,7 +175,8 @@ class CatalogSpec:
             raise MissingExtraError("the iceberg sink", "iceberg", exc.name) from exc
         self.prepare()
         try:
-            return SqlCatalog(self.name, uri=self.database_url(), warehouse=self.warehouse)
+            return SqlCatalog(self.name, **{**dict(self.properties), "uri": self.database_url(),
+                                            "warehouse": self.warehouse})
         except ImportError as exc:  # psycopg2 for a PostgreSQL catalog
             raise MissingExtraError("the iceberg sink's PostgreSQL catalog", "iceberg", exc.name) from exc
         except Exception as exc:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument
+from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
 
 
 @dataclass(kw_only=True)
@@ -21,8 +22,12 @@ class IcebergSpec(SinkSpec):
                                                     "connection>\"}` / `\"url\": \"postgresql://user@host:5432/db\"`: "
                                                     "Iceberg's JDBC catalog on PostgreSQL. `name`: the catalog name "
                                                     "in Spark and in the catalog's rows (other Spark jobs reading the "
-                                                    "table must use the same name)",
-                                              shown_default="embedded, named `iceberg`")
+                                                    "table must use the same name). `properties`: Iceberg catalog "
+                                                    "properties (e.g. `s3.endpoint`, `s3.access-key-id`, "
+                                                    "`s3.secret-access-key`) for pyiceberg and Spark alike. Keys "
+                                                    "matching Spark's redaction rule (secret, password, token, "
+                                                    "access key, credential) and a url's password are secrets",
+                                              secret_keys=SECRET_KEY_PATTERN, shown_default="embedded, named `iceberg`")
     create_table: bool = argument(False, "Create the table on the first write from the transform's schema (format "
                                          "version 2)", shown_default="`False`: a missing table is a plan-time error")
     table_properties: dict[str, str] | None = argument(None, "Properties of a table the sink creates")

@@ -37,9 +37,10 @@ class KafkaSpec(SinkSpec):
 
     @classmethod
     def secret_paths(cls, spec: Mapping[str, Any]) -> list[list[str]]:
-        """The secrets among the sink's own client settings (`kafka_config`)."""
+        """The secrets among the sink's own client settings (`kafka_config`), and any URL with a password."""
         settings = spec.get("kafka_config")
-        return [["kafka_config", key] for key in secret_keys(settings if isinstance(settings, dict) else None)]
+        own = [["kafka_config", key] for key in secret_keys(settings if isinstance(settings, dict) else None)]
+        return own + [p for p in super().secret_paths(spec) if p not in own]
 
     @classmethod
     def dead_letter_beside(cls, spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,9 +19,10 @@ class PostgresSpec(SinkSpec):
                                          "database; extras `sslmode`, `sslrootcert`, `options`, ... are passed to "
                                          "libpq); give exactly one of `conn_id` and `url`",
                                    shown_default="required (or `url`)")
-    url: str | None = argument(None, "A URL `postgresql://user@host:5432/db` instead of `conn_id` (the spec is stored "
-                                     "in the ledger: a connection keeps the password out of it)",
-                               shown_default="required (or `conn_id`)")
+    url: str | None = argument(None, "A URL `postgresql://user:password@host:5432/db` instead of `conn_id`; the ledger "
+                                     "stores it without its password, so only the pipeline's tasks (which have the "
+                                     "argument) can write; a connection also lets the CLI's rewind reach the table",
+                               secret=True, shown_default="required (or `conn_id`)")
     table: str = argument(doc="`name` or `schema.name` (case-sensitive, as Spark's column names); it must exist: "
                               "the sink never creates tables, their types and keys are yours")
     mode: str = argument("insert", "`insert` (append), or `upsert` (`INSERT ... ON CONFLICT (key) DO UPDATE`)",
