@@ -2,14 +2,15 @@
 
 Neither this file nor a run's conf holds a secret (both are stored by Airflow as they are): the
 secrets come at run time from the test's Airflow connections and from Variables whose names
-Airflow does not take for secret ones (so only the provider can mask their values), and
-`spark_conf`, which is not templated, from the environment of the test's Airflow.
+Airflow does not take for secret ones (so only the provider can mask their values; set in the test
+Airflow's environment, tests/no_secret.py), and `spark_conf`, which is not templated, from that
+environment when the file is parsed.
 
 * `pg` (the embedded ledger): JSON records from the secured broker (connection `eo_nst_kafka`,
   SASL password in its extra) plus a secret in `kafka_config`, a PostgreSQL sink and a PostgreSQL
   dead-letter table, both given as a `url` with a password;
 * `ice` (a PostgreSQL ledger through connection `eo_nst_ledger`, which has a password): the same
-  records into Iceberg, whose PostgreSQL catalog is given as a `url` with a password.
+  records into Iceberg, whose PostgreSQL catalog is given as a `url` with a password and a secret property.
 
 Both writes run on the Spark Connect server named by the run's `spark_conn_id`: the session's warm
 server, or a connection with a token that points at a port nobody listens on (the failing run).
@@ -23,13 +24,17 @@ from datetime import datetime
 from airflow.sdk import DAG
 
 from airflow_exactly_once.task_group import exactly_once_batch
+from tests.no_secret import (
+    CATALOG_S3_VAR,
+    CATALOG_URL_VAR,
+    DEAD_LETTER_URL_VAR,
+    KAFKA_CONFIG_VAR,
+    SINK_URL_VAR,
+    SPARK_CONF_ENV,
+)
 
 KAFKA_CONN_ID = "eo_nst_kafka"
 LEDGER_CONN_ID = "eo_nst_ledger"
-# Variable names without "secret", "password", "token", ...: Airflow masks none of their values by itself.
-SINK_URL_VAR, DEAD_LETTER_URL_VAR, CATALOG_URL_VAR, KAFKA_CONFIG_VAR = (
-    "eo_nst_sink_url", "eo_nst_dead_letter_url", "eo_nst_catalog_url", "eo_nst_kafka_tls")
-SPARK_CONF_ENV = "EO_NO_SECRET_SPARK_CONF"  # set in the test Airflow's environment (tests/conftest.py)
 
 COMMON = dict(
     topics="{{ params.topic }}",
@@ -68,7 +73,10 @@ with DAG(
         group_id="ice",
         pipeline_id="{{ params.prefix }}-ice",
         sink={"type": "iceberg", "table": "db.{{ params.table }}", "warehouse": "{{ params.warehouse }}",
-              "catalog": {"type": "postgres", "url": "{{ var.value.%s }}" % CATALOG_URL_VAR}, "create_table": True},
+              # s3.* properties go unused with a local warehouse: a secret that pyiceberg and Spark are handed.
+              "catalog": {"type": "postgres", "url": "{{ var.value.%s }}" % CATALOG_URL_VAR,
+                          "properties": {"s3.secret-access-key": "{{ var.value.%s }}" % CATALOG_S3_VAR}},
+              "create_table": True},
         ledger_conn_id=LEDGER_CONN_ID,
         transform="eo_test_transforms:rows",
         **COMMON,

@@ -3,7 +3,8 @@ in every store and output of a real Airflow after two good runs and a failing on
 
 The places (tests/conftest.py NO_SECRET_MARKERS, given by tests/dags/eo_no_secret_test_dag.py): the Kafka
 connection's SASL password (the secured broker's login of NO_SECRET_USER, so the runs prove it was used),
-`kafka_config`, a PostgreSQL sink's and dead-letter table's `url`, an Iceberg PostgreSQL catalog's `url`, the
+`kafka_config`, a PostgreSQL sink's and dead-letter table's `url`, an Iceberg PostgreSQL catalog's `url` and a
+secret catalog property (`s3.secret-access-key`), the
 PostgreSQL ledger connection's password, a Spark Connect connection's token and a `spark_conf` entry. The test
 PostgreSQL trusts local logins, so the passwords in URLs and connections are planted, not checked, by it.
 
@@ -31,17 +32,13 @@ from pathlib import Path
 from kafka import KafkaProducer
 
 from airflow_exactly_once.cli.main import main as cli_main
+from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from devtools.ports import reserve_port
 from tests.conftest import NO_SECRET_MARKERS, NO_SECRET_USER, PG_DATABASE, SECURED_IN
-from tests.dags.eo_no_secret_test_dag import (
-    CATALOG_URL_VAR,
-    DEAD_LETTER_URL_VAR,
-    KAFKA_CONFIG_VAR,
-    KAFKA_CONN_ID,
-    LEDGER_CONN_ID,
-    SINK_URL_VAR,
-)
+from tests.dags.eo_no_secret_test_dag import KAFKA_CONN_ID, LEDGER_CONN_ID
+from tests.no_secret import SPARK_CONF_ENV
+from tests.no_secret import airflow_env as no_secret_env
 from tests.helpers import client_args, create_topic, pg_query
 from tests.secret_search import Store, files, find_secrets, postgres_tables, sqlite_tables
 
@@ -60,19 +57,6 @@ def produce_json(admin: dict, topic: str, start: int, count: int) -> None:
                       partition=i % 3)
     producer.flush()
     producer.close()
-
-
-def put_variable(airflow, key: str, value: str) -> None:
-    try:
-        airflow.api("POST", "/variables", {"key": key, "value": value})
-    except RuntimeError as exc:
-        if "409" not in str(exc):
-            raise
-        airflow.api("PATCH", f"/variables/{key}", {"key": key, "value": value})
-
-
-def pg_url(postgres, password: str) -> str:
-    return f"postgresql://postgres:{password}@127.0.0.1:{postgres.port}/{PG_DATABASE}"
 
 
 def http_get(airflow, path: str) -> str:
@@ -107,7 +91,7 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
     dsn = postgres.dsn(PG_DATABASE)
     pg_query(dsn, f'CREATE TABLE "{table}" (id BIGINT, share BIGINT)')
 
-    # Where the DAG takes its secrets from: connections, and Variables Airflow does not mask by their names.
+    # Where the DAG takes its secrets from: connections, and Variables (and spark_conf) in the stack's environment.
     airflow.put_connection(KAFKA_CONN_ID, {"conn_type": "kafka", "extra": json.dumps(
         secured_kafka.connection_extra(NO_SECRET_USER))})
     airflow.put_connection(LEDGER_CONN_ID, {
@@ -117,11 +101,9 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
     airflow.put_connection(DEAD_CONNECT_CONN_ID, {
         "conn_type": "spark_connect", "host": "127.0.0.1", "port": dead_port,
         "extra": json.dumps({"token": NO_SECRET_MARKERS["spark-connect-token"]})})
-    put_variable(airflow, SINK_URL_VAR, pg_url(postgres, NO_SECRET_MARKERS["sink-url-password"]))
-    put_variable(airflow, DEAD_LETTER_URL_VAR, pg_url(postgres, NO_SECRET_MARKERS["dead-letter-url-password"]))
-    put_variable(airflow, CATALOG_URL_VAR, pg_url(postgres, NO_SECRET_MARKERS["iceberg-catalog-url-password"]))
-    put_variable(airflow, KAFKA_CONFIG_VAR, NO_SECRET_MARKERS["kafka-config-ssl-key-password"])
-    assert airflow.env()["EO_NO_SECRET_SPARK_CONF"] == NO_SECRET_MARKERS["spark-conf-s3a-secret-key"]
+    stack_env = airflow.env()
+    assert all(stack_env[k] == v for k, v in no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE).items())
+    assert SPARK_CONF_ENV in stack_env
     airflow.wait_for_dag(DAG)
 
     conf = {"prefix": prefix, "topic": topic, "table": table, "warehouse": str(tmp_path / "lake"), **warm_spark}
@@ -144,6 +126,14 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
     home = Path(airflow.home)
     embedded = home / EMBEDDED_LEDGER_FILE
     pg_ledger = f"postgresql+psycopg2://postgres@127.0.0.1:{postgres.port}/{PG_DATABASE}"
+    # Every secret reached the pipelines: the ledgers keep "***" where each was (none of them was left out).
+    pg_config = Ledger(f"sqlite:///{embedded}").pipeline(f"{prefix}-pg")["config"]
+    ice_config = Ledger(pg_ledger).pipeline(f"{prefix}-ice")["config"]
+    for config in (pg_config, ice_config):
+        assert config["kafka_config"]["sasl.password"] == config["kafka_config"]["ssl.key.password"] == "***", config
+    assert "postgres:***@" in pg_config["sink"]["url"] and "postgres:***@" in pg_config["dead_letter"]["url"], pg_config
+    assert "postgres:***@" in ice_config["sink"]["catalog"]["url"], ice_config
+    assert ice_config["sink"]["catalog"]["properties"]["s3.secret-access-key"] == "***", ice_config
     groups: dict[str, list[Store]] = {
         "ledger (embedded SQLite)": [
             *[s for p in sorted(home.glob(EMBEDDED_LEDGER_FILE + "*")) for s in files(p, f"file {p.name}")],
