@@ -24,6 +24,8 @@ from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
 from devtools.spark_connect import LocalSparkConnectServer
+from tests.no_secret import airflow_env as no_secret_env
+from tests.no_secret import new_markers
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
@@ -42,8 +44,15 @@ PIPELINE_USER = "pipeline"  # every ACL a pipeline needs
 NO_TXN_USER = "no-txn"  # ... but none on transactional ids
 NO_WRITE_USER = "no-write"  # ... but may only DESCRIBE the output topics
 NO_READ_USER = "no-read"  # ... but may only DESCRIBE the input topics
+NO_SECRET_USER = "no-secret"  # every ACL; its password is one of NO_SECRET_MARKERS
+# tests/system/test_no_secret_at_rest.py: a distinct secret per place a user can give one, new each session, searched
+# for in every store afterwards. Two reach the test's Airflow before it starts: the secured broker's password of
+# NO_SECRET_USER and spark_conf's entry (tests/dags/eo_no_secret_test_dag.py reads it from the environment).
+NO_SECRET_MARKERS = {place: f"SECRET-{place}-{uuid.uuid4().hex}" for place in (
+    "kafka-conn-sasl-password", "kafka-config-ssl-key-password", "sink-url-password", "dead-letter-url-password",
+    "iceberg-catalog-url-password", "iceberg-catalog-s3-secret-access-key", "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key")}
 SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret", NO_WRITE_USER: "no-write-secret",
-                 NO_READ_USER: "no-read-secret"}
+                 NO_READ_USER: "no-read-secret", NO_SECRET_USER: NO_SECRET_MARKERS["kafka-conn-sasl-password"]}
 ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
 ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS = 20, 2
 # Every process a test starts inherits this mark; at the end of the session none may be left.
@@ -114,7 +123,8 @@ def secured_grants() -> list[Grant]:
 
     return (grants(PIPELINE_USER) + grants(NO_TXN_USER, ("transactional_id",))
             + grants(NO_WRITE_USER, ("output",)) + [Grant(NO_WRITE_USER, "DESCRIBE", "TOPIC", SECURED_OUT, True)]
-            + grants(NO_READ_USER, ("input",)) + [Grant(NO_READ_USER, "DESCRIBE", "TOPIC", SECURED_IN, True)])
+            + grants(NO_READ_USER, ("input",)) + [Grant(NO_READ_USER, "DESCRIBE", "TOPIC", SECURED_IN, True)]
+            + grants(NO_SECRET_USER))
 
 
 @pytest.fixture(scope="session")
@@ -252,6 +262,7 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         # tests/dags/eo_backlog_unreachable_dag.py: watchers of a broker and a ledger that never answer
         "EO_UNREACHABLE_KAFKA": unreachable["kafka"],
         "EO_UNREACHABLE_LEDGER": unreachable["ledger"],
+        **no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE),  # tests/dags/eo_no_secret_test_dag.py
     }
     stack = AirflowStack(root, dag_files, env, triggerer=True)
     stack.start()
