@@ -8,11 +8,12 @@
     airflow-exactly-once check PIPELINE
     airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
+    airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
 options and --json go before or after the command.
-`rewind` only prints what it would do unless --execute is given.
+`rewind` and `prune` only print what they would do unless --execute is given.
 On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
 """
 
@@ -30,6 +31,7 @@ from airflow_exactly_once.core.config import REDACTED, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
@@ -112,7 +114,38 @@ def _parser() -> argparse.ArgumentParser:
     rewind.add_argument("--kafka-conn-id", help="the kafka connection to ask with (needed when the pipeline's "
                                                 "Kafka settings hold secrets, which the ledger does not store)")
     rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
+
+    pruning = command("prune", cmd_prune, "remove old final batches, keeping the committed floor (retention)")
+    pruning.add_argument("--keep-batches", type=_count_or_none, metavar="N|none", default=_DEFAULT,
+                         help="keep at least the newest N batches (default: the pipeline's retention_batches)")
+    pruning.add_argument("--keep-days", type=_days_or_none, metavar="D|none", default=_DEFAULT,
+                         help="keep at least the batches of the last D days (default: the pipeline's "
+                              "retention_days)")
+    pruning.add_argument("--execute", action="store_true", help="prune (without: only print what would go)")
     return parser
+
+
+_DEFAULT = object()  # --keep-batches / --keep-days not given: the pipeline's own setting
+
+
+def _count_or_none(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of batches (1 or more), or none")
+    return int(text)
+
+
+def _days_or_none(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        days = float(text)
+    except ValueError:
+        days = 0.0
+    if days <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of days above 0 (e.g. 7 or 0.5), or none")
+    return days
 
 
 def _ledger_url(args: argparse.Namespace) -> str:
@@ -155,11 +188,8 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
     for pipeline in ledger.list_pipelines():
         pid = pipeline["pipeline_id"]
         config = json.loads(pipeline["config"])
-        batches = ledger.list_batches(pid)
-        counts: dict[str, int] = {}
-        for batch in batches:
-            counts[batch.state.value] = counts.get(batch.state.value, 0) + 1
-        last = next((b for b in batches if b.state is BatchState.COMMITTED), None)
+        counts = ledger.state_counts(pid)
+        last = next(iter(ledger.list_batches(pid, [BatchState.COMMITTED], limit=1)), None)
         rows.append({"pipeline": pid, "mode": config.get("range_mode", "continuation"),
                      "topics": ",".join(config.get("topics", [])), "epoch": pipeline["epoch"],
                      "batches": " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
@@ -288,6 +318,28 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
         print("rewound: the next runs process the range again")
     else:
         print("dry run: nothing changed; add --execute to apply")
+    return 0
+
+
+# -- retention -----------------------------------------------------------------------
+
+
+def cmd_prune(ledger: Ledger, args: argparse.Namespace) -> int:
+    pid = _known(ledger, args.pipeline)
+    config = PipelineConfig.from_dict(ledger.pipeline(pid)["config"])
+    stored = Retention.of(config)
+    retention = Retention(stored.keep_batches if args.keep_batches is _DEFAULT else args.keep_batches,
+                          stored.keep_days if args.keep_days is _DEFAULT else args.keep_days)
+    report = prune(ledger, pid, retention, dry_run=not args.execute)
+    if args.json:
+        print(json.dumps({"pipeline": pid, "executed": args.execute, "keep_batches": retention.keep_batches,
+                          "keep_days": retention.keep_days, "floor_before": report.floor_before,
+                          **dataclasses.asdict(report.pruned)}, indent=1))
+        return 0
+    for line in report.describe():
+        print(line)
+    if not args.execute and report.pruned.batches:
+        print("dry run: nothing changed; add --execute to prune")
     return 0
 
 

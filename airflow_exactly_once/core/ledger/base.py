@@ -7,6 +7,7 @@ batch and recording an event are used by several concerns, so they live here, on
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -22,13 +23,29 @@ from airflow_exactly_once.core.ledger.schema import (
     batches,
     create_tables,
     events,
+    partition_floors,
+    partitions,
     pipelines,
     position_resets,
+    prune_floors,
 )
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState, check_transition
 
 _L = TypeVar("_L", bound="LedgerBase")
+# How many committed batches one read of the newest ones takes (committed positions).
+_NEWEST_PAGE = 32
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What retention pruned of a pipeline: its batches up to `batch_seq`, and per partition the committed position
+    right after them (`offsets`); `interval_end`: the latest data-interval end among them (interval mode)."""
+
+    batch_seq: int = 0
+    interval_end: int | None = None
+    pruned_batches: int = 0
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 def utc_now() -> datetime:
@@ -100,6 +117,65 @@ class LedgerBase:
                               "a newer attempt or run took it over")
         raise FencedError(f"batch {batch_id} is {current.state.value}, expected {expected.value}: "
                           "another run or attempt changed it")
+
+    @staticmethod
+    def _floor(conn: Connection, pipeline_id: str) -> Floor:
+        """The pipeline's retention floor (batch 0, no offsets, when nothing was pruned)."""
+        row = conn.execute(sa.select(prune_floors).where(prune_floors.c.pipeline_id == pipeline_id)).first()
+        if row is None:
+            return Floor()
+        offsets = {(r.topic, r.partition): r.floor_offset for r in conn.execute(
+            sa.select(partition_floors).where(partition_floors.c.pipeline_id == pipeline_id))}
+        return Floor(row.batch_seq, row.interval_end, row.pruned_batches, offsets)
+
+    @classmethod
+    def _positions(cls, conn: Connection, pipeline_id: str, through: int | None = None) -> dict[TopicPartition, int]:
+        """Per partition, where the next batch starts (after batch `through`, default: the newest).
+
+        The latest of: where the partition started, the retention floor, the end of the newest COMMITTED
+        batch covering it, a position reset recorded after that batch. "Latest" is by batch number, not by
+        offset, so that a rewind or a recreated topic moves the position back. The newest committed batches
+        are read newest first, a page at a time, until every known partition is found: in steady state one
+        page, however long the history.
+        """
+        positions = {(r.topic, r.partition): r.initial_offset for r in conn.execute(
+            sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))}
+        floor = cls._floor(conn, pipeline_id)
+        # Each candidate is (order, offset): batch n at n, a reset recorded after batch n at n + 0.5.
+        latest: dict[TopicPartition, tuple[float, int]] = {tp: (floor.batch_seq, o) for tp, o in floor.offsets.items()}
+        wanted = set(positions) | set(latest)
+        found: dict[TopicPartition, tuple[float, int]] = {}
+        below = through + 1 if through is not None else None
+        while True:
+            query = (sa.select(batches.c.batch_seq)
+                     .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value,
+                            batches.c.batch_seq > floor.batch_seq)
+                     .order_by(batches.c.batch_seq.desc()).limit(_NEWEST_PAGE))
+            if below is not None:
+                query = query.where(batches.c.batch_seq < below)
+            seqs = [r[0] for r in conn.execute(query)]
+            if not seqs:
+                break
+            rows = conn.execute(sa.select(batch_offsets.c.batch_seq, batch_offsets.c.topic, batch_offsets.c.partition,
+                                          batch_offsets.c.end_offset)
+                                .where(batch_offsets.c.pipeline_id == pipeline_id, batch_offsets.c.batch_seq.in_(seqs)))
+            for row in sorted(rows, key=lambda r: -r.batch_seq):
+                found.setdefault((row.topic, row.partition), (row.batch_seq, row.end_offset))
+            if not wanted:  # partitions never registered (batches recorded directly): the newest batch names them
+                wanted = set(found)
+            if wanted <= set(found) or len(seqs) < _NEWEST_PAGE:
+                break
+            below = seqs[-1]
+        latest.update(found)
+        resets = sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
+        if through is not None:
+            resets = resets.where(position_resets.c.after_batch_seq < through)
+        for reset in conn.execute(resets.order_by(position_resets.c.reset_id)):
+            tp, order = (reset.topic, reset.partition), reset.after_batch_seq + 0.5
+            if tp not in latest or order >= latest[tp][0]:  # of two resets after one batch, the later wins
+                latest[tp] = (order, reset.new_offset)
+        positions.update({tp: offset for tp, (_, offset) in latest.items()})
+        return positions
 
     @staticmethod
     def _last_seq(conn: Connection, pipeline_id: str) -> int:
