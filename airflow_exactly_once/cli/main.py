@@ -326,8 +326,7 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
 
 def cmd_prune(ledger: Ledger, args: argparse.Namespace) -> int:
     pid = _known(ledger, args.pipeline)
-    config = PipelineConfig.from_dict(ledger.pipeline(pid)["config"])
-    stored = Retention.of(config)
+    stored = Retention.stored(ledger.pipeline(pid)["config"])
     retention = Retention(stored.keep_batches if args.keep_batches is _DEFAULT else args.keep_batches,
                           stored.keep_days if args.keep_days is _DEFAULT else args.keep_days)
     report = prune(ledger, pid, retention, dry_run=not args.execute)

@@ -14,10 +14,11 @@ notify_complete prunes a bounded amount after each commit; the CLI's `prune` all
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.ledger import Keep, Ledger, Pruned
 
@@ -36,8 +37,14 @@ class Retention:
     keep_days: float | None
 
     @classmethod
-    def of(cls, config: Any) -> "Retention":
+    def of(cls, config: PipelineConfig) -> "Retention":
         return cls(config.retention_batches, config.retention_days)
+
+    @classmethod
+    def stored(cls, config: dict[str, Any]) -> "Retention":
+        """From the config the ledger stored; a pipeline stored before retention existed has the defaults."""
+        defaults = {f.name: f.default for f in fields(PipelineConfig)}
+        return cls(*(config.get(name, defaults[name]) for name in ("retention_batches", "retention_days")))
 
     def keep(self, now: datetime | None = None) -> Keep:
         now = now or datetime.now(timezone.utc)
