@@ -9,11 +9,15 @@
     airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
     airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
+    airflow-exactly-once db upgrade
+    airflow-exactly-once db current
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
 options and --json go before or after the command.
 `rewind` and `prune` only print what they would do unless --execute is given.
+Reading commands never change the ledger's schema: a ledger older than this code asks for
+`db upgrade`, which brings it to this code's version (`db current` shows where it stands).
 On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
 """
 
@@ -46,7 +50,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         ledger = Ledger(_ledger_url(args))
-        ledger.create_schema()
+        access = "write" if getattr(args, "execute", False) else args.access
+        if access == "write":
+            ledger.create_schema()  # a writer upgrades on first use, like a batch does
+        elif access == "read" and not ledger.has_schema():  # readers never migrate, nor create tables
+            if args.command == "pipelines":
+                _print(args, [])
+                return 0
+            raise ConfigurationError(f"the ledger {ledger.engine.url} holds no tables yet: no pipeline has run there")
         return args.handler(ledger, args)
     except ExactlyOnceError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -79,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _global_options(parser, suppress=False)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.set_defaults(access="read")
 
     pipelines = sub.add_parser("pipelines", help="list the pipelines in the ledger")
     pipelines.set_defaults(handler=cmd_pipelines)
@@ -122,6 +134,18 @@ def _parser() -> argparse.ArgumentParser:
                          help="keep at least the batches of the last D days (default: the pipeline's "
                               "retention_days)")
     pruning.add_argument("--execute", action="store_true", help="prune (without: only print what would go)")
+
+    db = sub.add_parser("db", help="the ledger's schema version: show it, upgrade it")
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    for name, handler, help_text in (
+            ("upgrade", cmd_db_upgrade, "upgrade the ledger's schema to this provider's version (creates an empty "
+                                        "one); writers also do this on first use unless "
+                                        "AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE=false"),
+            ("current", cmd_db_current, "the ledger's schema revision and the newest this provider knows"),
+            ("version", cmd_db_current, "the same as `db current`")):
+        db_parser = db_sub.add_parser(name, help=help_text)
+        _global_options(db_parser, suppress=True)
+        db_parser.set_defaults(handler=handler, access="db")
     return parser
 
 
@@ -352,6 +376,30 @@ def _parse_offsets(items: list[str]) -> dict[tuple[str, int], int]:
             raise ConfigurationError(f"--to-offsets {item!r}: write TOPIC:PARTITION=OFFSET, e.g. orders:0=1200")
         targets[(topic, int(partition))] = int(offset)
     return targets
+
+
+# -- the schema version -------------------------------------------------------------
+
+
+def cmd_db_upgrade(ledger: Ledger, args: argparse.Namespace) -> int:
+    before, after = ledger.upgrade_schema()
+    if args.json:
+        print(json.dumps({"before": before.revision, "before_state": before.state, "after": after.revision,
+                          "head": after.head}, indent=1))
+    elif before.revision == after.revision:
+        print(f"the ledger is already at {after.revision}, the newest this provider knows")
+    else:
+        print(f"upgraded the ledger from {before.revision or before.describe()} to {after.revision}")
+    return 0
+
+
+def cmd_db_current(ledger: Ledger, args: argparse.Namespace) -> int:
+    version = ledger.schema_version()
+    if args.json:
+        print(json.dumps({"current": version.revision, "head": version.head, "state": version.state}, indent=1))
+    else:
+        print(f"current: {version.revision or '-'} ({version.describe()})\nhead:    {version.head}")
+    return 0 if version.state == "current" else 1  # 1: `db upgrade` has work to do (or the ledger is newer)
 
 
 # -- helpers -------------------------------------------------------------------------

@@ -35,6 +35,10 @@ class MissingExtraError(ConfigurationError):
                          f"pip install 'airflow-exactly-once[{extra}]'")
 
 
+class LedgerVersionError(ConfigurationError):
+    """The ledger's schema is not the version this provider's code reads (older for a reader, or newer than known)."""
+
+
 class FencedError(ExactlyOnceError):
     """Another run (or a newer attempt) took the pipeline or the batch over; this one must stop."""
 

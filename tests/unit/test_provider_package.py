@@ -143,7 +143,7 @@ def test_declared_dependencies_cover_every_third_party_import():
              "pyspark": "pyspark", "pyarrow": "pyarrow",
              # the Spark Connect client's gRPC stack: pyspark[connect], the [spark-connect] extra
              "grpc": "pyspark",
-             "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary", "pyiceberg": "pyiceberg",
+             "sqlalchemy": "sqlalchemy", "alembic": "alembic", "psycopg2": "psycopg2-binary", "pyiceberg": "pyiceberg",
              # the FAB connection form: only called on Airflow < 3.2 with the FAB UI, which brings them
              "flask_appbuilder": None, "flask_babel": None, "wtforms": None,
              # the ledger page's app in the api-server, the backlog trigger's sync_to_async in the triggerer
@@ -152,7 +152,7 @@ def test_declared_dependencies_cover_every_third_party_import():
     groups = _requirements()
     core = set(groups[""])
     assert {"apache-airflow", "kafka-python", "confluent-kafka", "pyspark", "pyarrow", "pandas", "sqlalchemy",
-            "apache-airflow-providers-common-compat", "fastapi", "asgiref"} <= core  # pandas: pyspark's Arrow paths
+            "alembic", "apache-airflow-providers-common-compat", "fastapi", "asgiref"} <= core  # pandas: pyspark's Arrow paths
     assert "psycopg2-binary" in groups["postgres"]
     assert groups["spark-submit"] == ["apache-airflow-providers-apache-spark"]
     assert groups["spark-connect"] == ["pyspark"]  # pyspark[connect]: the Spark Connect client's gRPC stack

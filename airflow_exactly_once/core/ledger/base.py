@@ -15,13 +15,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
+from airflow_exactly_once.core.ledger import versioning
 from airflow_exactly_once.core.ledger.engine import create_ledger_engine
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
     batch_offsets,
     batches,
-    create_tables,
     events,
     partition_floors,
     partitions,
@@ -70,12 +70,28 @@ class LedgerBase:
         return cls(create_ledger_engine(url, read_only=True))
 
     def has_schema(self) -> bool:
-        """Whether the ledger's tables exist (a reader must not create them)."""
-        return sa.inspect(self.engine).has_table(pipelines.name)
+        """For readers, which never create or migrate it: whether the ledger's tables exist.
+
+        A ledger at an older or newer schema version than this code raises LedgerVersionError.
+        """
+        return versioning.check_readable(self.engine)
 
     def create_schema(self) -> None:
-        with self.engine.begin() as conn:  # one transaction: on SQLite it holds the write lock
-            create_tables(conn)
+        """For writers: create the schema, or upgrade it to this code's version (versioning.ensure_current).
+
+        Only the first call per engine reads the version; $AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE=false
+        turns the upgrade into an error that asks for `airflow-exactly-once db upgrade`.
+        """
+        versioning.ensure_current(self.engine)
+
+    def upgrade_schema(self) -> tuple[versioning.SchemaVersion, versioning.SchemaVersion]:
+        """Upgrade the schema to this code's version now (`db upgrade`), whatever the automatic setting."""
+        return versioning.upgrade(self.engine)
+
+    def schema_version(self) -> versioning.SchemaVersion:
+        """Where the schema stands (read only)."""
+        with self.engine.connect() as conn:
+            return versioning.schema_version(conn)
 
     @staticmethod
     def _event(conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:

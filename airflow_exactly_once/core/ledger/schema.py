@@ -1,4 +1,4 @@
-"""The ledger's SQL schema: the eleven tables, in one place, and their creation.
+"""The ledger's SQL schema: the eleven tables, in one place (created and upgraded by versioning.py's migrations).
 
 Every concern of the ledger reads and writes these tables through SQLAlchemy Core, so the
 same definitions serve the embedded SQLite file and PostgreSQL.
@@ -7,7 +7,6 @@ same definitions serve the embedded SQLite file and PostgreSQL.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 metadata = sa.MetaData()
 
@@ -172,13 +171,3 @@ partition_floors = _table(
 TopicPartition = tuple[str, int]
 Reset = tuple[int, str]  # new offset, reason
 Boundary = tuple[TopicPartition, int]  # partition, time (epoch ms)
-_SCHEMA_LOCK = 0x61656F5F6C656467  # "aeo_ledg": the advisory lock key of schema creation
-
-
-
-def create_tables(conn: Connection) -> None:
-    """Create the tables that are missing, in the caller's transaction (on SQLite it holds the write lock)."""
-    if conn.dialect.name == "postgresql":
-        # Tasks starting on an empty database at once would race on the catalog.
-        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
-    metadata.create_all(conn)

@@ -1,0 +1,189 @@
+"""The ledger's schema version: Alembic migrations run in code, in the ledger's own version table.
+
+Writers bring the schema to the newest revision on first use (`ensure_current`): an empty database
+is created at head, a ledger written before versioning (tables, no version row) is adopted as 0001,
+an older one is upgraded; all of it in ONE transaction under the schema lock (PostgreSQL: an
+advisory lock; SQLite: the write lock of BEGIN IMMEDIATE), so a crash mid-way leaves the previous
+version intact. Readers never migrate (`check_readable`). A ledger newer than this code is refused.
+The answer is kept per engine, so only the first use of an engine reads the version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection, Engine
+
+from airflow_exactly_once.core.errors import LedgerVersionError
+from airflow_exactly_once.core.faults import fault_point
+from airflow_exactly_once.core.ledger.schema import metadata, pipelines
+
+log = logging.getLogger(__name__)
+
+VERSION_TABLE = "aeo_alembic_version"  # the ledger's own: Airflow's metadata database has `alembic_version`
+AUTO_UPGRADE_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SCHEMA_LOCK = 0x61656F5F6C656467  # "aeo_ledg": the PostgreSQL advisory lock key of schema changes
+UPGRADE_HINT = "run `airflow-exactly-once db upgrade` (or one batch of a pipeline, which upgrades it)"
+
+_current_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """Where a ledger's schema stands: `revision` None means no version row (empty, or written before versioning)."""
+
+    revision: str | None
+    has_tables: bool
+    head: str
+
+    @property
+    def state(self) -> str:
+        """empty | unversioned | behind | current | ahead."""
+        if self.revision is None:
+            return "unversioned" if self.has_tables else "empty"
+        if self.revision == self.head:
+            return "current"
+        return "behind" if self.revision in known_revisions() else "ahead"
+
+    def describe(self) -> str:
+        return {"empty": "no ledger tables yet", "unversioned": "written before versioning (no version row)",
+                "current": f"at {self.revision}, the newest this provider knows",
+                "behind": f"at {self.revision}, older than {self.head}",
+                "ahead": f"at {self.revision}, which this provider does not know (its newest is {self.head})",
+                }[self.state]
+
+
+def script_directory() -> ScriptDirectory:
+    """The migration scripts shipped in the package (no alembic.ini: the location is set in code)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    return ScriptDirectory.from_config(config)
+
+
+def head_revision() -> str:
+    """The newest revision this provider knows (the history is one line, so there is one head)."""
+    heads = script_directory().get_heads()
+    if len(heads) != 1:
+        raise LedgerVersionError(f"the ledger migrations have {len(heads)} heads ({', '.join(heads)}): "
+                                 "every revision must revise the previous one")
+    return heads[0]
+
+
+def known_revisions() -> list[str]:
+    """Every revision this provider knows, oldest first."""
+    return [s.revision for s in reversed(list(script_directory().walk_revisions()))]
+
+
+def schema_version(conn: Connection) -> SchemaVersion:
+    """Read where the ledger stands (no lock, no writes)."""
+    inspector = sa.inspect(conn)
+    revision = None
+    if inspector.has_table(VERSION_TABLE):
+        revision = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    return SchemaVersion(revision, inspector.has_table(pipelines.name), head_revision())
+
+
+def auto_upgrade_enabled() -> bool:
+    """Writers upgrade the schema on first use unless $AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE is false."""
+    return os.environ.get(AUTO_UPGRADE_ENV, "true").strip().lower() not in ("0", "false", "no", "off")
+
+
+def upgrade(engine: Engine) -> tuple[SchemaVersion, SchemaVersion]:
+    """Bring the ledger to head in one transaction under the schema lock; return (before, after).
+
+    A ledger newer than this code raises LedgerVersionError and is left untouched.
+    """
+    script = script_directory()
+    with engine.begin() as conn:  # on SQLite: BEGIN IMMEDIATE, the write lock for the whole upgrade
+        if conn.dialect.name == "postgresql":
+            # Writers starting at once on an old or empty ledger would race on the catalog.
+            conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+        before = schema_version(conn)
+        _refuse_newer(before)
+        if before.state == "current":
+            return before, before
+        if before.state == "unversioned":
+            log.info("the ledger has no version table: adopting it as revision 0001, then upgrading")
+        context = MigrationContext.configure(conn, opts={
+            "version_table": VERSION_TABLE, "script": script, "transactional_ddl": True,
+            "fn": lambda heads, _context: script._upgrade_revs(before.head, heads),
+            "on_version_apply": [_after_step],
+        })
+        with Operations.context(context):
+            context.run_migrations()
+        after = schema_version(conn)
+    log.info("ledger schema upgraded: %s -> %s", before.revision or before.state, after.revision)
+    _current_engines.add(engine)
+    return before, after
+
+
+def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> None:
+    """For writers: make sure the schema is at head, upgrading it unless automatic upgrades are off.
+
+    Checked once per engine: planning calls this for every batch.
+    """
+    if engine in _current_engines:
+        return
+    with engine.connect() as conn:
+        version = schema_version(conn)
+    _refuse_newer(version)
+    if version.state != "current":
+        if not (auto_upgrade_enabled() if auto_upgrade is None else auto_upgrade):
+            raise LedgerVersionError(f"the ledger is {version.describe()} and automatic upgrades are off "
+                                     f"({AUTO_UPGRADE_ENV}): {UPGRADE_HINT.split(' (')[0]}")
+        upgrade(engine)
+    _current_engines.add(engine)
+
+
+def check_readable(engine: Engine) -> bool:
+    """For readers (which never migrate): False on an empty database, True at head, otherwise a clear error."""
+    if engine in _current_engines:
+        return True
+    with engine.connect() as conn:
+        version = schema_version(conn)
+    _refuse_newer(version)
+    if version.state == "empty":
+        return False
+    if version.state != "current":
+        raise LedgerVersionError(f"the ledger is {version.describe()}; this reader does not change it: "
+                                 f"{UPGRADE_HINT}")
+    _current_engines.add(engine)
+    return True
+
+
+def schema_differences(conn: Connection) -> list:
+    """How the database's ledger tables differ from schema.py (Alembic's autogenerate comparison; [] when equal).
+
+    On a database migrated to head this must be empty: a schema change without its migration shows here.
+    Tables that are not the ledger's (Airflow's, in a shared database) are left out.
+    """
+    context = MigrationContext.configure(conn, opts={
+        "version_table": VERSION_TABLE, "compare_type": True,
+        "include_name": lambda name, kind, _parent: kind != "table" or name in metadata.tables,
+    })
+    return compare_metadata(context, metadata)
+
+
+def _refuse_newer(version: SchemaVersion) -> None:
+    if version.state == "ahead":
+        raise LedgerVersionError(
+            f"the ledger's schema is at revision {version.revision}, which this provider does not know (the newest "
+            f"it knows is {version.head}): a newer airflow-exactly-once wrote it. Upgrade the provider on every "
+            "worker, scheduler and API server that uses this ledger; older code must not read or write it",
+            retriable=False)
+
+
+def _after_step(**_kw) -> None:
+    """After each migration step, before the transaction commits: where the crash tests kill the upgrade."""
+    fault_point("ledger.migrate.after_step")
