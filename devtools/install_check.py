@@ -191,11 +191,17 @@ def check_cli(home: str, problems: list[str]) -> dict[str, Any]:
     if not script.exists():
         problems.append(f"the console script {script} is not installed")
         return {}
+    # The ledger's migrations run from the installed wheel (they are package files, not repository ones).
+    upgrade = subprocess.run([str(script), "--ledger-url", url, "db", "upgrade"], capture_output=True, text=True,
+                             timeout=300)
+    result: dict[str, Any] = {"db upgrade": upgrade.returncode == 0 and "upgraded the ledger" in upgrade.stdout}
+    if not result["db upgrade"]:
+        problems.append(f"db upgrade failed (exit {upgrade.returncode}): {upgrade.stdout[-500:]} "
+                        f"{upgrade.stderr[-1500:]}")
     runs = {"console script": subprocess.run([str(script), "--ledger-url", url, "pipelines", "--json"],
                                              capture_output=True, text=True, timeout=300)}
     if airflow_release(airflow.__version__) >= (3, 2, 0):  # provider CLI commands arrived in Airflow 3.2
         runs["airflow exactly-once"] = _airflow("exactly-once", "--ledger-url", url, "pipelines", "--json")
-    result = {}
     for name, run in runs.items():
         result[name] = run.returncode == 0 and run.stdout.strip().endswith("[]")
         if not result[name]:

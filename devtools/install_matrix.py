@@ -42,7 +42,8 @@ CHECK_SCRIPT = Path(__file__).with_name("install_check.py")
 SDIST_MUST_HAVE = ("LICENSE", "NOTICE", "MANIFEST.in", "setup.py", "setup.cfg", "constraints.txt",
                    "constraints-newest.txt", "docs/install.md", "tests/conftest.py", "tests/helpers.py",
                    "tests/kafka_helpers.py", "tests/unit/test_provider_package.py", "tests/dags/exactly_once_test_dag.py",
-                   "devtools/install_check.py", "airflow_exactly_once/spark/ivysettings.xml")
+                   "devtools/install_check.py", "airflow_exactly_once/spark/ivysettings.xml",
+                   "tests/fixtures/ledger/0.1.0/sqlite.sql", "tests/fixtures/ledger/0.1.0/output/_pipeline")
 
 
 @dataclass
@@ -123,7 +124,9 @@ def check_distributions(wheel: Path, sdist: Path) -> list[str]:
     shipped = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith(f"{PACKAGE}/example_dags/"))
     if shipped != dags:
         problems.append(f"the wheel's example_dags/ {shipped} are not dags/ {dags}")
-    for required in (f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE", f"{dist_info}/licenses/NOTICE"):
+    for required in (f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE", f"{dist_info}/licenses/NOTICE",
+                     f"{PACKAGE}/core/ledger/migrations/versions/0001_initial.py",
+                     f"{PACKAGE}/core/ledger/migrations/script.py.mako"):
         if required not in names:
             problems.append(f"the wheel lacks {required}")
     metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()

@@ -19,9 +19,9 @@ def get_cli_commands() -> list[ActionCommand]:
     return [
         ActionCommand(
             name=COMMAND,
-            help="Look into the exactly-once offset ledger, check it, rewind a pipeline",
+            help="Look into the exactly-once offset ledger, check it, rewind a pipeline, upgrade its schema",
             description="The commands of the `airflow-exactly-once` console script: pipelines, batches, show, "
-                        "positions, events, check, rewind. `airflow exactly-once COMMAND --help` tells more.",
+                        "positions, events, check, rewind, db. `airflow exactly-once COMMAND --help` tells more.",
             func=lazy_load_command("airflow_exactly_once.cli.main.airflow_command"),
             args=(
                 # The options that the console script takes before its command, so they work here too.

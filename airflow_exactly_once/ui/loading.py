@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
@@ -90,6 +90,8 @@ class LedgerReader:
             if not ledger.has_schema():
                 return None
             return reader(ledger)
+        except LedgerVersionError as exc:  # older or newer than this code: the page never migrates it
+            raise LedgerUnavailable(f"the ledger {self.description} cannot be read by this provider: {exc}") from exc
         except sa.exc.SQLAlchemyError as exc:
             raise LedgerUnavailable(f"the ledger {self.description} did not answer while reading {what}: "
                                     f"{_first_line(exc)}") from exc

@@ -55,6 +55,10 @@ def test_a_ledger_written_before_versioning_is_adopted(url):
         conn.exec_driver_sql("INSERT INTO aeo_pipeline VALUES ('p', 3, 'fp', '{}', '2026-01-01', '2026-01-01')")
     with pytest.raises(LedgerVersionError, match="written before versioning.*airflow-exactly-once db upgrade"):
         Ledger.read_only(url).has_schema()  # a reader never migrates
+    from airflow_exactly_once.ui.loading import LedgerReader, LedgerUnavailable
+
+    with pytest.raises(LedgerUnavailable, match="written before versioning.*db upgrade"):
+        LedgerReader(url).pipelines()  # the ledger page says so (a 503 page), and changes nothing
     ledger = Ledger(url)
     assert ledger.ensure_pipeline("p", "fp", {}) == 3  # a writer adopts it and keeps its rows
     assert ledger.schema_version().state == "current" and Ledger.read_only(url).has_schema()
