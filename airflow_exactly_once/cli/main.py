@@ -225,8 +225,10 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
 def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
     states = [BatchState(s) for s in args.state] if args.state else None
     rows = []
-    for batch in ledger.list_batches(_known(ledger, args.pipeline), states, limit=args.limit):
-        interval = ledger.batch_interval(batch.id)
+    found = ledger.list_batches(_known(ledger, args.pipeline), states, limit=args.limit)
+    intervals = ledger.batch_intervals(args.pipeline, [b.seq for b in found])
+    for batch in found:
+        interval = intervals.get(batch.seq)
         rows.append({"seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
                      "interval": f"{iso(interval[0])}..{iso(interval[1])}" if interval else "-",
                      "offsets": batch.offset_span, "in": _dash(batch.input_records),

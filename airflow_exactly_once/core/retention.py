@@ -24,8 +24,10 @@ from airflow_exactly_once.core.ledger import Keep, Ledger, Pruned
 
 # Batches per prune transaction: a few milliseconds of deletes, so a plan or a commit never waits long.
 PRUNE_CHUNK = 200
-# Batches notify_complete prunes at most after its commit (one transaction): enough to keep up with any
-# schedule (one batch per run), and to work off a long history a little at a time.
+# notify_complete prunes after its commit once at least AUTO_PRUNE_MIN batches may go (so that most commits only
+# read the limit, and one in AUTO_PRUNE_MIN runs one delete transaction), and at most AUTO_PRUNE_BATCHES (one
+# transaction): enough to keep up with any schedule (one batch per run) and to work off a long history bit by bit.
+AUTO_PRUNE_MIN = 50
 AUTO_PRUNE_BATCHES = PRUNE_CHUNK
 
 
@@ -86,12 +88,16 @@ class PruneReport:
 
 
 def prune(ledger: Ledger, pipeline_id: str, retention: Retention, *, dry_run: bool = False,
-          max_batches: int | None = None, chunk: int = PRUNE_CHUNK, now: datetime | None = None) -> PruneReport:
-    """Prune what `retention` lets go, `chunk` batches per transaction, at most `max_batches` in all."""
+          max_batches: int | None = None, min_batches: int = 1, chunk: int = PRUNE_CHUNK,
+          now: datetime | None = None) -> PruneReport:
+    """Prune what `retention` lets go, `chunk` batches per transaction, at most `max_batches` in all; nothing
+    unless at least `min_batches` may go."""
     keep = retention.keep(now)
     floor = ledger.retention_floor(pipeline_id).batch_seq
     report = PruneReport(pipeline_id, retention, dry_run, floor)
     limit = ledger.prune_limit(pipeline_id, keep)
+    if limit - floor < min_batches:
+        limit = floor
     if max_batches is not None and limit > floor + max_batches:
         limit, report.complete = floor + max_batches, False
     if dry_run:

@@ -92,7 +92,10 @@ def test_a_prune_beside_running_batches_keeps_what_they_need(pipe):
     pruned: list = []
 
     def pruning() -> None:  # small transactions, interleaved with the batches' compare-and-sets
-        pruned.append(prune(pipe.ledger, "p", Retention(keep_batches=1, keep_days=None), chunk=20))
+        try:
+            pruned.append(prune(pipe.ledger, "p", Retention(keep_batches=1, keep_days=None), chunk=20))
+        except Exception as exc:  # shown by the assertion below
+            pruned.append(exc)
 
     in_flight = pipe.plan("run-1").batch  # PLANNED while the prune runs
     thread = threading.Thread(target=pruning)
@@ -102,9 +105,11 @@ def test_a_prune_beside_running_batches_keeps_what_they_need(pipe):
     for n in range(2, 4):
         run_batch(pipe, f"run-{n}")
     thread.join(timeout=120)
-    assert pruned and pruned[0].pruned.batches >= HISTORY - 1
+    assert len(pruned) == 1 and not isinstance(pruned[0], Exception), pruned
+    assert pruned[0].pruned.batches >= HISTORY - 1
     assert pruned[0].pruned.transactions >= HISTORY // 20
+    # How far it got depends on when the thread ran; never past the newest committed batch of its moment.
     kept = [b.seq for b in pipe.ledger.list_batches("p", newest_first=False)]
-    assert kept[-3:] == [HISTORY + 1, HISTORY + 2, HISTORY + 3] and kept[0] >= HISTORY
+    assert HISTORY <= kept[0] <= HISTORY + 3 and kept == list(range(kept[0], HISTORY + 4)), kept
     assert pipe.ledger.committed_positions("p") == {("t", p): (HISTORY + 3) * RECORDS for p in range(PARTITIONS)}
     assert audit_pipeline(pipe.ledger, "p").ok

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from airflow_exactly_once.cli.main import main as cli
+from airflow_exactly_once.core import protocol
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger, events
@@ -23,6 +24,12 @@ from airflow_exactly_once.core.states import BatchState
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
 T0, T1 = ("t", 0), ("t", 1)
+
+
+@pytest.fixture(autouse=True)
+def prune_on_every_commit(monkeypatch):
+    """notify_complete prunes once AUTO_PRUNE_MIN batches may go; these small pipelines prune at every one."""
+    monkeypatch.setattr(protocol, "AUTO_PRUNE_MIN", 1)
 
 
 @pytest.fixture
@@ -197,6 +204,22 @@ def test_continuation_plans_from_the_floor(tmp_path):
     assert pipe.ledger.committed_positions("c") == {T0: 80, T1: 80}
     following = pipe.plan("r8").batch
     assert following.ranges == (OffsetRange("t", 0, 80, 90), OffsetRange("t", 1, 80, 90))
+
+
+def test_notify_complete_prunes_only_once_enough_may_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(protocol, "AUTO_PRUNE_MIN", 4)
+    source = FakeSource({T0: 1_000})
+    config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
+                             max_records_per_partition=10, retention_batches=2, retention_days=None)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    floors = []
+    for i in range(9):
+        batch = pipe.plan(f"r{i}").batch
+        pipe.write(batch.id)
+        pipe.commit(batch.id)
+        pipe.coordinator.retain()
+        floors.append(pipe.ledger.retention_floor("c").batch_seq)
+    assert floors == [0, 0, 0, 0, 0, 4, 4, 4, 4]  # batches 1..4 go together, after the 6th commit
 
 
 def test_prune_cli_dry_run_then_execute(ledger, capsys):

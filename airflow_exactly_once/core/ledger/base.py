@@ -205,20 +205,27 @@ class LedgerBase:
             raise IllegalTransitionError(f"batch {batch_id} is not in the ledger")
         return batch
 
+    @classmethod
+    def _load(cls, conn: Connection, batch_id: BatchId) -> Batch | None:
+        found = cls._load_many(conn, batch_id.pipeline_id, [batch_id.seq])
+        return found[0] if found else None
+
     @staticmethod
-    def _load(conn: Connection, batch_id: BatchId) -> Batch | None:
-        row = conn.execute(sa.select(batches).where(batches.c.pipeline_id == batch_id.pipeline_id,
-                                                    batches.c.batch_seq == batch_id.seq)).first()
-        if row is None:
-            return None
-        offsets = conn.execute(sa.select(batch_offsets)
-                               .where(batch_offsets.c.pipeline_id == batch_id.pipeline_id,
-                                      batch_offsets.c.batch_seq == batch_id.seq))
-        ranges = tuple(sorted(OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset) for o in offsets))
-        return Batch(
+    def _load_many(conn: Connection, pipeline_id: str, seqs: list[int]) -> list[Batch]:
+        """The batches numbered `seqs`, in that order (missing ones left out): two queries however many."""
+        if not seqs:
+            return []
+        rows = {r.batch_seq: r for r in conn.execute(sa.select(batches).where(batches.c.pipeline_id == pipeline_id,
+                                                                               batches.c.batch_seq.in_(seqs)))}
+        ranges: dict[int, list[OffsetRange]] = {}
+        for o in conn.execute(sa.select(batch_offsets).where(batch_offsets.c.pipeline_id == pipeline_id,
+                                                             batch_offsets.c.batch_seq.in_(list(rows)))):
+            ranges.setdefault(o.batch_seq, []).append(OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset))
+        return [Batch(
             pipeline_id=row.pipeline_id, seq=row.batch_seq, run_id=row.run_id, state=BatchState(row.state),
-            epoch=row.epoch, ranges=ranges, handles=json.loads(row.handles) if row.handles else None,
+            epoch=row.epoch, ranges=tuple(sorted(ranges.get(seq, ()))),
+            handles=json.loads(row.handles) if row.handles else None,
             input_records=row.input_records, output_records=row.output_records, error=row.error,
             created_at=row.created_at, updated_at=row.updated_at,
             details=json.loads(row.details) if row.details else {},
-        )
+        ) for seq in seqs if (row := rows.get(seq)) is not None]

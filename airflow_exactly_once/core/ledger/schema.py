@@ -74,10 +74,10 @@ batches = _table(
     sa.Column("details", sa.Text),
     _time("created_at"),
     _time("updated_at"),
-    sa.Index("aeo_batch_run", "pipeline_id", "run_id"),
-    sa.Index("aeo_batch_state", "pipeline_id", "state"),
-    # The newest batches in a state, read by an index range alone however long the history is
-    # (committed positions, retention): the (pipeline_id, state) index above would sort every match.
+    # A run's newest batch, and the newest batches in a state, read from an index range alone however long
+    # the history (planning, committed positions, retention); revision 0002 replaced the (pipeline_id, run_id)
+    # and (pipeline_id, state) indexes, with which a max() or ORDER BY batch_seq walked every batch.
+    sa.Index("aeo_batch_run_seq", "pipeline_id", "run_id", "batch_seq"),
     sa.Index("aeo_batch_state_seq", "pipeline_id", "state", "batch_seq"),
 )
 

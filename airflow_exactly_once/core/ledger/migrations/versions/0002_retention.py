@@ -1,4 +1,4 @@
-"""0002: retention (core/retention.py): the pruned floor of each pipeline and partition, and two indexes.
+"""0002: retention (core/retention.py): the pruned floor of each pipeline and partition; indexes for long histories.
 
 Revision ID: 0002
 Revises: 0001
@@ -7,9 +7,12 @@ Create Date: 2026-11-25
 `aeo_prune_floor` says up to which batch a pipeline's history was pruned (and, interval mode, the end
 of the pruned intervals); `aeo_partition_floor` keeps per partition the committed position after
 it. `aeo_batch_state_seq` lets committed positions and retention read the newest batches in a
-state from an index range, however long the history; `aeo_event_batch` lets a prune delete the
-events of the batches it removes without reading all of a pipeline's events. New tables and
-indexes only: nothing existing is rewritten, so the step is quick on a large ledger as well. What
+state from an index range, however long the history, and `aeo_batch_run_seq` a run's newest batch
+(planning asks for it every run); they replace `aeo_batch_state` and `aeo_batch_run`, their
+prefixes, with which max() or ORDER BY batch_seq walked every batch of the pipeline (measured by
+benchmarks/bench_ledger_scale.py). `aeo_event_batch` lets a prune delete the events of the batches
+it removes without reading all of a pipeline's events. New tables and indexes only: no row is
+rewritten. What
 exists already is left alone, like 0001 does, so a ledger adopted from a build that created these
 tables without versioning upgrades as well.
 """
@@ -47,7 +50,12 @@ def upgrade() -> None:
                         sa.Column("topic", sa.String(249), primary_key=True),
                         sa.Column("partition", sa.Integer, primary_key=True),
                         sa.Column("floor_offset", sa.BigInteger, nullable=False))
+    index("aeo_batch_run_seq", "aeo_batch", ["pipeline_id", "run_id", "batch_seq"])
     index("aeo_batch_state_seq", "aeo_batch", ["pipeline_id", "state", "batch_seq"])
+    existing = {i["name"] for i in inspector.get_indexes("aeo_batch")}
+    for replaced in ("aeo_batch_run", "aeo_batch_state"):
+        if replaced in existing:
+            op.drop_index(replaced, table_name="aeo_batch")
     index("aeo_event_batch", "aeo_event", ["pipeline_id", "batch_seq"])
 
 
