@@ -43,6 +43,9 @@ def load_history(ledger: Ledger, pipeline_id: str, config: dict[str, Any], *, ba
             rows = _rows(pipeline_id, seqs, first, tps, records, event_every, oldest, spacing)
             for table, table_rows in rows.items():
                 _write(raw, ledger.engine.dialect.name, table, table_rows)
+    if ledger.engine.dialect.name == "postgresql":  # statistics, as autovacuum keeps them on a long-lived ledger
+        with ledger.engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE " + ", ".join(COLUMNS))
     end = (first - 1 + batches) * records
     return {tp: end for tp in tps}
 
