@@ -6,17 +6,18 @@ Per backend (a SQLite file, and a throwaway PostgreSQL of devtools/postgres.py),
   big       --batches historical batches over --partitions partitions, retention off;
   pruned    the big ledger after `airflow-exactly-once prune --execute` (timed), retention on
             (--keep-batches; notify_complete then prunes what each new batch lets go).
-`batches` prints the newest 10 (--limit 10, what the small ledger has); the ledger page shows its
-fixed 50 newest batches, so on the small ledger (10 + the measured ones) it renders fewer rows: its
-ratio holds that constant, whatever the history's length. The history is bulk-loaded (devtools/ledger_history.py: executemany / COPY); every measured batch goes
-through the protocol: plan = core.planning.plan_batch (recovery first, then the range) on a
-BatchCoordinator, write = claim + stage + prepare (not timed), notify_complete = BatchCoordinator.commit
-+ BatchCoordinator.retain, as NotifyCompleteOperator runs them. `batches` is the CLI command in-process
-(stdout captured); the ledger page is what its endpoint does with the ledger: LedgerReader.pipelines(),
-LedgerReader.report() (a read-only engine per request, like the app), the JSON of the API and the HTML.
-Excluded, because they do not depend on the ledger's size: Kafka's answers (an in-memory offset source
-answers partitions, log starts and ends), the sink's I/O (the Parquet marker sink of tests/harness.py
-writes one small file per batch), and Airflow's authentication and permission checks around the page.
+`batches` prints the newest 10 (--limit 10, what the small ledger has); the ledger page shows its fixed 50
+newest batches, so on the small ledger (10 + the measured ones) it renders fewer rows: its ratio holds that
+constant, whatever the history's length. The history is bulk-loaded (devtools/ledger_history.py: executemany /
+COPY); every measured batch goes through the protocol: plan = core.planning.plan_batch (recovery first, then
+the range) on a BatchCoordinator, write = claim + stage + prepare (not timed), notify_complete =
+BatchCoordinator.commit + BatchCoordinator.retain, as NotifyCompleteOperator runs them. `batches` is the CLI
+command in-process (stdout captured); the ledger page is what its endpoint does with the ledger:
+LedgerReader.pipelines(), LedgerReader.report() (a read-only engine per request, like the app), the JSON of
+the API and the HTML. Excluded, because they do not depend on the ledger's size: Kafka's answers (an in-memory
+offset source answers partitions, log starts and ends), the sink's I/O (the Parquet marker sink of
+tests/harness.py writes one small file per batch), and Airflow's authentication and permission checks around
+the page.
 
 Prints each figure (median of --rounds), the ratio to the small ledger, and the load average.
 

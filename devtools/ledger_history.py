@@ -27,7 +27,8 @@ COLUMNS = {
 
 def load_history(ledger: Ledger, pipeline_id: str, config: dict[str, Any], *, batches: int, partitions: int,
                  fingerprint: str = "history", topic: str = "t", records: int = 100, event_every: int = 10,
-                 oldest: datetime | None = None, spacing: timedelta = timedelta(minutes=1)) -> dict[tuple[str, int], int]:
+                 oldest: datetime | None = None, spacing: timedelta = timedelta(minutes=1)
+                 ) -> dict[tuple[str, int], int]:
     """Record `batches` COMMITTED batches of `records` offsets per partition, planned `spacing` apart from
     `oldest` (default: so that the newest is an hour old); returns the committed positions they leave."""
     ledger.create_schema()

@@ -51,8 +51,9 @@ def _audit_continuation(ledger: Ledger, pipeline_id: str, committed: list[Batch]
     floor = ledger.retention_floor(pipeline_id)
     if floor.batch_seq:  # what retention pruned tiled up to the floor; the kept batches continue from it
         position.update(floor.offsets)
+        shown = ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(floor.offsets.items()))
         report.notes.append(f"batches up to {floor.batch_seq} were pruned by retention; tiling is checked from the "
-                            "committed floor " + ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(floor.offsets.items())))
+                            f"committed floor {shown}")
     # A reset recorded after batch n applies before batch n + 1: order resets at n + 0.5.
     steps: list[tuple[float, object]] = [(b.seq, b) for b in committed]
     steps += [(r["after_batch_seq"] + 0.5, r) for r in ledger.position_resets(pipeline_id)]

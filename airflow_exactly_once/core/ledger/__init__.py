@@ -40,8 +40,8 @@ from airflow_exactly_once.core.ledger.schema import (
 
 __all__ = [
     "RELEASE_PENDING", "Boundary", "Floor", "Keep", "Ledger", "Pruned", "Reset", "TopicPartition", "batch_intervals",
-    "batch_offsets", "batches", "boundaries", "create_ledger_engine", "events", "metadata", "missing_sqlite_file", "partition_floors", "partitions",
-    "pipeline_dags", "pipelines", "position_resets", "prune_floors",
+    "batch_offsets", "batches", "boundaries", "create_ledger_engine", "events", "metadata", "missing_sqlite_file",
+    "partition_floors", "partitions", "pipeline_dags", "pipelines", "position_resets", "prune_floors",
 ]
 
 

@@ -116,10 +116,11 @@ class RetentionLedger(LedgerBase):
         if newest_committed is None:
             return floor.batch_seq
         bounds = [newest_committed]
+        details = batches.c.details
         bounds += [seq for seq in (
             lowest(batches.c.state.in_(IN_FLIGHT)),
-            lowest(batches.c.state == BatchState.RETRACTED.value, batches.c.details.contains('"output_retracted":false')),
-            lowest(batches.c.state == BatchState.ABORTED.value, batches.c.details.contains(f'"{RELEASE_PENDING}":true')),
+            lowest(batches.c.state == BatchState.RETRACTED.value, details.contains('"output_retracted":false')),
+            lowest(batches.c.state == BatchState.ABORTED.value, details.contains(f'"{RELEASE_PENDING}":true')),
         ) if seq is not None]
         for (details,) in conn.execute(sa.select(batches.c.details).where(key, batches.c.state.in_(IN_FLIGHT))):
             replaces = json.loads(details or "{}").get("replaces")
