@@ -8,21 +8,21 @@ Per backend (a SQLite file, and a throwaway PostgreSQL of devtools/postgres.py),
             (--keep-batches; notify_complete then prunes what each new batch lets go).
 `batches` prints the newest 10 (--limit 10, what the small ledger has); the ledger page shows its fixed 50
 newest batches, so on the small ledger (10 + the measured ones) it renders fewer rows: its ratio holds that
-constant, whatever the history's length. The history is bulk-loaded (devtools/ledger_history.py: executemany /
-COPY); every measured batch goes through the protocol: plan = core.planning.plan_batch (recovery first, then
-the range) on a BatchCoordinator, write = claim + stage + prepare (not timed), notify_complete =
-BatchCoordinator.commit + BatchCoordinator.retain, as NotifyCompleteOperator runs them. `batches` is the CLI
-command in-process (stdout captured); the ledger page is what its endpoint does with the ledger:
-LedgerReader.pipelines(), LedgerReader.report() (a read-only engine per request, like the app), the JSON of
-the API and the HTML. Excluded, because they do not depend on the ledger's size: Kafka's answers (an in-memory
-offset source answers partitions, log starts and ends), the sink's I/O (the Parquet marker sink of
-tests/harness.py writes one small file per batch), and Airflow's authentication and permission checks around
-the page.
+constant, whatever the history's length (--small-batches 60 compares pages of 50 rows each). The history is
+bulk-loaded (devtools/ledger_history.py: executemany / COPY); every measured batch goes through the protocol:
+plan = core.planning.plan_batch (recovery first, then the range) on a BatchCoordinator, write = claim + stage
++ prepare (not timed), notify_complete = BatchCoordinator.commit + BatchCoordinator.retain, as
+NotifyCompleteOperator runs them. `batches` is the CLI command in-process (stdout captured); the ledger page
+is what its endpoint does with the ledger: LedgerReader.pipelines(), LedgerReader.report() (a read-only engine
+per request, like the app), the JSON of the API and the HTML. Excluded, because they do not depend on the
+ledger's size: Kafka's answers (an in-memory offset source answers partitions, log starts and ends), the
+sink's I/O (the Parquet marker sink of tests/harness.py writes one small file per batch), and Airflow's
+authentication and permission checks around the page.
 
 Prints each figure (median of --rounds), the ratio to the small ledger, and the load average.
 
     PYTHONPATH=. python benchmarks/bench_ledger_scale.py [--batches 1000000] [--partitions 12] [--rounds 15]
-        [--keep-batches 1000] [--backend sqlite|postgresql|both]
+        [--keep-batches 1000] [--small-batches 10] [--backend sqlite|postgresql|both]
     PYTHONPATH=. python benchmarks/bench_ledger_scale.py --batches 20000 --rounds 5   # a smoke run
 """
 
@@ -146,10 +146,13 @@ def measure(subject: Subject, rounds: int) -> dict[str, float]:
 def run_backend(name: str, urls: Callable[[str], str], work: Path, args: argparse.Namespace) -> None:
     print(f"\n== {name}: {args.batches:,} historical batches x {args.partitions} partitions "
           f"(retention keeps {args.keep_batches:,}) ==", flush=True)
-    small = Subject(urls("small"), work / f"{name}-small", 10, args.partitions, args.keep_batches, args.rounds)
     big = Subject(urls("big"), work / f"{name}-big", args.batches, args.partitions, None, args.rounds)
+    small = Subject(urls("small"), work / f"{name}-small", args.small_batches, args.partitions, args.keep_batches,
+                    args.rounds)
+    os.sync()  # the big load's writeback would otherwise slow the small ledger's commits (SQLite syncs each one)
     print(f"loaded: small in {small.load_s:.1f} s, big in {big.load_s:.1f} s", flush=True)
-    rows = {"small (10 batches)": measure(small, args.rounds),
+    reference = f"small ({args.small_batches} batches)"
+    rows = {reference: measure(small, args.rounds),
             f"big ({args.batches:,} batches), retention off": measure(big, args.rounds)}
     started = time.perf_counter()
     pruned = cli_quietly("--ledger-url", big.url, "prune", PIPELINE, "--keep-batches", str(args.keep_batches),
@@ -157,7 +160,7 @@ def run_backend(name: str, urls: Callable[[str], str], work: Path, args: argpars
     print(f"prune --execute: {time.perf_counter() - started:.1f} s; {pruned.strip().splitlines()[-1]}", flush=True)
     big.retention(args.keep_batches)
     rows[f"big after prune, retention on (keeps {args.keep_batches:,})"] = measure(big, args.rounds)
-    base = rows["small (10 batches)"]
+    base = rows[reference]
     print(f"{'ledger':<52}" + "".join(f"{op:>24}" for op in OPERATIONS))
     for label, figures in rows.items():
         print(f"{label:<52}" + "".join(f"{figures[op] * 1000:>12.1f} ms {figures[op] / base[op]:>7.2f}x"
@@ -172,6 +175,8 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=15, help="measured batches per ledger (the median is shown)")
     parser.add_argument("--keep-batches", type=int, default=1000, help="retention_batches after the prune")
+    parser.add_argument("--small-batches", type=int, default=10,
+                        help="historical batches of the small ledger (60: the page shows as many rows as on the big)")
     parser.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     args = parser.parse_args()
     load_before = os.getloadavg()
