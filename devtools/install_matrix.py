@@ -124,8 +124,8 @@ def check_distributions(wheel: Path, sdist: Path) -> list[str]:
     shipped = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith(f"{PACKAGE}/example_dags/"))
     if shipped != dags:
         problems.append(f"the wheel's example_dags/ {shipped} are not dags/ {dags}")
-    for required in (f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE", f"{dist_info}/licenses/NOTICE",
-                     f"{PACKAGE}/core/ledger/migrations/versions/0001_initial.py",
+    for required in (f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE",
+                     f"{dist_info}/licenses/NOTICE", f"{PACKAGE}/core/ledger/migrations/versions/0001_initial.py",
                      f"{PACKAGE}/core/ledger/migrations/script.py.mako"):
         if required not in names:
             problems.append(f"the wheel lacks {required}")

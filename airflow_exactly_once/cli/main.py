@@ -391,7 +391,7 @@ def cmd_db_upgrade(ledger: Ledger, args: argparse.Namespace) -> int:
     elif before.revision == after.revision:
         print(f"the ledger is already at {after.revision}, the newest this provider knows")
     else:
-        print(f"upgraded the ledger from {before.revision or before.describe()} to {after.revision}")
+        print(f"upgraded the ledger from {before.revision or before.state} to {after.revision}")
     return 0
 
 
@@ -400,7 +400,7 @@ def cmd_db_current(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"current": version.revision, "head": version.head, "state": version.state}, indent=1))
     else:
-        print(f"current: {version.revision or '-'} ({version.describe()})\nhead:    {version.head}")
+        print(f"ledger: {version.describe()}\nhead:   {version.head} (the newest this provider knows)")
     return 0 if version.state == "current" else 1  # 1: `db upgrade` has work to do (or the ledger is newer)
 
 

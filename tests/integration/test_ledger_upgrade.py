@@ -30,7 +30,7 @@ from airflow_exactly_once.core.ledger import Ledger, versioning
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.states import BatchState
-from devtools.ledger_fixtures import ENDS, OUTPUT_PLACEHOLDER, PIPELINE, scenario_config
+from devtools.ledger_fixtures import ENDS, OUTPUT_PLACEHOLDER, PIPELINE, ledger_facts, scenario_config
 from tests.harness import FakeSource, MarkerSink, Pipe
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ledger"
@@ -71,20 +71,6 @@ def cli(url: str, *args: str, faults: Path | None = None) -> subprocess.Complete
                           capture_output=True, text=True, env=env, timeout=120, cwd=REPO)
 
 
-def recorded(ledger: Ledger, *, positions: bool = True) -> dict:
-    """What the scenario says the ledger holds, read with today's code (`positions`: the ledger is upgraded, so
-    committed positions can read the retention floor that revision 0002 added)."""
-    batches = ledger.list_batches(PIPELINE, newest_first=False)
-    found = {"states": {str(b.seq): b.state.value for b in batches},
-             "ranges": {str(b.seq): [[r.topic, r.partition, r.start, r.end] for r in b.ranges] for b in batches},
-             "bad_records": {str(b.seq): b.details["bad_records"]["count"] for b in batches
-                             if b.details.get("bad_records")}}
-    if positions:
-        found["committed_positions"] = {f"{t}:{p}": o
-                                        for (t, p), o in sorted(ledger.committed_positions(PIPELINE).items())}
-    return found
-
-
 @pytest.mark.parametrize("release", RELEASES)
 def test_a_ledger_of_an_earlier_release_survives_a_killed_upgrade_and_runs_on(release, backend, tmp_path, request):
     scenario = json.loads((FIXTURES / release / "scenario.json").read_text())
@@ -108,8 +94,8 @@ def test_a_ledger_of_an_earlier_release_survives_a_killed_upgrade_and_runs_on(re
     ledger = Ledger(url)
     source = FakeSource(dict(ENDS))
     pipe = Pipe(scenario_config(output), ledger, lambda: source, sink_factory=MarkerSink.of)
-    early = recorded(ledger, positions=False)
-    assert {k: scenario[k] for k in early} == early  # nothing of it lost by the crash
+    early = ledger_facts(ledger, positions=False)  # committed positions read revision 0002's floor: not yet
+    assert {k: scenario[k] for k in early} == early  # nothing lost by the crash
     prepared = BatchId(PIPELINE, max(int(s) for s, state in scenario["states"].items() if state == "PREPARED"))
     outcome = pipe.plan("run-next-1")
     assert ledger.schema_version().state == "current"
@@ -124,7 +110,7 @@ def test_a_ledger_of_an_earlier_release_survives_a_killed_upgrade_and_runs_on(re
 
     # Offsets continue exactly: every offset of every partition committed once, in the ledger and in the output.
     positions = {f"{t}:{p}": end for (t, p), end in ENDS.items()}
-    assert recorded(ledger)["committed_positions"] == positions
+    assert ledger_facts(ledger)["committed_positions"] == positions
     report = audit_pipeline(ledger, PIPELINE)
     assert report.ok, report.problems
     published = {(t, p): [] for (t, p) in ENDS}
@@ -134,18 +120,18 @@ def test_a_ledger_of_an_earlier_release_survives_a_killed_upgrade_and_runs_on(re
     assert published == {tp: list(range(end)) for tp, end in ENDS.items()}
 
     # The earlier release's history is all still there.
-    after = recorded(ledger)
+    after = ledger_facts(ledger)
     for seq, state in scenario["states"].items():
         assert after["states"][seq] == ("COMMITTED" if state == "PREPARED" else state)
         assert after["ranges"][seq] == scenario["ranges"][seq]
     assert after["bad_records"] == scenario["bad_records"]
-    kinds = [e["kind"] for e in reversed(ledger.list_events(PIPELINE, limit=1000))]
+    kinds = after["events"]
     assert kinds[:len(scenario["events"])] == scenario["events"] and "recovered" in kinds
     # 0002 (retention): the upgraded ledger prunes its history down to a floor, and positions and tiling hold.
     pruned = prune(ledger, PIPELINE, Retention(keep_batches=1, keep_days=None), chunk=2)
     assert pruned.pruned.through == seqs[-1] - 1 and pruned.pruned.transactions > 1
     assert [b.seq for b in ledger.list_batches(PIPELINE, newest_first=False)] == [seqs[-1], seqs[-1] + 1]
-    assert recorded(ledger)["committed_positions"] == positions and audit_pipeline(ledger, PIPELINE).ok
+    assert ledger_facts(ledger)["committed_positions"] == positions and audit_pipeline(ledger, PIPELINE).ok
     with ledger.engine.connect() as conn:
         assert versioning.schema_differences(conn) == []
     assert Ledger.read_only(url).has_schema()

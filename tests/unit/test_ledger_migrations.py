@@ -5,8 +5,8 @@ The upgrade of a real earlier ledger (both backends, with a killed upgrade) is t
 
 from __future__ import annotations
 
-import sqlalchemy as sa
 import pytest
+import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import LedgerVersionError
 from airflow_exactly_once.core.ledger import Ledger, metadata, versioning
@@ -102,3 +102,17 @@ def test_the_cli_upgrades_by_hand_and_reading_commands_never_migrate(url, capsys
     assert main(["--ledger-url", url, "--json", "db", "version"]) == 0
     assert '"state": "current"' in capsys.readouterr().out
     assert main(["--ledger-url", url, "pipelines"]) == 0
+
+
+def test_a_ledger_in_airflows_database_leaves_airflows_alembic_version_alone(url):
+    """The ledger may share Airflow's metadata database: its version table is its own."""
+    with sa.create_engine(url).begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('29ce7909c52b')")  # an Airflow revision
+    ledger = Ledger(url)
+    assert ledger.schema_version().state == "empty"
+    ledger.create_schema()
+    with ledger.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == ["29ce7909c52b"]
+        assert versioning.schema_differences(conn) == []  # Airflow's tables are not the ledger's concern
+    assert ledger.schema_version().state == "current"

@@ -152,7 +152,8 @@ def test_declared_dependencies_cover_every_third_party_import():
     groups = _requirements()
     core = set(groups[""])
     assert {"apache-airflow", "kafka-python", "confluent-kafka", "pyspark", "pyarrow", "pandas", "sqlalchemy",
-            "alembic", "apache-airflow-providers-common-compat", "fastapi", "asgiref"} <= core  # pandas: pyspark's Arrow paths
+            "alembic",
+            "apache-airflow-providers-common-compat", "fastapi", "asgiref"} <= core  # pandas: pyspark's Arrow paths
     assert "psycopg2-binary" in groups["postgres"]
     assert groups["spark-submit"] == ["apache-airflow-providers-apache-spark"]
     assert groups["spark-connect"] == ["pyspark"]  # pyspark[connect]: the Spark Connect client's gRPC stack

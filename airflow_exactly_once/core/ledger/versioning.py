@@ -14,6 +14,7 @@ import logging
 import os
 import weakref
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -34,7 +35,7 @@ VERSION_TABLE = "aeo_alembic_version"  # the ledger's own: Airflow's metadata da
 AUTO_UPGRADE_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SCHEMA_LOCK = 0x61656F5F6C656467  # "aeo_ledg": the PostgreSQL advisory lock key of schema changes
-UPGRADE_HINT = "run `airflow-exactly-once db upgrade` (or one batch of a pipeline, which upgrades it)"
+UPGRADE_COMMAND = "airflow-exactly-once db upgrade"
 
 _current_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
@@ -57,15 +58,16 @@ class SchemaVersion:
         return "behind" if self.revision in known_revisions() else "ahead"
 
     def describe(self) -> str:
-        return {"empty": "no ledger tables yet", "unversioned": "written before versioning (no version row)",
-                "current": f"at {self.revision}, the newest this provider knows",
+        return {"empty": "empty (no ledger tables yet)", "unversioned": "written before versioning (no version row)",
+                "current": f"at {self.revision}, up to date",
                 "behind": f"at {self.revision}, older than {self.head}",
                 "ahead": f"at {self.revision}, which this provider does not know (its newest is {self.head})",
                 }[self.state]
 
 
+@lru_cache(maxsize=1)
 def script_directory() -> ScriptDirectory:
-    """The migration scripts shipped in the package (no alembic.ini: the location is set in code)."""
+    """The migration scripts shipped in the package (no alembic.ini: the location is set in code); read once."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     return ScriptDirectory.from_config(config)
@@ -117,6 +119,7 @@ def upgrade(engine: Engine) -> tuple[SchemaVersion, SchemaVersion]:
             log.info("the ledger has no version table: adopting it as revision 0001, then upgrading")
         context = MigrationContext.configure(conn, opts={
             "version_table": VERSION_TABLE, "script": script, "transactional_ddl": True,
+            # What `alembic upgrade head` runs (EnvironmentContext's documented use of _upgrade_revs).
             "fn": lambda heads, _context: script._upgrade_revs(before.head, heads),
             "on_version_apply": [_after_step],
         })
@@ -141,7 +144,7 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> None:
     if version.state != "current":
         if not (auto_upgrade_enabled() if auto_upgrade is None else auto_upgrade):
             raise LedgerVersionError(f"the ledger is {version.describe()} and automatic upgrades are off "
-                                     f"({AUTO_UPGRADE_ENV}): {UPGRADE_HINT.split(' (')[0]}")
+                                     f"({AUTO_UPGRADE_ENV}=false): run `{UPGRADE_COMMAND}`")
         upgrade(engine)
     _current_engines.add(engine)
 
@@ -157,7 +160,7 @@ def check_readable(engine: Engine) -> bool:
         return False
     if version.state != "current":
         raise LedgerVersionError(f"the ledger is {version.describe()}; this reader does not change it: "
-                                 f"{UPGRADE_HINT}")
+                                 f"run `{UPGRADE_COMMAND}` (or one batch of a pipeline, which upgrades it)")
     _current_engines.add(engine)
     return True
 
