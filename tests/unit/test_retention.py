@@ -15,7 +15,7 @@ import pytest
 from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core import protocol
 from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.ledger import Ledger, events
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.retention import Retention, prune
@@ -170,7 +170,11 @@ def test_interval_reruns_below_the_floor_fail_loudly_and_replacements_keep_their
 
     for h in range(5):
         run(f"h{h}", hours[h])
+    epoch = pipe.ledger.pipeline("iv")["epoch"]  # what a plan of a re-run read before this prune
     assert pipe.coordinator.retain().startswith("iv: keeps the newest 2 batches")  # what notify_complete calls
+    with pytest.raises(FencedError) as fenced:  # it may have meant to replace a pruned batch: it plans again
+        pipe.ledger.create_batch("iv", "stale", [], expected_epoch=epoch, interval=hours[5])
+    assert fenced.value.retriable
     floor = pipe.ledger.retention_floor("iv")
     assert (floor.batch_seq, floor.interval_end) == (3, hours[2][1])
     with pytest.raises(ConfigurationError, match=r"retention pruned.*retention_batches=2.*new pipeline_id"):
@@ -201,6 +205,7 @@ def test_continuation_plans_from_the_floor(tmp_path):
         pipe.commit(batch.id)
         pipe.coordinator.retain()
     assert [b.seq for b in pipe.ledger.list_batches("c", newest_first=False)] == [6, 7, 8]
+    assert pipe.ledger.pipeline("c")["epoch"] == 2 * 8  # each batch: plan and claim; continuation pruning: never
     assert pipe.ledger.committed_positions("c") == {T0: 80, T1: 80}
     following = pipe.plan("r8").batch
     assert following.ranges == (OffsetRange("t", 0, 80, 90), OffsetRange("t", 1, 80, 90))

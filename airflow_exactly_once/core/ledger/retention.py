@@ -5,7 +5,8 @@ is gone, and the floor (base.Floor) keeps per partition the committed position r
 transaction moves the floor and deletes the batches below it with their offset ranges, data
 intervals, events and folded position resets together: a process killed between two transactions
 leaves a smaller but whole ledger. The limit is checked again inside each transaction, so a batch
-planned meanwhile is never pruned under its run.
+planned meanwhile is never pruned under its run; in interval mode each transaction also takes the
+pipeline over (epoch + 1), so a re-run that read an interval's batches before is planned again.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from airflow_exactly_once.core.ledger.schema import (
     batches,
     events,
     partition_floors,
+    pipelines,
     position_resets,
     prune_floors,
 )
@@ -76,6 +78,13 @@ class RetentionLedger(LedgerBase):
     def prune_chunk(self, pipeline_id: str, keep: Keep, max_batches: int) -> Pruned:
         """Prune at most `max_batches` more batches in one transaction (nothing when the floor is at the limit)."""
         with self.engine.begin() as conn:  # on SQLite: the write lock, so the limit cannot move under it
+            if conn.execute(sa.select(batch_intervals.c.batch_seq)
+                            .where(batch_intervals.c.pipeline_id == pipeline_id).limit(1)).first() is not None:
+                # Interval mode: a plan that read an interval's batches before this prune (and may replace one it
+                # removes) must plan again. First, so that on PostgreSQL a plan that got the pipeline row first
+                # is seen by the limit below, and one that comes later waits and fails its compare-and-set.
+                conn.execute(pipelines.update().where(pipelines.c.pipeline_id == pipeline_id)
+                             .values(epoch=pipelines.c.epoch + 1, updated_at=utc_now()))
             floor = self._floor(conn, pipeline_id)
             through = min(self._limit(conn, pipeline_id, keep, floor), floor.batch_seq + max_batches)
             if through <= floor.batch_seq:
