@@ -241,6 +241,10 @@ def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
 def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
     batch_id = BatchId(args.pipeline, args.seq) if args.seq is not None else BatchId.parse(args.pipeline)
     _known(ledger, batch_id.pipeline_id)
+    floor = ledger.retention_floor(batch_id.pipeline_id)
+    if batch_id.seq <= floor.batch_seq:
+        raise ConfigurationError(f"batch {batch_id} was pruned by retention (batches up to {floor.batch_seq} are gone; "
+                                 f"`positions` and `check` start from the committed floor they left)")
     batch = ledger.get_batch(batch_id)
     interval = ledger.batch_interval(batch_id)
     events = [e for e in ledger.list_events(batch_id.pipeline_id, limit=10_000) if e["batch_seq"] == batch_id.seq]
