@@ -21,6 +21,7 @@ from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import plan_rewind
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.monitor import read_pipeline
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
 T0, T1 = ("t", 0), ("t", 1)
@@ -83,6 +84,8 @@ def test_never_pruned_in_flight_pending_or_newest_committed_and_positions_stay_e
     assert [e["batch_seq"] for e in ledger.list_events("p") if e["kind"] == "recovered"] == [12]
     check = audit_pipeline(ledger, "p")
     assert check.ok and "pruned by retention" in check.notes[0] and check.committed_batches == 1
+    page = read_pipeline(ledger, "p")  # the ledger page: positions as before, and what retention did
+    assert page.committed == positions and page.retention.endswith("; pruned up to batch 10")
 
     # Nothing more goes while 11 (pending release) and 14 (PREPARED) hold the limit.
     assert prune(ledger, "p", Retention(1, None)).pruned.batches == 0
