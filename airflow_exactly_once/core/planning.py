@@ -73,8 +73,9 @@ class Planner(ABC):
         """Fix this run's batch (or find it fixed before). `interval` is the run's data interval, epoch ms."""
         interval = self._check_run(run_id, interval)
         self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
-        if self.ledger.count_batches(self.pipeline_id, with_interval=self.range_mode != "interval"):
-            other = "continuation" if self.range_mode == "interval" else "interval"
+        mode = self.ledger.newest_batch_mode(self.pipeline_id)
+        if mode is not None and mode != self.range_mode:
+            other = mode
             raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned in {other} mode; it cannot "
                                      f"switch to range_mode={self.range_mode!r}: give the new pipeline its own "
                                      "pipeline_id")

@@ -195,6 +195,11 @@ def test_interval_reruns_below_the_floor_fail_loudly_and_replacements_keep_their
     replace.write(planned.id)
     replace.commit(planned.id)
     assert audit_pipeline(pipe.ledger, "iv").ok
+    # The mode guard reads the newest batch only (not every batch): switching is still refused.
+    continuation = Pipe(pipeline_config("iv", ["t"], {"type": "parquet", "path": str(tmp_path / "out")}),
+                        pipe.ledger, lambda: source, sink_factory=MarkerSink.of)
+    with pytest.raises(ConfigurationError, match="has batches planned in interval mode; it cannot switch"):
+        continuation.plan("c1")
 
 
 def test_continuation_plans_from_the_floor(tmp_path):

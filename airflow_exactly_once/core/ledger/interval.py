@@ -48,6 +48,20 @@ class IntervalLedger(LedgerBase):
         with self.engine.connect() as conn:
             return conn.execute(query).scalar() or 0
 
+    def newest_batch_mode(self, pipeline_id: str) -> str | None:
+        """"interval" or "continuation": how the newest batch was planned (None before the first).
+
+        Planning refuses to switch modes, so the newest batch speaks for all of them; two index lookups,
+        where counting the batches of the other mode would read all of them.
+        """
+        with self.engine.connect() as conn:
+            seq = self._last_seq(conn, pipeline_id)
+            if not seq:
+                return None
+            tied = conn.execute(sa.select(batch_intervals.c.batch_seq).where(
+                batch_intervals.c.pipeline_id == pipeline_id, batch_intervals.c.batch_seq == seq)).first()
+            return "interval" if tied is not None else "continuation"
+
     def fix_boundaries(self, pipeline_id: str, wanted: dict[Boundary, tuple[int, str]]) -> dict[Boundary, int]:
         """The offset of each (partition, time); the first answer recorded wins, for good.
 
