@@ -98,6 +98,39 @@ def test_never_pruned_in_flight_pending_or_newest_committed_and_positions_stay_e
     assert ledger.retention_floor("p").pruned_batches == 13
 
 
+def test_planned_and_prepared_batches_below_newer_commits_stay(ledger):
+    """Interval runs are independent: a batch can be in flight below newer COMMITTED ones."""
+    for n in range(3):
+        record(ledger, n)
+    planned = record(ledger, 3, BatchState.PLANNED)  # 4
+    record(ledger, 4)  # 5
+    prepared = record(ledger, 5, BatchState.PREPARED)  # 6
+    record(ledger, 6)  # 7
+    assert prune(ledger, "p", Retention(1, None)).pruned.through == 3
+    assert seqs(ledger) == [4, 5, 6, 7]
+    ledger.mark_aborted(planned.id, "failed")
+    assert prune(ledger, "p", Retention(1, None)).pruned.through == 5  # up to the PREPARED batch
+    ledger.mark_committed(prepared.id)
+    assert prune(ledger, "p", Retention(1, None)).pruned.through == 6 and seqs(ledger) == [7]
+
+
+def test_a_rewind_whose_output_is_not_withdrawn_yet_holds_the_floor(ledger):
+    for n in range(3):
+        record(ledger, n)
+    # A rewind recorded batches 2 and 3 as RETRACTED; the sink has not withdrawn their output yet.
+    ledger.rewind("p", expected_epoch=ledger.pipeline("p")["epoch"], retract=[2, 3],
+                  resets={T0: (10, "bug"), T1: (10, "bug")}, reason="bug")
+    for n in range(1, 3):
+        record(ledger, n)  # 4, 5: the range again
+    positions = ledger.committed_positions("p")
+    assert prune(ledger, "p", Retention(1, None)).pruned.through == 1  # recovery still needs 2 and 3
+    for seq in (2, 3):
+        ledger.update_details(BatchId("p", seq), output_retracted=True)
+    assert prune(ledger, "p", Retention(1, None)).pruned.through == 4
+    assert ledger.committed_positions("p") == positions == {T0: 30, T1: 30}
+    assert ledger.position_resets("p") == [] and audit_pipeline(ledger, "p").ok
+
+
 def test_keep_days_and_keep_batches_both_keep_and_off_keeps_everything(ledger):
     for n in range(6):
         record(ledger, n)
