@@ -102,7 +102,7 @@ class RetentionLedger(LedgerBase):
                 through=through,
                 batches=self._count(conn, batches, gone),
                 offset_rows=self._count(conn, batch_offsets, self._range(batch_offsets, pipeline_id, floor, through)),
-                events=self._count(conn, events, self._events_gone(conn, pipeline_id, floor, through)),
+                events=sum(self._count(conn, events, where) for where in self._events_gone(conn, pipeline_id, through)),
                 resets=self._count(conn, position_resets, (position_resets.c.pipeline_id == pipeline_id,
                                                            position_resets.c.after_batch_seq < through)))
 
@@ -154,8 +154,8 @@ class RetentionLedger(LedgerBase):
         if floor.interval_end is not None:
             interval_end = max(floor.interval_end, interval_end or floor.interval_end)
         pruned = Pruned(through=through, transactions=1)
-        pruned.events = conn.execute(events.delete().where(*self._events_gone(conn, pipeline_id, floor, through))
-                                     ).rowcount
+        pruned.events = sum(conn.execute(events.delete().where(*where)).rowcount
+                            for where in self._events_gone(conn, pipeline_id, through))
         pruned.offset_rows = conn.execute(batch_offsets.delete()
                                           .where(*self._range(batch_offsets, pipeline_id, floor, through))).rowcount
         conn.execute(batch_intervals.delete().where(*self._range(batch_intervals, pipeline_id, floor, through)))
@@ -185,14 +185,16 @@ class RetentionLedger(LedgerBase):
                 table.c.batch_seq <= through)
 
     @staticmethod
-    def _events_gone(conn: Connection, pipeline_id: str, floor: Floor, through: int) -> tuple:
-        """Events of pruned batches, and events of no batch recorded before the first batch that stays."""
+    def _events_gone(conn: Connection, pipeline_id: str, through: int) -> list[tuple]:
+        """Events of pruned batches; events of no batch recorded before the first batch that stays. Two conditions,
+        each an index range of (pipeline_id, batch_seq), rather than one OR that would read every event."""
         kept_since = conn.execute(sa.select(batches.c.created_at)
                                   .where(batches.c.pipeline_id == pipeline_id, batches.c.batch_seq > through)
                                   .order_by(batches.c.batch_seq).limit(1)).scalar()
-        loose = events.c.batch_seq.is_(None) & (events.c.at < kept_since) if kept_since is not None else sa.false()
-        return (events.c.pipeline_id == pipeline_id,
-                sa.or_(events.c.batch_seq <= through, loose))
+        gone = [(events.c.pipeline_id == pipeline_id, events.c.batch_seq <= through)]
+        if kept_since is not None:
+            gone.append((events.c.pipeline_id == pipeline_id, events.c.batch_seq.is_(None), events.c.at < kept_since))
+        return gone
 
     @staticmethod
     def _count(conn: Connection, table: sa.Table, where: tuple) -> int:
