@@ -26,7 +26,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars newest-jars demo test test-unit test-kafka4 test-newest \
-	install-matrix benchmark docker-config clean
+	install-matrix benchmark benchmark-ledger docker-config clean
 
 setup: system-deps python-deps jars
 
@@ -122,6 +122,11 @@ docker-config:
 
 clean:
 	rm -rf $(VENV) $(VENV_NEWEST) build dist *.egg-info .pytest_cache
+
+# The ledger at scale: plan, notify_complete, `batches` and the ledger page on 1,000,000 batches, before and after
+# pruning, vs 10 batches, on SQLite and PostgreSQL (docs/benchmarks.md). Smoke run: ARGS="--batches 20000 --rounds 5".
+benchmark-ledger: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_ledger_scale.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.retention import Retention
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import start_of_waiting
 
@@ -136,6 +137,13 @@ class PipelineReport:
     now: datetime
     commit_deadline_ms: int | None = None
     dag_ids: set[str] = field(default_factory=set)
+    pruned_through: int = 0  # retention pruned the batches up to this one (0: none)
+
+    @property
+    def retention(self) -> str:
+        """The pipeline's retention and how far it has pruned, as the page says it."""
+        said = Retention.stored(self.config).describe()
+        return f"{said}; pruned up to batch {self.pruned_through}" if self.pruned_through else said
 
     @property
     def topics(self) -> list[str]:
@@ -183,7 +191,8 @@ def read_pipeline(ledger: Ledger, pipeline_id: str, *, now: datetime | None = No
         pipeline_id=pipeline_id, epoch=pipeline["epoch"], config=pipeline["config"], batches=batches,
         in_flight=in_flight, events=ledger.list_events(pipeline_id, limit=event_limit), committed=committed,
         claimed=claimed_positions(committed, flying), counts=ledger.state_counts(pipeline_id), chart=chart,
-        last_seq=ledger.last_batch_seq(pipeline_id), now=now, commit_deadline_ms=commit_deadline_ms)
+        last_seq=ledger.last_batch_seq(pipeline_id), now=now, commit_deadline_ms=commit_deadline_ms,
+        pruned_through=ledger.retention_floor(pipeline_id).batch_seq)
 
 
 def partition_lags(committed: Mapping[TopicPartition, int], claimed: Mapping[TopicPartition, int],

@@ -8,13 +8,14 @@
     airflow-exactly-once check PIPELINE
     airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
+    airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
     airflow-exactly-once db upgrade
     airflow-exactly-once db current
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
 options and --json go before or after the command.
-`rewind` only prints what it would do unless --execute is given.
+`rewind` and `prune` only print what they would do unless --execute is given.
 Reading commands never change the ledger's schema: a ledger older than this code asks for
 `db upgrade`, which brings it to this code's version (`db current` shows where it stands).
 On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
@@ -34,6 +35,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.secrets import REDACTED
 from airflow_exactly_once.core.sink import Sink
@@ -127,6 +129,14 @@ def _parser() -> argparse.ArgumentParser:
                                                 "Kafka settings hold secrets, which the ledger does not store)")
     rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
 
+    pruning = command("prune", cmd_prune, "remove old final batches, keeping the committed floor (retention)")
+    pruning.add_argument("--keep-batches", type=_count_or_none, metavar="N|none", default=_DEFAULT,
+                         help="keep at least the newest N batches (default: the pipeline's retention_batches)")
+    pruning.add_argument("--keep-days", type=_days_or_none, metavar="D|none", default=_DEFAULT,
+                         help="keep at least the batches of the last D days (default: the pipeline's "
+                              "retention_days)")
+    pruning.add_argument("--execute", action="store_true", help="prune (without: only print what would go)")
+
     db = sub.add_parser("db", help="the ledger's schema version: show it, upgrade it")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     for name, handler, help_text in (
@@ -139,6 +149,29 @@ def _parser() -> argparse.ArgumentParser:
         _global_options(db_parser, suppress=True)
         db_parser.set_defaults(handler=handler, access="db")
     return parser
+
+
+_DEFAULT = object()  # --keep-batches / --keep-days not given: the pipeline's own setting
+
+
+def _count_or_none(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of batches (1 or more), or none")
+    return int(text)
+
+
+def _days_or_none(text: str) -> float | None:
+    if text.lower() == "none":
+        return None
+    try:
+        days = float(text)
+    except ValueError:
+        days = 0.0
+    if days <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of days above 0 (e.g. 7 or 0.5), or none")
+    return days
 
 
 def _ledger_url(args: argparse.Namespace) -> str:
@@ -181,11 +214,8 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
     for pipeline in ledger.list_pipelines():
         pid = pipeline["pipeline_id"]
         config = json.loads(pipeline["config"])
-        batches = ledger.list_batches(pid)
-        counts: dict[str, int] = {}
-        for batch in batches:
-            counts[batch.state.value] = counts.get(batch.state.value, 0) + 1
-        last = next((b for b in batches if b.state is BatchState.COMMITTED), None)
+        counts = ledger.state_counts(pid)
+        last = next(iter(ledger.list_batches(pid, [BatchState.COMMITTED], limit=1)), None)
         rows.append({"pipeline": pid, "mode": config.get("range_mode", "continuation"),
                      "topics": ",".join(config.get("topics", [])), "epoch": pipeline["epoch"],
                      "batches": " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
@@ -197,8 +227,10 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
 def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
     states = [BatchState(s) for s in args.state] if args.state else None
     rows = []
-    for batch in ledger.list_batches(_known(ledger, args.pipeline), states, limit=args.limit):
-        interval = ledger.batch_interval(batch.id)
+    found = ledger.list_batches(_known(ledger, args.pipeline), states, limit=args.limit)
+    intervals = ledger.batch_intervals(args.pipeline, [b.seq for b in found])
+    for batch in found:
+        interval = intervals.get(batch.seq)
         rows.append({"seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
                      "interval": f"{iso(interval[0])}..{iso(interval[1])}" if interval else "-",
                      "offsets": batch.offset_span, "in": _dash(batch.input_records),
@@ -211,6 +243,10 @@ def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
 def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
     batch_id = BatchId(args.pipeline, args.seq) if args.seq is not None else BatchId.parse(args.pipeline)
     _known(ledger, batch_id.pipeline_id)
+    floor = ledger.retention_floor(batch_id.pipeline_id)
+    if batch_id.seq <= floor.batch_seq:
+        raise ConfigurationError(f"batch {batch_id} was pruned by retention (batches up to {floor.batch_seq} are gone; "
+                                 f"`positions` and `check` start from the committed floor they left)")
     batch = ledger.get_batch(batch_id)
     interval = ledger.batch_interval(batch_id)
     events = [e for e in ledger.list_events(batch_id.pipeline_id, limit=10_000) if e["batch_seq"] == batch_id.seq]
@@ -324,6 +360,27 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
         print("rewound: the next runs process the range again")
     else:
         print("dry run: nothing changed; add --execute to apply")
+    return 0
+
+
+# -- retention -----------------------------------------------------------------------
+
+
+def cmd_prune(ledger: Ledger, args: argparse.Namespace) -> int:
+    pid = _known(ledger, args.pipeline)
+    stored = Retention.stored(ledger.pipeline(pid)["config"])
+    retention = Retention(stored.keep_batches if args.keep_batches is _DEFAULT else args.keep_batches,
+                          stored.keep_days if args.keep_days is _DEFAULT else args.keep_days)
+    report = prune(ledger, pid, retention, dry_run=not args.execute)
+    if args.json:
+        print(json.dumps({"pipeline": pid, "executed": args.execute, "keep_batches": retention.keep_batches,
+                          "keep_days": retention.keep_days, "floor_before": report.floor_before,
+                          **dataclasses.asdict(report.pruned)}, indent=1))
+        return 0
+    for line in report.describe():
+        print(line)
+    if not args.execute and report.pruned.batches:
+        print("dry run: nothing changed; add --execute to prune")
     return 0
 
 

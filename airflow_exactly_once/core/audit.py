@@ -2,9 +2,10 @@
 
 Committed ranges leave no gap and no overlap.
 
-Continuation pipelines: walking batches in order, each committed range of a partition
-starts where the previous one ended, or where a recorded position reset (a rewind, data
-loss accepted under data_loss_policy="skip") put the position. Interval pipelines: each
+Continuation pipelines: walking batches in order from where the partition started (or from
+the committed floor retention left), each committed range of a partition starts where the
+previous one ended, or where a recorded position reset (a rewind, data loss accepted under
+data_loss_policy="skip") put the position. Interval pipelines: each
 committed range runs between its interval's fixed boundaries, one committed batch per
 interval, and no two committed ranges overlap. Anything else is reported as a problem.
 """
@@ -47,6 +48,12 @@ def audit_pipeline(ledger: Ledger, pipeline_id: str) -> AuditReport:
 
 def _audit_continuation(ledger: Ledger, pipeline_id: str, committed: list[Batch], report: AuditReport) -> None:
     position = ledger.initial_offsets(pipeline_id)
+    floor = ledger.retention_floor(pipeline_id)
+    if floor.batch_seq:  # what retention pruned tiled up to the floor; the kept batches continue from it
+        position.update(floor.offsets)
+        shown = ", ".join(f"{t}[{p}]={o}" for (t, p), o in sorted(floor.offsets.items()))
+        report.notes.append(f"batches up to {floor.batch_seq} were pruned by retention; tiling is checked from the "
+                            f"committed floor {shown}")
     # A reset recorded after batch n applies before batch n + 1: order resets at n + 0.5.
     steps: list[tuple[float, object]] = [(b.seq, b) for b in committed]
     steps += [(r["after_batch_seq"] + 0.5, r) for r in ledger.position_resets(pipeline_id)]

@@ -89,6 +89,12 @@ class PipelineConfig:
                                                         "(a _dead_letter folder, a <table>_dead_letter table).")
     max_bad_records: int | float | None = argument(None, "Fail the batch when it has more bad records than this "
                                                          "(a count, or a fraction below 1), whatever the policy.")
+    retention_batches: int | None = argument(1000, "Retention: the ledger keeps at least this many of the newest "
+                                                   "batches (None: no bound by count); see docs/ledger.md.")
+    retention_days: int | float | None = argument(7, "Retention: the ledger keeps at least the batches of these last "
+                                                     "days (None: no bound by age); older batches beyond "
+                                                     "retention_batches are pruned, keeping a committed floor. "
+                                                     "None for both keeps every batch.")
     # Where bootstrap_servers came from, for error messages (set by the operators; not an argument).
     kafka_origin: str = field(default="bootstrap_servers", metadata={"argument": False})
     # The `kafka` connection the settings came from (set by the operators; not an argument): readers of
@@ -120,6 +126,7 @@ class PipelineConfig:
         self._validate_startup()
         if self.max_records_per_partition is not None and int(self.max_records_per_partition) <= 0:
             raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
+        self._validate_retention()
         if not isinstance(self.sink, dict) or "type" not in self.sink:
             raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
         self._fold_guarantee()
@@ -131,6 +138,22 @@ class PipelineConfig:
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
+
+    def _validate_retention(self) -> None:
+        """Whole numbers of batches (at least 1: the newest committed batch always stays), days above 0."""
+        for name, kind in (("retention_batches", int), ("retention_days", float)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                number = kind(value) if not isinstance(value, bool) else None
+            except (TypeError, ValueError):
+                number = None
+            if number is None or number <= 0 or (kind is int and float(value) != number):
+                example = "1000" if kind is int else "7 (or 0.5 for twelve hours)"
+                raise ConfigurationError(f"{name}={value!r}: give a number above 0, e.g. {example}, or None to "
+                                         "not bound retention by it (None for both keeps every batch)")
+            setattr(self, name, number if kind is int or number != int(number) else int(number))
 
     def _validate_decoding(self) -> None:
         """value_format needs its schema; bad-record settings must make sense together."""

@@ -25,6 +25,7 @@ POINTS = (
     "notify.after_sink_commit",  # sink output published, ledger not yet COMMITTED
     "notify.after_ledger",  # batch COMMITTED, notify task not yet finished
     "ledger.migrate.after_step",  # a schema migration step ran, its transaction not yet committed
+    "prune.between_transactions",  # retention pruned some batches (committed), more still to prune
 )
 
 

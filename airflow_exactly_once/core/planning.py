@@ -73,8 +73,9 @@ class Planner(ABC):
         """Fix this run's batch (or find it fixed before). `interval` is the run's data interval, epoch ms."""
         interval = self._check_run(run_id, interval)
         self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
-        if self.ledger.count_batches(self.pipeline_id, with_interval=self.range_mode != "interval"):
-            other = "continuation" if self.range_mode == "interval" else "interval"
+        mode = self.ledger.newest_batch_mode(self.pipeline_id)
+        if mode is not None and mode != self.range_mode:
+            other = mode
             raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned in {other} mode; it cannot "
                                      f"switch to range_mode={self.range_mode!r}: give the new pipeline its own "
                                      "pipeline_id")
@@ -244,6 +245,8 @@ class IntervalPlanner(Planner):
             epoch = self._epoch()
             batches = self.ledger.interval_batches(self.pipeline_id, interval)
         done = next((b for b in batches if b.state in (BatchState.COMMITTED, BatchState.EMPTY)), None)
+        if done is None:
+            self._refuse_pruned(interval)
         if done is not None and self.config.interval_rerun == "noop":
             message = (f"interval {label(interval)} was already processed by {done.describe()} (run {done.run_id}); "
                        "interval_rerun='noop': nothing to do")
@@ -268,6 +271,19 @@ class IntervalPlanner(Planner):
         fault_point("plan.after_ledger")
         what = f"interval {label(interval)}" + (f", replacing batch {replaces}" if replaces is not None else "")
         return PlanOutcome("planned", batch, f"planned {what}: {batch.describe()}")
+
+    def _refuse_pruned(self, interval: Interval) -> None:
+        """An interval before retention's floor, with no batch left: whether it ran is no longer known."""
+        floor = self.ledger.retention_floor(self.pipeline_id)
+        if floor.interval_end is None or interval[0] >= floor.interval_end:
+            return
+        raise ConfigurationError(
+            f"interval {label(interval)} starts before {iso(floor.interval_end)}, the end of the intervals whose "
+            f"batches retention pruned from pipeline {self.pipeline_id} (batches up to {floor.batch_seq}; "
+            f"retention_batches={self.config.retention_batches}, retention_days={self.config.retention_days}): "
+            "whether it was processed is no longer known, so it is not run again (that could duplicate its output). "
+            "Re-run old intervals while they are within retention (raise retention_batches / retention_days), or "
+            "backfill them under a new pipeline_id")
 
     def _ranges(self, interval: Interval):
         source = self.source_factory()

@@ -27,6 +27,7 @@ from airflow_exactly_once.core.errors import FencedError, SinkError, Transaction
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.retention import AUTO_PRUNE_BATCHES, AUTO_PRUNE_MIN, Retention, prune
 from airflow_exactly_once.core.rewind import finish_retractions
 from airflow_exactly_once.core.sink import Committable, Sink
 from airflow_exactly_once.core.states import BatchState
@@ -161,6 +162,22 @@ class BatchCoordinator:
                                      f"(first: {first}); they are not in the output")
         fault_point("notify.after_ledger")
         return f"{outcome}; batch {batch_id} {'COMMITTED' if changed else 'was already COMMITTED'}"
+
+    def retain(self) -> str | None:
+        """After a commit: prune a bounded amount of the pipeline's history (core.retention), once enough may go.
+
+        Never fails the step: the batch is committed, and whatever is left is pruned after a later commit
+        (or by `airflow-exactly-once prune`). None when there was nothing to prune.
+        """
+        retention = Retention.of(self.config)
+        try:
+            report = prune(self.ledger, self.pipeline_id, retention, max_batches=AUTO_PRUNE_BATCHES,
+                           min_batches=AUTO_PRUNE_MIN)
+        except Exception as exc:  # noqa: BLE001 - retention is housekeeping; the commit stands
+            log.warning("retention: pruning %s failed (%s); a later commit or `airflow-exactly-once prune` "
+                        "does it", self.pipeline_id, exc)
+            return None
+        return " ".join(report.describe()) if report.pruned.batches else None
 
     def _replaced_batch(self, batch: Batch) -> Batch | None:
         """The committed batch whose output this one replaces (a re-run of a data interval)."""

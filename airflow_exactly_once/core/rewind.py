@@ -73,6 +73,7 @@ def plan_rewind(ledger: Ledger, pipeline_id: str, targets: dict[TopicPartition, 
         raise FencedError(f"batch {busy.seq} of run {busy.run_id} is {busy.state.value}: a rewind must not move "
                           "offsets under a batch in flight; let that run finish (or fail and abort), then rewind")
     positions = ledger.committed_positions(pipeline_id)
+    floor = ledger.retention_floor(pipeline_id)
     if not targets:
         raise ConfigurationError("no target offsets: give offsets per partition, or a time that has records")
     for tp, offset in sorted(targets.items()):
@@ -83,6 +84,12 @@ def plan_rewind(ledger: Ledger, pipeline_id: str, targets: dict[TopicPartition, 
         if offset > positions[tp]:
             raise ConfigurationError(f"{name}: offset {offset} is past the committed position {positions[tp]}; a "
                                      "rewind only moves back (skipping data is not a rewind)")
+        if output == "retract" and offset < floor.offsets.get(tp, offset):
+            raise ConfigurationError(
+                f"{name}: offset {offset} is below the retention floor {floor.offsets[tp]}: the batches that "
+                f"committed those records (up to batch {floor.batch_seq}) were pruned by retention, so their output "
+                f"cannot be withdrawn; rewind to {floor.offsets[tp]} or later, or with output 'keep' (the range is "
+                "delivered again). Keep more history with retention_batches / retention_days")
         if log_starts is not None and offset < log_starts.get(tp, 0):
             raise ConfigurationError(f"{name}: offset {offset} is no longer in the topic (log start is "
                                      f"{log_starts[tp]}); rewind to {log_starts[tp]} or later")

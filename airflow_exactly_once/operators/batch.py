@@ -257,6 +257,9 @@ class NotifyCompleteOperator(_BatchStepOperator):
         emit_batch_events(context, self.outlets, [batch_event_extra(batch, coordinator.ledger.batch_interval(batch_id))])
         if coordinator.config.mirror_consumer_group:
             self.log.info("notify_complete: %s", mirror_committed_offsets(coordinator.config, coordinator.ledger))
+        pruned = coordinator.retain()
+        if pruned:
+            self.log.info("notify_complete: retention: %s", pruned)
         return message
 
 

@@ -85,6 +85,7 @@ def report_json(report: PipelineReport, lag: LagResult) -> dict[str, Any]:
         "pipeline_id": report.pipeline_id, "epoch": report.epoch, "dag_ids": sorted(report.dag_ids),
         "topics": report.topics, "sink": report.sink_type, "counts": report.counts, "last_seq": report.last_seq,
         "commit_deadline_ms": report.commit_deadline_ms,
+        "retention": {"describe": report.retention, "pruned_through": report.pruned_through},
         "committed": {tp(k): v for k, v in sorted(report.committed.items())},
         "batches": [{"seq": b.seq, "run_id": b.run_id, "state": b.state.value, "epoch": b.epoch,
                      "input_records": b.input_records, "output_records": b.output_records,

@@ -110,6 +110,7 @@ def _cards(report: PipelineReport, lag: LagResult | None) -> str:
         _card("in flight", _count(len(report.in_flight)), "card-in-flight"),
         _card("last commit", _e(_time(report.last_commit_at)), "card-last-commit"),
         _card("records behind", "?" if total is None else _count(total), "card-lag"),
+        _card("retention", _e(report.retention), "card-retention"),
     ]) + "</div>"
 
 

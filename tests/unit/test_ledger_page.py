@@ -54,6 +54,7 @@ def test_the_page_shows_the_pipeline_and_escapes_what_the_ledger_holds(report):
     assert {"chart-records", "chart-duration", "batches", "events", "lag"} <= ids(page)
     assert "no batch in flight" in page and "read at 2026-01-02 03:04:05 UTC" in page
     assert 'href="/exactly-once/ui?pipeline=p-x"' in page
+    assert "keeps the newest 1000 batches and the last 7 days</div>" in page  # the defaults, seen where users look
 
 
 def test_kafka_that_does_not_answer_leaves_the_rest_of_the_page(report):

@@ -7,17 +7,19 @@ rather than by timing.
 
 One module per concern: `schema` (the tables), `engine` (connections), `base` (the engine and the
 helpers shared inside a transaction, the compare-and-set among them), then `pipeline`, `position`,
-`batch`, `interval` and `event`, each a subclass of `base.LedgerBase`; `Ledger` combines them.
+`batch`, `interval`, `event` and `retention`, each a subclass of `base.LedgerBase`; `Ledger` combines them.
 """
 
 from __future__ import annotations
 
+from airflow_exactly_once.core.ledger.base import Floor
 from airflow_exactly_once.core.ledger.batch import RELEASE_PENDING, BatchLedger
 from airflow_exactly_once.core.ledger.engine import create_ledger_engine, missing_sqlite_file
 from airflow_exactly_once.core.ledger.event import EventLedger
 from airflow_exactly_once.core.ledger.interval import IntervalLedger
 from airflow_exactly_once.core.ledger.pipeline import PipelineLedger
 from airflow_exactly_once.core.ledger.position import PositionLedger
+from airflow_exactly_once.core.ledger.retention import Keep, Pruned, RetentionLedger
 from airflow_exactly_once.core.ledger.schema import (
     Boundary,
     Reset,
@@ -28,18 +30,20 @@ from airflow_exactly_once.core.ledger.schema import (
     boundaries,
     events,
     metadata,
+    partition_floors,
     partitions,
     pipeline_dags,
     pipelines,
     position_resets,
+    prune_floors,
 )
 
 __all__ = [
-    "RELEASE_PENDING", "Boundary", "Ledger", "Reset", "TopicPartition", "batch_intervals", "batch_offsets", "batches",
-    "boundaries", "create_ledger_engine", "events", "metadata", "missing_sqlite_file", "partitions", "pipeline_dags",
-    "pipelines", "position_resets",
+    "RELEASE_PENDING", "Boundary", "Floor", "Keep", "Ledger", "Pruned", "Reset", "TopicPartition", "batch_intervals",
+    "batch_offsets", "batches", "boundaries", "create_ledger_engine", "events", "metadata", "missing_sqlite_file",
+    "partition_floors", "partitions", "pipeline_dags", "pipelines", "position_resets", "prune_floors",
 ]
 
 
-class Ledger(PipelineLedger, PositionLedger, BatchLedger, IntervalLedger, EventLedger):
+class Ledger(PipelineLedger, PositionLedger, BatchLedger, IntervalLedger, EventLedger, RetentionLedger):
     """The ledger: one object over one engine, with the methods of every concern (see the modules of this package)."""

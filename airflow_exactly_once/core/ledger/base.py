@@ -7,6 +7,7 @@ batch and recording an event are used by several concerns, so they live here, on
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, TypeVar
 
@@ -22,14 +23,30 @@ from airflow_exactly_once.core.ledger.schema import (
     batch_offsets,
     batches,
     events,
+    partition_floors,
+    partitions,
     pipelines,
     position_resets,
+    prune_floors,
 )
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.secrets import scrub
 from airflow_exactly_once.core.states import BatchState, check_transition
 
 _L = TypeVar("_L", bound="LedgerBase")
+# How many committed batches one read of the newest ones takes (committed positions).
+_NEWEST_PAGE = 32
+
+
+@dataclass(frozen=True)
+class Floor:
+    """What retention pruned of a pipeline: its batches up to `batch_seq`, and per partition the committed position
+    right after them (`offsets`); `interval_end`: the latest data-interval end among them (interval mode)."""
+
+    batch_seq: int = 0
+    interval_end: int | None = None
+    pruned_batches: int = 0
+    offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 def utc_now() -> datetime:
@@ -130,6 +147,65 @@ class LedgerBase:
                           "another run or attempt changed it")
 
     @staticmethod
+    def _floor(conn: Connection, pipeline_id: str) -> Floor:
+        """The pipeline's retention floor (batch 0, no offsets, when nothing was pruned)."""
+        row = conn.execute(sa.select(prune_floors).where(prune_floors.c.pipeline_id == pipeline_id)).first()
+        if row is None:
+            return Floor()
+        offsets = {(r.topic, r.partition): r.floor_offset for r in conn.execute(
+            sa.select(partition_floors).where(partition_floors.c.pipeline_id == pipeline_id))}
+        return Floor(row.batch_seq, row.interval_end, row.pruned_batches, offsets)
+
+    @classmethod
+    def _positions(cls, conn: Connection, pipeline_id: str, through: int | None = None) -> dict[TopicPartition, int]:
+        """Per partition, where the next batch starts (after batch `through`, default: the newest).
+
+        The latest of: where the partition started, the retention floor, the end of the newest COMMITTED
+        batch covering it, a position reset recorded after that batch. "Latest" is by batch number, not by
+        offset, so that a rewind or a recreated topic moves the position back. The newest committed batches
+        are read newest first, a page at a time, until every known partition is found: in steady state one
+        page, however long the history.
+        """
+        positions = {(r.topic, r.partition): r.initial_offset for r in conn.execute(
+            sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))}
+        floor = cls._floor(conn, pipeline_id)
+        # Each candidate is (order, offset): batch n at n, a reset recorded after batch n at n + 0.5.
+        latest: dict[TopicPartition, tuple[float, int]] = {tp: (floor.batch_seq, o) for tp, o in floor.offsets.items()}
+        wanted = set(positions) | set(latest)
+        found: dict[TopicPartition, tuple[float, int]] = {}
+        below = through + 1 if through is not None else None
+        while True:
+            query = (sa.select(batches.c.batch_seq)
+                     .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value,
+                            batches.c.batch_seq > floor.batch_seq)
+                     .order_by(batches.c.batch_seq.desc()).limit(_NEWEST_PAGE))
+            if below is not None:
+                query = query.where(batches.c.batch_seq < below)
+            seqs = [r[0] for r in conn.execute(query)]
+            if not seqs:
+                break
+            rows = conn.execute(sa.select(batch_offsets.c.batch_seq, batch_offsets.c.topic, batch_offsets.c.partition,
+                                          batch_offsets.c.end_offset)
+                                .where(batch_offsets.c.pipeline_id == pipeline_id, batch_offsets.c.batch_seq.in_(seqs)))
+            for row in sorted(rows, key=lambda r: -r.batch_seq):
+                found.setdefault((row.topic, row.partition), (row.batch_seq, row.end_offset))
+            if not wanted:  # partitions never registered (batches recorded directly): the newest batch names them
+                wanted = set(found)
+            if wanted <= set(found) or len(seqs) < _NEWEST_PAGE:
+                break
+            below = seqs[-1]
+        latest.update(found)
+        resets = sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
+        if through is not None:
+            resets = resets.where(position_resets.c.after_batch_seq < through)
+        for reset in conn.execute(resets.order_by(position_resets.c.reset_id)):
+            tp, order = (reset.topic, reset.partition), reset.after_batch_seq + 0.5
+            if tp not in latest or order >= latest[tp][0]:  # of two resets after one batch, the later wins
+                latest[tp] = (order, reset.new_offset)
+        positions.update({tp: offset for tp, (_, offset) in latest.items()})
+        return positions
+
+    @staticmethod
     def _last_seq(conn: Connection, pipeline_id: str) -> int:
         """The newest batch number of the pipeline (0 before its first batch)."""
         return conn.execute(sa.select(sa.func.max(batches.c.batch_seq))
@@ -141,20 +217,27 @@ class LedgerBase:
             raise IllegalTransitionError(f"batch {batch_id} is not in the ledger")
         return batch
 
+    @classmethod
+    def _load(cls, conn: Connection, batch_id: BatchId) -> Batch | None:
+        found = cls._load_many(conn, batch_id.pipeline_id, [batch_id.seq])
+        return found[0] if found else None
+
     @staticmethod
-    def _load(conn: Connection, batch_id: BatchId) -> Batch | None:
-        row = conn.execute(sa.select(batches).where(batches.c.pipeline_id == batch_id.pipeline_id,
-                                                    batches.c.batch_seq == batch_id.seq)).first()
-        if row is None:
-            return None
-        offsets = conn.execute(sa.select(batch_offsets)
-                               .where(batch_offsets.c.pipeline_id == batch_id.pipeline_id,
-                                      batch_offsets.c.batch_seq == batch_id.seq))
-        ranges = tuple(sorted(OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset) for o in offsets))
-        return Batch(
+    def _load_many(conn: Connection, pipeline_id: str, seqs: list[int]) -> list[Batch]:
+        """The batches numbered `seqs`, in that order (missing ones left out): two queries however many."""
+        if not seqs:
+            return []
+        rows = {r.batch_seq: r for r in conn.execute(sa.select(batches).where(batches.c.pipeline_id == pipeline_id,
+                                                                               batches.c.batch_seq.in_(seqs)))}
+        ranges: dict[int, list[OffsetRange]] = {}
+        for o in conn.execute(sa.select(batch_offsets).where(batch_offsets.c.pipeline_id == pipeline_id,
+                                                             batch_offsets.c.batch_seq.in_(list(rows)))):
+            ranges.setdefault(o.batch_seq, []).append(OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset))
+        return [Batch(
             pipeline_id=row.pipeline_id, seq=row.batch_seq, run_id=row.run_id, state=BatchState(row.state),
-            epoch=row.epoch, ranges=ranges, handles=json.loads(row.handles) if row.handles else None,
+            epoch=row.epoch, ranges=tuple(sorted(ranges.get(seq, ()))),
+            handles=json.loads(row.handles) if row.handles else None,
             input_records=row.input_records, output_records=row.output_records, error=row.error,
             created_at=row.created_at, updated_at=row.updated_at,
             details=json.loads(row.details) if row.details else {},
-        )
+        ) for seq in seqs if (row := rows.get(seq)) is not None]

@@ -36,11 +36,14 @@ class BatchLedger(LedgerBase):
         query = sa.select(batches.c.batch_seq).where(batches.c.pipeline_id == pipeline_id)
         if states is not None:
             query = query.where(batches.c.state.in_([s.value for s in states]))
-        order = batches.c.batch_seq.desc() if newest_first else batches.c.batch_seq.asc()
-        query = query.order_by(order).limit(limit)
+        if limit is not None:  # the newest (or oldest) few: an index range in batch order
+            query = query.order_by(batches.c.batch_seq.desc() if newest_first else batches.c.batch_seq.asc())
+            query = query.limit(limit)
         with self.engine.connect() as conn:
-            seqs = [r[0] for r in conn.execute(query)]
-            return [self._load(conn, BatchId(pipeline_id, s)) for s in seqs]
+            # Without a limit, sorted here: an ORDER BY over several states would make the database walk
+            # every batch in order rather than read each state's index range.
+            seqs = sorted((r[0] for r in conn.execute(query)), reverse=newest_first)
+            return self._load_many(conn, pipeline_id, seqs)
 
     def latest_batch_for_run(self, pipeline_id: str, run_id: str) -> Batch | None:
         query = (sa.select(sa.func.max(batches.c.batch_seq))
@@ -167,7 +170,7 @@ class BatchLedger(LedgerBase):
                         batches.c.details.contains(f'"{RELEASE_PENDING}"'))
                  .order_by(batches.c.batch_seq))
         with self.engine.connect() as conn:
-            found = [self._load(conn, BatchId(pipeline_id, r[0])) for r in conn.execute(query)]
+            found = self._load_many(conn, pipeline_id, [r[0] for r in conn.execute(query)])
         return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
 
     def update_details(self, batch_id: BatchId, **details: Any) -> None:

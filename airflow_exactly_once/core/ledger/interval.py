@@ -20,6 +20,15 @@ class IntervalLedger(LedgerBase):
                                       batch_intervals.c.batch_seq == batch_id.seq)).first()
         return None if row is None else (row[0], row[1])
 
+    def batch_intervals(self, pipeline_id: str, seqs: list[int]) -> dict[int, tuple[int, int]]:
+        """{batch number: its data interval} of those of `seqs` planned by interval, in one query."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(batch_intervals.c.batch_seq, batch_intervals.c.interval_start,
+                                          batch_intervals.c.interval_end)
+                                .where(batch_intervals.c.pipeline_id == pipeline_id,
+                                       batch_intervals.c.batch_seq.in_(seqs))) if seqs else []
+            return {r[0]: (r[1], r[2]) for r in rows}
+
     def interval_batches(self, pipeline_id: str, interval: tuple[int, int] | None = None) -> list[Batch]:
         """Batches tied to `interval` (or to any interval), newest first."""
         query = sa.select(batch_intervals.c.batch_seq).where(batch_intervals.c.pipeline_id == pipeline_id)
@@ -28,7 +37,7 @@ class IntervalLedger(LedgerBase):
                                 batch_intervals.c.interval_end == interval[1])
         with self.engine.connect() as conn:
             seqs = sorted((r[0] for r in conn.execute(query)), reverse=True)
-            return [self._load(conn, BatchId(pipeline_id, seq)) for seq in seqs]
+            return self._load_many(conn, pipeline_id, seqs)
 
     def count_batches(self, pipeline_id: str, *, with_interval: bool) -> int:
         """How many batches were planned by interval (True) or by continuation (False)."""
@@ -38,6 +47,20 @@ class IntervalLedger(LedgerBase):
             batches.c.batch_seq.in_(tied) if with_interval else batches.c.batch_seq.not_in(tied))
         with self.engine.connect() as conn:
             return conn.execute(query).scalar() or 0
+
+    def newest_batch_mode(self, pipeline_id: str) -> str | None:
+        """"interval" or "continuation": how the newest batch was planned (None before the first).
+
+        Planning refuses to switch modes, so the newest batch speaks for all of them; two index lookups,
+        where counting the batches of the other mode would read all of them.
+        """
+        with self.engine.connect() as conn:
+            seq = self._last_seq(conn, pipeline_id)
+            if not seq:
+                return None
+            tied = conn.execute(sa.select(batch_intervals.c.batch_seq).where(
+                batch_intervals.c.pipeline_id == pipeline_id, batch_intervals.c.batch_seq == seq)).first()
+            return "interval" if tied is not None else "continuation"
 
     def fix_boundaries(self, pipeline_id: str, wanted: dict[Boundary, tuple[int, str]]) -> dict[Boundary, int]:
         """The offset of each (partition, time); the first answer recorded wins, for good.

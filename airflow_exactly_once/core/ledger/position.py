@@ -7,7 +7,7 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError
-from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger.base import Floor, LedgerBase, utc_now
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
@@ -48,41 +48,14 @@ class PositionLedger(LedgerBase):
                             f"{topic}[{partition}] starts at offset {offset} ({origin})")
 
     def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
-        """Per partition: where the next batch starts.
-
-        The end of the newest COMMITTED batch that covers the partition, unless a recorded
-        position reset (rewind, accepted data loss) came after it; else where the
-        partition started. "Newest" is by batch number, not by offset, so that a rewind or
-        a recreated topic moves the position back.
-        """
-        positions = self.initial_offsets(pipeline_id)
-        newest = (
-            sa.select(batch_offsets.c.topic, batch_offsets.c.partition,
-                      sa.func.max(batch_offsets.c.batch_seq).label("seq"))
-            .join(batches, sa.and_(batches.c.pipeline_id == batch_offsets.c.pipeline_id,
-                                   batches.c.batch_seq == batch_offsets.c.batch_seq))
-            .where(batch_offsets.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value)
-            .group_by(batch_offsets.c.topic, batch_offsets.c.partition)
-            .subquery()
-        )
-        query = (
-            sa.select(batch_offsets.c.topic, batch_offsets.c.partition, batch_offsets.c.batch_seq,
-                      batch_offsets.c.end_offset)
-            .join(newest, sa.and_(batch_offsets.c.topic == newest.c.topic,
-                                  batch_offsets.c.partition == newest.c.partition,
-                                  batch_offsets.c.batch_seq == newest.c.seq))
-            .where(batch_offsets.c.pipeline_id == pipeline_id)
-        )
+        """Per partition: where the next batch starts (see LedgerBase._positions)."""
         with self.engine.connect() as conn:
-            ends = {(r.topic, r.partition): (r.batch_seq, r.end_offset) for r in conn.execute(query)}
-        resets = {(r["topic"], r["partition"]): r for r in self.position_resets(pipeline_id)}
-        for tp in set(ends) | set(resets):
-            reset, committed = resets.get(tp), ends.get(tp)
-            if reset is not None and (committed is None or reset["after_batch_seq"] >= committed[0]):
-                positions[tp] = reset["new_offset"]
-            else:
-                positions[tp] = committed[1]
-        return positions
+            return self._positions(conn, pipeline_id)
+
+    def retention_floor(self, pipeline_id: str) -> Floor:
+        """What retention has pruned of the pipeline (core.retention); batch 0 when nothing."""
+        with self.engine.connect() as conn:
+            return self._floor(conn, pipeline_id)
 
     def position_resets(self, pipeline_id: str) -> list[dict[str, Any]]:
         """Recorded position resets, oldest first."""

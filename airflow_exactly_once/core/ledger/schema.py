@@ -1,4 +1,4 @@
-"""The ledger's SQL schema: the nine tables, in one place (created and upgraded by versioning.py's migrations).
+"""The ledger's SQL schema: the eleven tables, in one place (created and upgraded by versioning.py's migrations).
 
 Every concern of the ledger reads and writes these tables through SQLAlchemy Core, so the
 same definitions serve the embedded SQLite file and PostgreSQL.
@@ -74,8 +74,11 @@ batches = _table(
     sa.Column("details", sa.Text),
     _time("created_at"),
     _time("updated_at"),
-    sa.Index("aeo_batch_run", "pipeline_id", "run_id"),
-    sa.Index("aeo_batch_state", "pipeline_id", "state"),
+    # A run's newest batch, and the newest batches in a state, read from an index range alone however long
+    # the history (planning, committed positions, retention); revision 0002 replaced the (pipeline_id, run_id)
+    # and (pipeline_id, state) indexes, with which a max() or ORDER BY batch_seq walked every batch.
+    sa.Index("aeo_batch_run_seq", "pipeline_id", "run_id", "batch_seq"),
+    sa.Index("aeo_batch_state_seq", "pipeline_id", "state", "batch_seq"),
 )
 
 batch_offsets = _table(
@@ -95,6 +98,7 @@ events = _table(
     sa.Column("kind", sa.String(64), nullable=False),
     sa.Column("message", sa.Text, nullable=False),
     _time("at"),
+    sa.Index("aeo_event_batch", "pipeline_id", "batch_seq"),  # retention deletes a batch's events by it
 )
 
 # Where a partition's position was moved on purpose, so that committed-position logic and
@@ -141,6 +145,27 @@ pipeline_dags = _table(
     _pipeline_id(),
     sa.Column("dag_id", sa.String(250), primary_key=True),
     _time("first_seen_at"),
+)
+
+# Retention (core.retention): the batches of a pipeline numbered up to `batch_seq` were pruned, and
+# `interval_end` (interval mode, epoch ms) is the latest data-interval end among them: an interval
+# starting before it, with no batch left, is refused rather than run again blindly.
+prune_floors = _table(
+    "aeo_prune_floor",
+    _pipeline_id(),
+    sa.Column("batch_seq", sa.BigInteger, nullable=False),
+    sa.Column("interval_end", sa.BigInteger),
+    sa.Column("pruned_batches", sa.BigInteger, nullable=False),
+    _time("pruned_at"),
+)
+
+# Retention: per partition, the committed position right after the pipeline's pruned batches (the
+# floor batch_seq above): committed positions, the tiling check and rewinds start from it.
+partition_floors = _table(
+    "aeo_partition_floor",
+    _pipeline_id(),
+    *_topic_partition(key=True),
+    sa.Column("floor_offset", sa.BigInteger, nullable=False),
 )
 
 TopicPartition = tuple[str, int]
