@@ -29,7 +29,7 @@ from airflow_exactly_once.core.ranges import Interval, continuation_ranges, inte
 from airflow_exactly_once.core.source import OffsetSource
 from airflow_exactly_once.core.startup import startup_positions
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.core.timestamps import iso, now_ms
+from airflow_exactly_once.core.timestamps import iso, now_ms, to_epoch_ms
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,17 @@ class Planner(ABC):
         self.ledger = coordinator.ledger
         self.config = coordinator.config
         self.source_factory = source_factory
+        self.cleared_run_after: int | None = None  # set by plan()
 
     @property
     def pipeline_id(self) -> str:
         return self.config.pipeline_id
 
-    def plan(self, run_id: str, interval: Interval | None = None) -> PlanOutcome:
-        """Fix this run's batch (or find it fixed before). `interval` is the run's data interval, epoch ms."""
+    def plan(self, run_id: str, interval: Interval | None = None, cleared_run_after: int | None = None) -> PlanOutcome:
+        """Fix this run's batch (or find it fixed before). `interval` is the run's data interval, epoch ms;
+        `cleared_run_after`: when a run that was cleared became due (epoch ms), None for a run never cleared."""
         interval = self._check_run(run_id, interval)
+        self.cleared_run_after = cleared_run_after
         self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
         mode = self.ledger.newest_batch_mode(self.pipeline_id)
         if mode is not None and mode != self.range_mode:
@@ -142,7 +145,28 @@ class ContinuationPlanner(Planner):
             message = f"run {run_id} {done} {own.describe()}; nothing to do (a re-run never takes newer data)"
             self.ledger.record_event(self.pipeline_id, own.seq, "replay-noop", message)
             return PlanOutcome("already-committed", own, message)
+        if own is None:
+            self._refuse_pruned_run(run_id)
         return None
+
+    def _refuse_pruned_run(self, run_id: str) -> None:
+        """A cleared run due before the newest batch retention pruned: its own batch, if it had one, is gone.
+
+        Planning a new batch for it would take newer data (a re-run never does), so it fails instead. A run
+        never cleared, or due after that batch was planned, cannot have had a pruned batch.
+        """
+        if self.cleared_run_after is None:
+            return
+        floor = self.ledger.retention_floor(self.pipeline_id)
+        if floor.batch_created_at is None or self.cleared_run_after > to_epoch_ms(floor.batch_created_at):
+            return
+        raise ConfigurationError(
+            f"run {run_id} was cleared, and it was due ({iso(self.cleared_run_after)}) before batch {floor.batch_seq} "
+            f"of pipeline {self.pipeline_id} was planned ({iso(to_epoch_ms(floor.batch_created_at))}), the newest "
+            f"batch retention has pruned (retention_batches={self.config.retention_batches}, retention_days="
+            f"{self.config.retention_days}): whatever this run committed is no longer in the ledger, and a re-run "
+            "never takes newer data. Trigger a new run to process what waits; to keep runs re-runnable for longer, "
+            "raise retention_batches or retention_days")
 
     def _plan_once(self, run_id: str, interval: Interval | None) -> PlanOutcome:
         self.coordinator.recover()
@@ -310,6 +334,7 @@ PLANNERS: dict[str, type[Planner]] = {p.range_mode: p for p in (ContinuationPlan
 
 
 def plan_batch(coordinator: BatchCoordinator, source_factory: Callable[[], OffsetSource], run_id: str,
-               interval: Interval | None = None) -> PlanOutcome:
-    """The plan step of `coordinator`'s pipeline, with the planner of its range_mode."""
-    return PLANNERS[coordinator.config.range_mode](coordinator, source_factory).plan(run_id, interval)
+               interval: Interval | None = None, cleared_run_after: int | None = None) -> PlanOutcome:
+    """The plan step of `coordinator`'s pipeline, with the planner of its range_mode (see Planner.plan)."""
+    planner = PLANNERS[coordinator.config.range_mode](coordinator, source_factory)
+    return planner.plan(run_id, interval, cleared_run_after)

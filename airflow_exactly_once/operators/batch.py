@@ -142,6 +142,14 @@ def _data_interval(context) -> tuple[int, int] | None:
     return to_epoch_ms(start), to_epoch_ms(end)
 
 
+def _cleared_run_after(context) -> int | None:
+    """When the run became due, epoch ms, if it was cleared since (its batch may have been pruned); else None."""
+    dag_run = context.get("dag_run")
+    if dag_run is None or not getattr(dag_run, "clear_number", 0) or getattr(dag_run, "run_after", None) is None:
+        return None
+    return to_epoch_ms(dag_run.run_after)
+
+
 def _log_ranges(log, batch: Batch) -> None:
     for r in batch.ranges:
         log.info("  %s[%d] offsets %d..%d (%d offsets)", r.topic, r.partition, r.start, r.end, r.size)
@@ -192,7 +200,8 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         check_commit_deadline(self, coordinator.sink, self.write_task_id, self.notify_task_id, self.log)
         interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
         settings = KafkaSettings.of(coordinator.config)
-        outcome = plan_batch(coordinator, lambda: KafkaOffsetSource(settings), context["run_id"], interval)
+        outcome = plan_batch(coordinator, lambda: KafkaOffsetSource(settings), context["run_id"], interval,
+                             _cleared_run_after(context))
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)

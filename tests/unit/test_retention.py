@@ -252,6 +252,35 @@ def test_continuation_plans_from_the_floor(tmp_path):
     assert following.ranges == (OffsetRange("t", 0, 80, 90), OffsetRange("t", 1, 80, 90))
 
 
+def test_a_cleared_run_whose_batch_was_pruned_never_takes_newer_data(tmp_path):
+    """Invariant 2 across retention: a cleared run with no batch left, due before the newest pruned batch was
+    planned, may have had one; it fails naming retention instead of planning the next range."""
+    from airflow_exactly_once.core.planning import plan_batch
+
+    source = FakeSource({T0: 1_000})
+    config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
+                             max_records_per_partition=10, retention_batches=2, retention_days=None)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    due = {}
+    for i in range(5):
+        due[f"r{i}"] = int(datetime.now(timezone.utc).timestamp() * 1000) - 1
+        batch = pipe.plan(f"r{i}").batch
+        pipe.write(batch.id)
+        pipe.commit(batch.id)
+        pipe.coordinator.retain()
+    floor = pipe.ledger.retention_floor("c")
+    assert floor.batch_seq == 3 and floor.batch_created_at is not None  # r0..r2's batches are gone
+    with pytest.raises(ConfigurationError, match=r"run r1 was cleared.*retention_batches=2.*Trigger a new run"):
+        plan_batch(pipe.coordinator, pipe.source_factory, "r1", cleared_run_after=due["r1"])
+    assert pipe.ledger.last_batch_seq("c") == 5  # nothing planned
+    # A cleared run whose batch is kept is a recorded no-op as before; a cleared run due after the pruned
+    # batches (it failed before planning) and a run never cleared plan the next range.
+    kept = plan_batch(pipe.coordinator, pipe.source_factory, "r4", cleared_run_after=due["r4"])
+    assert kept.action == "already-committed" and kept.batch.seq == 5
+    late = plan_batch(pipe.coordinator, pipe.source_factory, "late", cleared_run_after=due["r4"])
+    assert (late.action, late.batch.ranges) == ("planned", (OffsetRange("t", 0, 50, 60),))
+
+
 def test_notify_complete_prunes_only_once_enough_may_go(tmp_path, monkeypatch):
     monkeypatch.setattr(protocol, "AUTO_PRUNE_MIN", 4)
     source = FakeSource({T0: 1_000})

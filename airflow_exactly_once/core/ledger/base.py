@@ -41,12 +41,14 @@ _NEWEST_PAGE = 32
 @dataclass(frozen=True)
 class Floor:
     """What retention pruned of a pipeline: its batches up to `batch_seq`, and per partition the committed position
-    right after them (`offsets`); `interval_end`: the latest data-interval end among them (interval mode)."""
+    right after them (`offsets`); `interval_end`: the latest data-interval end among them (interval mode);
+    `batch_created_at`: when batch `batch_seq` was planned."""
 
     batch_seq: int = 0
     interval_end: int | None = None
     pruned_batches: int = 0
     offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    batch_created_at: datetime | None = None
 
 
 def utc_now() -> datetime:
@@ -154,7 +156,7 @@ class LedgerBase:
             return Floor()
         offsets = {(r.topic, r.partition): r.floor_offset for r in conn.execute(
             sa.select(partition_floors).where(partition_floors.c.pipeline_id == pipeline_id))}
-        return Floor(row.batch_seq, row.interval_end, row.pruned_batches, offsets)
+        return Floor(row.batch_seq, row.interval_end, row.pruned_batches, offsets, row.batch_created_at)
 
     @classmethod
     def _positions(cls, conn: Connection, pipeline_id: str, through: int | None = None) -> dict[TopicPartition, int]:

@@ -154,6 +154,8 @@ class RetentionLedger(LedgerBase):
         if floor.interval_end is not None:
             interval_end = max(floor.interval_end, interval_end or floor.interval_end)
         pruned = Pruned(through=through, transactions=1)
+        created_at = conn.execute(sa.select(batches.c.created_at).where(
+            batches.c.pipeline_id == pipeline_id, batches.c.batch_seq == through)).scalar()
         pruned.events = sum(conn.execute(events.delete().where(*where)).rowcount
                             for where in self._events_gone(conn, pipeline_id, through))
         pruned.offset_rows = conn.execute(batch_offsets.delete()
@@ -170,7 +172,8 @@ class RetentionLedger(LedgerBase):
                 {"pipeline_id": pipeline_id, "topic": topic, "partition": partition, "floor_offset": offset}
                 for (topic, partition), offset in sorted(positions.items())])
         values = {"batch_seq": through, "interval_end": interval_end,
-                  "pruned_batches": floor.pruned_batches + pruned.batches, "pruned_at": utc_now()}
+                  "pruned_batches": floor.pruned_batches + pruned.batches, "pruned_at": utc_now(),
+                  "batch_created_at": created_at or floor.batch_created_at}
         if floor.batch_seq == 0 and not conn.execute(sa.select(prune_floors.c.pipeline_id)
                                                      .where(prune_floors.c.pipeline_id == pipeline_id)).first():
             conn.execute(prune_floors.insert().values(pipeline_id=pipeline_id, **values))

@@ -157,6 +157,9 @@ prune_floors = _table(
     sa.Column("interval_end", sa.BigInteger),
     sa.Column("pruned_batches", sa.BigInteger, nullable=False),
     _time("pruned_at"),
+    # When batch `batch_seq` (the newest pruned) was planned: a cleared run created before it may have had a
+    # batch that is gone, so it must not plan a new one (core.planning: a re-run never takes newer data).
+    sa.Column("batch_created_at", sa.DateTime(timezone=True)),
 )
 
 # Retention: per partition, the committed position right after the pipeline's pruned batches (the

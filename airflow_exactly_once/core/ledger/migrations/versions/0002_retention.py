@@ -44,7 +44,8 @@ def upgrade() -> None:
                         sa.Column("batch_seq", sa.BigInteger, nullable=False),
                         sa.Column("interval_end", sa.BigInteger),
                         sa.Column("pruned_batches", sa.BigInteger, nullable=False),
-                        sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False))
+                        sa.Column("pruned_at", sa.DateTime(timezone=True), nullable=False),
+                        sa.Column("batch_created_at", sa.DateTime(timezone=True)))
     if "aeo_partition_floor" not in tables:
         op.create_table("aeo_partition_floor", pipeline_id(),
                         sa.Column("topic", sa.String(249), primary_key=True),
