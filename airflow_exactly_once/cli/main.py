@@ -33,7 +33,7 @@ from typing import Any, Sequence
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
@@ -51,15 +51,18 @@ LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        ledger = Ledger(_ledger_url(args))
+        url = _ledger_url(args)
         access = "write" if getattr(args, "execute", False) else args.access
+        # Readers never migrate, nor create tables, nor a SQLite file that does not exist yet.
+        ledger = None if access == "read" and missing_sqlite_file(url) else Ledger(url)
         if access == "write":
             ledger.create_schema()  # a writer upgrades on first use, like a batch does
-        elif access == "read" and not ledger.has_schema():  # readers never migrate, nor create tables
+        elif access == "read" and (ledger is None or not ledger.has_schema()):
             if args.command == "pipelines":
                 _print(args, [])
                 return 0
-            raise ConfigurationError(f"the ledger {ledger.engine.url} holds no tables yet: no pipeline has run there")
+            raise ConfigurationError(f"the ledger {ledger.engine.url if ledger else url} holds no tables yet: no "
+                                     "pipeline has run there")
         return args.handler(ledger, args)
     except ExactlyOnceError as exc:
         print(f"error: {exc}", file=sys.stderr)

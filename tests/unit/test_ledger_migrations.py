@@ -104,6 +104,17 @@ def test_the_cli_upgrades_by_hand_and_reading_commands_never_migrate(url, capsys
     assert main(["--ledger-url", url, "pipelines"]) == 0
 
 
+def test_reading_commands_on_a_ledger_file_not_made_yet_create_nothing(tmp_path, capsys):
+    from airflow_exactly_once.cli.main import main
+
+    path = tmp_path / "not-yet.db"
+    url = f"sqlite:///{path}"
+    assert main(["--ledger-url", url, "pipelines"]) == 0 and "(none)" in capsys.readouterr().out
+    assert main(["--ledger-url", url, "batches", "orders"]) == 2
+    assert "no pipeline has run there" in capsys.readouterr().err
+    assert not path.exists()
+
+
 def test_a_ledger_in_airflows_database_leaves_airflows_alembic_version_alone(url):
     """The ledger may share Airflow's metadata database: its version table is its own."""
     with sa.create_engine(url).begin() as conn:
