@@ -127,3 +127,23 @@ def test_a_ledger_in_airflows_database_leaves_airflows_alembic_version_alone(url
         assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == ["29ce7909c52b"]
         assert versioning.schema_differences(conn) == []  # Airflow's tables are not the ledger's concern
     assert ledger.schema_version().state == "current"
+
+
+def test_the_migrations_run_from_the_zipped_package_a_spark_submitted_job_imports(tmp_path):
+    """spark-submit ships the package as a zip (--py-files): Alembic needs a folder, so the scripts are extracted."""
+    import subprocess
+    import sys
+
+    from airflow_exactly_once.spark.shipping import build_bundle
+
+    bundle = build_bundle(tmp_path / "bundle")
+    script = (f"import sys; sys.path.insert(0, {str(bundle.py_files)!r})\n"
+              "from airflow_exactly_once.core.ledger import Ledger, versioning\n"
+              "assert '.zip' in versioning.__file__, versioning.__file__\n"
+              f"ledger = Ledger({'sqlite:///' + str(tmp_path / 'job.db')!r})\n"
+              "ledger.create_schema()\n"
+              "print(ledger.schema_version().revision, versioning.head_revision())\n")
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [versioning.head_revision()] * 2

@@ -10,12 +10,17 @@ The answer is kept per engine, so only the first use of an engine reads the vers
 
 from __future__ import annotations
 
+import atexit
+import importlib.resources
 import logging
 import os
+import shutil
+import tempfile
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -28,6 +33,9 @@ from sqlalchemy.engine import Connection, Engine
 from airflow_exactly_once.core.errors import LedgerVersionError
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.ledger.schema import metadata, pipelines
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +77,29 @@ class SchemaVersion:
 def script_directory() -> ScriptDirectory:
     """The migration scripts shipped in the package (no alembic.ini: the location is set in code); read once."""
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("script_location", str(_migrations_folder()))
     return ScriptDirectory.from_config(config)
+
+
+def _migrations_folder() -> Path:
+    """A folder Alembic can list: the package's own, or, when the package is imported from a zip (a
+    spark-submitted write job's --py-files), a copy of the scripts extracted once per process."""
+    if MIGRATIONS.is_dir():
+        return MIGRATIONS
+    target = Path(tempfile.mkdtemp(prefix="aeo-ledger-migrations-"))
+    atexit.register(shutil.rmtree, target, True)
+    _copy_tree(importlib.resources.files(f"{__package__}.migrations"), target)
+    return target
+
+
+def _copy_tree(source: Traversable, target: Path) -> None:
+    for entry in source.iterdir():
+        if entry.is_dir():
+            if entry.name != "__pycache__":
+                (target / entry.name).mkdir()
+                _copy_tree(entry, target / entry.name)
+        else:
+            (target / entry.name).write_bytes(entry.read_bytes())
 
 
 def head_revision() -> str:
