@@ -64,7 +64,11 @@ class ExactlyOnceBaseOperator(BaseOperator):
         """Render, then register every secret of the rendered arguments with Airflow's secrets masker, before
         Airflow stores the rendered fields (it redacts what the masker knows) or anything logs them."""
         super().render_template_fields(context, jinja_env)
-        _mask(arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS}))
+        _mask(self.argument_secrets())
+
+    def argument_secrets(self) -> list[str]:
+        """The secrets of this operator's arguments as they stand now (rendered, once the task runs)."""
+        return arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
 
     # -- building blocks (called from execute only) --------------------------------
 
@@ -102,7 +106,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def execute(self, context) -> Any:
         """The step; its XCom (a batch id, a message, a write's counts) and a failure's message hold no secret."""
-        secrets = arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
+        secrets = self.argument_secrets()
         try:
             return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
