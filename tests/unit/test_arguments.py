@@ -92,3 +92,18 @@ def test_a_mistyped_sink_key_fails_when_the_dag_is_parsed():
         # Values may be templates: only keys are checked before rendering.
         exactly_once_batch(group_id="g4", pipeline_id="p", topics="t",
                            sink={"type": "parquet", "path": "{{ var.value.out }}"})
+
+
+def test_the_plan_task_hands_the_planner_the_due_time_only_of_a_cleared_run():
+    """Invariant 2 across retention needs to know whether Airflow cleared the run (its clear_number) and when it
+    was due (run_after); a run never cleared plans as usual."""
+    from datetime import timezone
+    from types import SimpleNamespace
+
+    from airflow_exactly_once.operators.batch import _cleared_run_after
+
+    due = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
+    assert _cleared_run_after({"dag_run": SimpleNamespace(clear_number=2, run_after=due)}) == 1_793_534_400_000
+    assert _cleared_run_after({"dag_run": SimpleNamespace(clear_number=0, run_after=due)}) is None
+    assert _cleared_run_after({"dag_run": SimpleNamespace(run_after=due)}) is None
+    assert _cleared_run_after({}) is None
