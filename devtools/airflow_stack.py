@@ -164,11 +164,31 @@ class AirflowStack:
             return response.read().decode()
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
+        log_size = len(self.log_text("api-server"))
         try:
             text = self._raw(method, "/api/v2" + path, body)
         except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')[:2000]}") from exc
+            message = f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')[:2000]}"
+            if exc.code >= 500:  # the api-server's traceback says why; the response only says "Internal Server Error"
+                message += f"\napi-server.log meanwhile:\n{self.log_text('api-server')[log_size:][-4000:]}"
+            raise RuntimeError(message) from exc
         return json.loads(text) if text else None
+
+    def create_backfill(self, body: dict[str, Any], attempts: int = 3) -> Any:
+        """POST /backfills as the UI's backfill dialog does, again when SQLite refused the write at once.
+
+        On SQLite a request that read before it writes gets "database is locked" without waiting
+        when another process writes at the same moment (a lock upgrade that would deadlock), a 500
+        that a user would answer by clicking again. Again only while no backfill of the DAG exists.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.api("POST", "/backfills", body)
+            except RuntimeError as exc:
+                existing = self.api("GET", f"/backfills?dag_id={body['dag_id']}")["backfills"]
+                if attempt == attempts or "database is locked" not in str(exc) or existing:
+                    raise
+                time.sleep(1)
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
