@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.config import REGISTRY_SECRET_KEYS, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import url_paths
 from airflow_exactly_once.kafka.settings import KafkaSettings, secret_keys
@@ -22,7 +22,7 @@ def checked(config: PipelineConfig) -> PipelineConfig:
     """`config` validated by every rule, with its secrets located; raises ConfigurationError naming what to fix."""
     config.validate()
     KafkaSettings.of(config).require_servers().check()
-    if config.value_format == "avro":
+    if config.value_format == "avro" and not config.uses_registry("value"):
         record_fields(config.value_schema)
     config.secret_paths = secret_paths(config.to_dict())
     return config
@@ -33,6 +33,9 @@ def secret_paths(settings: Mapping[str, Any]) -> list[list[str]]:
     secrets: their Kafka client settings', what the sinks' declarations name, and any URL with a password."""
     kafka_config = settings.get("kafka_config")
     paths = [["kafka_config", key] for key in secret_keys(kafka_config if isinstance(kafka_config, dict) else None)]
+    registry = settings.get("schema_registry")
+    if isinstance(registry, dict):
+        paths += [["schema_registry", key] for key in REGISTRY_SECRET_KEYS if registry.get(key) not in (None, "")]
     for name in ("sink", "dead_letter"):
         paths += [[name, *path] for path in _spec_paths(settings.get(name))]
     paths += url_paths(settings)

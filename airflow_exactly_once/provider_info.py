@@ -38,9 +38,25 @@ LEDGER_CONN_FIELDS: dict[str, Any] = {
     },
 }
 
+REGISTRY_CONN_TYPE = "schema_registry"
+REGISTRY_HOOK = "airflow_exactly_once.hooks.schema_registry.SchemaRegistryHook"
+# The `schema_registry` connection: Host is the registry URL; Login/Password basic auth (a Password alone: a bearer
+# token); the extra holds TLS files and other confluent-kafka SchemaRegistryClient settings.
+REGISTRY_UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["schema"],
+    "relabeling": {"host": "Registry URL", "password": "Password (or bearer token, without Login)"},
+    "placeholders": {
+        "host": "https://registry.example.com:8081",
+        "login": "basic auth user (empty for a bearer token)",
+        "extra": '{"ssl.ca.location": "/etc/ssl/registry-ca.pem", "ssl.certificate.location": "/etc/ssl/client.pem", '
+                 '"ssl.key.location": "/etc/ssl/client.key"}',
+    },
+}
+
 HOOK_MODULES = [
     "airflow_exactly_once.hooks.kafka",
     "airflow_exactly_once.hooks.ledger",
+    "airflow_exactly_once.hooks.schema_registry",
     "airflow_exactly_once.hooks.spark_connect",
     "airflow_exactly_once.hooks.spark_submit",  # needs the [spark-submit] extra
 ]
@@ -108,7 +124,13 @@ def get_provider_info() -> dict[str, Any]:
                 # Airflow >= 3.2 reads these instead of calling the hook's (deprecated) methods.
                 "ui-field-behaviour": LEDGER_UI_FIELD_BEHAVIOUR,
                 "conn-fields": LEDGER_CONN_FIELDS,
-            }
+            },
+            {
+                "connection-type": REGISTRY_CONN_TYPE,
+                "hook-class-name": REGISTRY_HOOK,
+                "hook-name": "Schema Registry (Confluent-compatible)",
+                "ui-field-behaviour": REGISTRY_UI_FIELD_BEHAVIOUR,
+            },
         ],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": list(TRIGGER_MODULES)}],
         "plugins": [dict(PLUGIN)],

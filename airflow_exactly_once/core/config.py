@@ -30,7 +30,13 @@ GUARANTEES = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 # interval: each run reads the records of its Airflow data interval (by record timestamp).
 RANGE_MODES = ("continuation", "interval")
 INTERVAL_RERUNS = ("noop", "replace")
-VALUE_FORMATS = ("json", "avro", "string", "bytes")
+VALUE_FORMATS = ("json", "avro", "string", "bytes", "protobuf", "json_schema")
+# Formats read in the Schema Registry wire format through the registry of `schema_registry_conn_id`
+# (avro only with a registry: without one, value_format="avro" is bare Avro under value_schema).
+REGISTRY_FORMATS = ("avro", "protobuf", "json_schema")
+KEY_FORMATS = ("string", "bytes", *REGISTRY_FORMATS)
+# The registry client settings (confluent-kafka's SchemaRegistryClient names) that hold secrets.
+REGISTRY_SECRET_KEYS = ("basic.auth.user.info", "bearer.auth.token", "ssl.key.password")
 BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
@@ -81,6 +87,16 @@ class PipelineConfig:
     value_schema: Any = argument(None, "value_format json: a Spark DDL string or StructType; avro: the Avro schema "
                                        "(JSON). A value that does not decode under it is a bad record.",
                                  templated=False)
+    key_format: str | None = argument(None, "Decode the Kafka key before the transform: string, or avro / protobuf "
+                                            "/ json_schema in the Schema Registry wire format (the decoded key "
+                                            "replaces the key column); None leaves it bytes.")
+    key_schema: Any = argument(None, "Registry formats: the key's reader schema: None for its subject's latest "
+                                     "version, a version number to pin one, or the schema itself.",
+                               templated=False)
+    value_subject: str | None = argument(None, "Registry formats: the subject of the value's reader schema; default "
+                                               "'<topic>-value' (TopicNameStrategy).")
+    key_subject: str | None = argument(None, "Registry formats: the subject of the key's reader schema; default "
+                                             "'<topic>-key'.")
     bad_record_policy: str = argument("fail", "What a bad record does: fail (the batch fails, naming it), "
                                               "dead_letter (it goes to the dead-letter destination in the same "
                                               "commit) or skip (counted and recorded, not written).")
@@ -100,6 +116,10 @@ class PipelineConfig:
     # The `kafka` connection the settings came from (set by the operators; not an argument): readers of
     # the ledger (the ledger page) take the secrets that the ledger does not store from it.
     kafka_conn_id: str | None = field(default=None, metadata={"argument": False})
+    # The Schema Registry of the registry formats as client settings (url, basic.auth.user.info, bearer.auth.token,
+    # ssl.*: confluent-kafka's names), taken from the operators' schema_registry_conn_id (not an argument).
+    schema_registry: dict[str, Any] | None = field(default=None, metadata={"argument": False})
+    schema_registry_conn_id: str | None = field(default=None, metadata={"argument": False})
     # Where the secrets are, as key paths such as ["sink", "kafka_config", "sasl.password"] (not an argument):
     # found by airflow_exactly_once.pipeline.checked() from the Kafka settings and the sinks' declarations.
     # None until then, and a config whose secrets are not known is never stored.
@@ -155,20 +175,54 @@ class PipelineConfig:
                                          "not bound retention by it (None for both keeps every batch)")
             setattr(self, name, number if kind is int or number != int(number) else int(number))
 
+    def uses_registry(self, part: str = "value") -> bool:
+        """Whether the value (or the key) is read in the wire format through the Schema Registry."""
+        fmt = self.value_format if part == "value" else self.key_format
+        return fmt in REGISTRY_FORMATS and (fmt != "avro" or part == "key" or bool(
+            self.schema_registry or self.schema_registry_conn_id))
+
+    def _validate_registry(self) -> None:
+        """Registry formats need the registry; their reader schema is a version, a schema, or the latest."""
+        if self.key_format is not None and self.key_format not in KEY_FORMATS:
+            raise ConfigurationError(f"key_format={self.key_format!r} is not supported; choose one of "
+                                     f"{', '.join(KEY_FORMATS)}, or None to leave the key bytes")
+        for part in ("value", "key"):
+            fmt, schema = getattr(self, f"{part}_format"), getattr(self, f"{part}_schema")
+            if not self.uses_registry(part):
+                if part == "key" and schema is not None:
+                    raise ConfigurationError("key_schema is only used with key_format avro, protobuf or json_schema")
+                if getattr(self, f"{part}_subject") is not None:
+                    raise ConfigurationError(f"{part}_subject is only used with {part}_format avro, protobuf or "
+                                             "json_schema read through a Schema Registry (schema_registry_conn_id)")
+                continue
+            if not (self.schema_registry or self.schema_registry_conn_id):
+                raise ConfigurationError(f"{part}_format={fmt!r} reads the Schema Registry wire format: give "
+                                         "schema_registry_conn_id='<a schema_registry connection>' (its URL and "
+                                         "credentials)")
+            if isinstance(schema, bool) or (isinstance(schema, (int, float)) and int(schema) != schema):
+                raise ConfigurationError(f"{part}_schema={schema!r}: give a version number, the schema, or None for "
+                                         "the subject's latest version")
+            if isinstance(schema, dict):
+                setattr(self, f"{part}_schema", json.dumps(schema))
+
     def _validate_decoding(self) -> None:
         """value_format needs its schema; bad-record settings must make sense together."""
         if self.value_format is not None and self.value_format not in VALUE_FORMATS:
             raise ConfigurationError(f"value_format={self.value_format!r} is not supported; choose one of "
                                      f"{', '.join(VALUE_FORMATS)}, or None for Kafka's raw columns")
-        if self.value_format in ("json", "avro") and not self.value_schema:
+        self._validate_registry()
+        if self.value_format in ("protobuf", "json_schema") or self.uses_registry("value"):
+            pass  # the registry's schemas, checked by _validate_registry
+        elif self.value_format in ("json", "avro") and not self.value_schema:
             example = "'id BIGINT, name STRING'" if self.value_format == "json" else "an Avro record schema (JSON)"
             raise ConfigurationError(f"value_format={self.value_format!r} needs value_schema, e.g. {example}: a value "
                                      "that does not decode under it is a bad record")
-        if self.value_schema is not None and self.value_format not in ("json", "avro"):
-            raise ConfigurationError("value_schema is only used with value_format='json' or 'avro'")
+        if self.value_schema is not None and self.value_format not in ("json", *REGISTRY_FORMATS):
+            raise ConfigurationError("value_schema is only used with value_format json, avro, protobuf or "
+                                     "json_schema")
         if self.value_format == "avro" and isinstance(self.value_schema, dict):
             self.value_schema = json.dumps(self.value_schema)  # stored as the JSON Spark's from_avro takes
-        if self.value_schema is not None and not isinstance(self.value_schema, str):
+        if self.value_schema is not None and not isinstance(self.value_schema, (str, int)):
             self.value_schema = self.value_schema.simpleString() if hasattr(self.value_schema, "simpleString") \
                 else str(self.value_schema)  # a StructType is stored as its DDL
         if self.dead_letter is not None and self.bad_record_policy != "dead_letter":
@@ -286,6 +340,9 @@ class PipelineConfig:
         relevant = {"topics": sorted(self.topics), "sink": self.sink, "transform": self.transform}
         if self.value_format is not None:  # added later: pipelines without decoding keep their fingerprint
             relevant.update(value_format=self.value_format, value_schema=self.value_schema)
+        for name in ("key_format", "key_schema", "value_subject", "key_subject"):  # added later, likewise
+            if getattr(self, name) is not None:
+                relevant[name] = getattr(self, name)
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
 
 

@@ -42,6 +42,9 @@ TASK_ARGUMENTS = (
                                  "Keys matching Spark's `spark.redaction.regex` (secret, password, token, access "
                                  "key) and a `spark.remote` URL's token are secrets: masked in logs, never stored.",
              templated=False, secret_keys=SECRET_KEY_PATTERN),
+    Argument("schema_registry_conn_id", None, "A `schema_registry` connection (URL, basic auth or bearer token, "
+                                              "TLS files): the registry of value_format / key_format avro, "
+                                              "protobuf and json_schema in the wire format."),
     Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster; or a "
                                     "`spark_connect` connection: run it on that Spark Connect server; default: a "
                                     "Spark driver in the task."),

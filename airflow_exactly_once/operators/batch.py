@@ -26,6 +26,7 @@ from airflow_exactly_once.core.secrets import scrub, scrub_value, url_password
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
+from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
@@ -84,6 +85,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
             mirror_consumer_group=_optional(self.mirror_consumer_group),
             startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
             startup_group_id=_optional(self.startup_group_id), guarantee=_optional(self.guarantee),
+            schema_registry_conn_id=_optional(self.schema_registry_conn_id),
+            schema_registry=SchemaRegistryHook(self.schema_registry_conn_id).client_settings()
+            if _optional(self.schema_registry_conn_id) else None,
         )
         config = checked(PipelineConfig(**values))
         _mask(config.secret_texts())  # with those the connections added

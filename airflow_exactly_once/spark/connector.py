@@ -171,5 +171,6 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
 
 def pipeline_packages(config: PipelineConfig, sink: Sink) -> list[str]:
     """What a pipeline's write loads besides Kafka's connector: its sink's packages, and spark-avro when the
-    Kafka values are Avro (value_format="avro")."""
-    return [*sink.spark_packages(), *([avro_package()] if config.value_format == "avro" else [])]
+    Kafka values or keys are Avro (value_format / key_format "avro")."""
+    avro = "avro" in (config.value_format, config.key_format)
+    return [*sink.spark_packages(), *([avro_package()] if avro else [])]

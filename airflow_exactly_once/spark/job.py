@@ -35,6 +35,7 @@ from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.kafka.access import diagnose
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
+from airflow_exactly_once.records.registry import Registry, add_found_ids, part_schemas
 from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.spark import records
 from airflow_exactly_once.spark.connector import kafka_package
@@ -152,9 +153,10 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
         # records are a union of two branches of this plan, which Spark Connect refuses when both carry the
         # same observation ("multiple values for keyword argument 'input'").
         source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
-    decoded = records.decode(records.with_source(source), config)
     if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
-        decoded = decoded.persist()
+        decoded = _decoded_once(records.with_source(source), config)
+    else:
+        decoded = records.decode(records.with_source(source), config)
     good_input = decoded.filter(F.col(records.DECODE_ERROR).isNull()).drop(records.DECODE_ERROR) \
         if checks_decoding else decoded
     output = apply_transform(transform, good_input)
@@ -199,6 +201,22 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
             output.unpersist()
         if checks_decoding:
             decoded.unpersist()
+
+
+def _decoded_once(source, config: PipelineConfig):
+    """The batch decoded and cached. In a registry format the schemas come first (records.registry); ids that
+    the subjects' versions did not hold are looked up once the records are read, and when the registry knows
+    one, the batch is decoded again with it (an id it does not know stays a bad record's reason)."""
+    parts = [part for part in ("value", "key") if config.uses_registry(part)]
+    if not parts:
+        return records.decode(source, config).persist()
+    registry = Registry(config)
+    schemas = {part: part_schemas(config, part, registry) for part in parts}
+    decoded = records.decode(source, config, schemas).persist()
+    if any([add_found_ids(schemas[part], records.unknown_ids(decoded, part), registry) for part in parts]):
+        decoded.unpersist()
+        decoded = records.decode(source, config, schemas).persist()
+    return decoded
 
 
 def _count(decoded, output, checks_decoding: bool, marks: bool) -> tuple[BadRecordCounts, int]:

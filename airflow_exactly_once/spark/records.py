@@ -20,15 +20,20 @@ records keeps `_source` in its output (`select("*", ...)` does). The sink never 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.records.avro_schema import all_null_encoding, record_fields
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
+from airflow_exactly_once.records.registry import PartSchemas
+from airflow_exactly_once.records.wire_format import HEADER
 
 SOURCE = "_source"
 BAD_RECORD = "_bad_record"
 DECODE_ERROR = "_aeo_decode_error"
+UNKNOWN_ID = "unknown schema id "  # the start of the reason of a record whose id no subject version had
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 INTERNAL = (SOURCE, BAD_RECORD, DECODE_ERROR)
 
@@ -76,15 +81,23 @@ def with_source(frame: Any) -> Any:
 
 
 def checks_decoding(config: PipelineConfig) -> bool:
-    """Whether `decode` adds DECODE_ERROR: json and avro values can fail to decode, the others cannot."""
-    return config.value_format not in (None, "bytes", "string")
+    """Whether `decode` adds DECODE_ERROR: json, avro and the registry formats can fail to decode."""
+    return config.value_format not in (None, "bytes", "string") or config.uses_registry("key")
 
 
-def decode(frame: Any, config: PipelineConfig) -> Any:
-    """The value decoded per `value_format`; json and avro add DECODE_ERROR (null when the record decoded)."""
+def decode(frame: Any, config: PipelineConfig, schemas: dict[str, PartSchemas] | None = None) -> Any:
+    """The value (and key) decoded per `value_format` (`key_format`); formats that can fail add DECODE_ERROR
+    (null when the record decoded). `schemas`: the registry formats' schemas per part (records.registry)."""
     from pyspark.sql import functions as F
 
+    schemas = schemas or {}
+    if config.key_format == "string":
+        frame = frame.withColumn("key", F.col("key").cast("string"))
+    if "key" in schemas:
+        frame = _decode_registry(frame, schemas["key"], into="key")
     fmt = config.value_format
+    if "value" in schemas:
+        return _decode_registry(frame, schemas["value"], into=None)
     if fmt is None or fmt == "bytes":
         return frame
     if fmt == "string":
@@ -116,41 +129,100 @@ def decode(frame: Any, config: PipelineConfig) -> Any:
             F.col("_aeo_parsed").isNull() | undecoded,
             F.lit("not an Avro record of value_schema (malformed or truncated)")).when(
             trailing, F.lit("not one Avro record of value_schema: bytes follow the record"))
+    if DECODE_ERROR in frame.columns:  # the key's error comes first
+        error = F.coalesce(F.col(DECODE_ERROR), error)
     decoded = frame.withColumn("_aeo_parsed", parsed).withColumn(DECODE_ERROR, error)
+    return _spread(decoded, frame.columns)
+
+
+def _spread(decoded: Any, columns: list[str]) -> Any:
+    """The parsed record's fields as columns beside Kafka's (a decoded field named like a Kafka column wins)."""
+    from pyspark.sql import functions as F
+
     fields = [f.name for f in decoded.schema["_aeo_parsed"].dataType.fields if f.name != DECODE_ERROR]
-    kept = [c for c in frame.columns if c not in fields]  # a decoded field named like a Kafka column wins
+    kept = [c for c in columns if c not in fields and c != DECODE_ERROR]
     return decoded.select(*(F.col(f"_aeo_parsed.{f}").alias(f) for f in fields), *kept, DECODE_ERROR)
 
 
-def _one_json_value(text: Any) -> Any:
-    """Whether `text` is one JSON value and nothing after it (whitespace aside).
+def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
+    """One part (value or key) read in the Schema Registry wire format: the magic byte, the writer schema's id,
+    then the data, decoded with its writer schema and resolved to the reader schema (Spark's from_avro with
+    `avroSchema`, one expression per writer schema; CASE evaluates only the branch of a record's id). A value
+    not in the wire format, an unknown id, a writer schema that does not resolve, or data that is truncated or
+    corrupt gives the record its DECODE_ERROR. `into`: the column that takes the decoded part (the key), or
+    None to spread a record's fields as columns (the value)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
 
-    Spark's JSON reader parses the first value and ignores what follows (`{"id": 1} garbage` reads
-    as {"id": 1}). Inside an array, content after the value is an error, and so it is inside an
-    object; a value that closes one of the two early (`{...}] x`) still breaks the other.
-    """
+    column = F.col(schemas.part)
+    label = "" if schemas.part == "value" else "key: "
+    framed = (F.length(column) >= F.lit(HEADER)) & (F.substring(column, 1, 1) == F.unhex(F.lit("00")))
+    schema_id = F.conv(F.hex(F.substring(column, 2, 4)), 16, 10).cast("long")
+    payload = F.expr(f"substring(`{schemas.part}`, {HEADER + 1})")
+    parsed = None
+    real_all_null = F.lit(False)  # a record whose every field is null, really written so
+    for writer_id, writer in sorted(schemas.writers.items()):
+        options = {"mode": "PERMISSIVE"}
+        if _canonical_json(writer) != _canonical_json(schemas.reader):
+            options["avroSchema"] = schemas.reader
+        is_writer = schema_id == F.lit(writer_id)
+        branch = from_avro(payload, writer, options)
+        parsed = F.when(is_writer, branch) if parsed is None else parsed.when(is_writer, branch)
+        encoding = _all_null_encoding(writer)
+        if encoding is not None:
+            real_all_null = real_all_null | (is_writer & (payload == F.lit(encoding)))
+    if parsed is None:  # no writer schema resolves: a null of the reader's type
+        parsed = from_avro(F.lit(None).cast("binary"), schemas.reader, {"mode": "PERMISSIVE"})
+    temp = f"_aeo_parsed_{schemas.part}"
+    result = F.col(temp)
+    fields = _record_fields(schemas.reader)
+    undecoded = result.isNull()
+    if fields:  # PERMISSIVE from_avro gives a record of nulls for data it cannot decode
+        all_null = F.lit(True)
+        for name in fields:
+            all_null = all_null & result[name].isNull()
+        undecoded = undecoded | (all_null & ~real_all_null)
+    known = sorted(schemas.writers)
+    error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
+        ~framed, F.lit(f"{label}not in the Schema Registry wire format (no magic byte 0 and 4-byte schema id)"))
+    for writer_id, reason in sorted(schemas.unresolvable.items()):
+        error = error.when(schema_id == F.lit(writer_id), F.lit(label + reason))
+    error = error.when(~schema_id.isin(known) if known else F.lit(True),
+                       F.concat(F.lit(f"{label}{UNKNOWN_ID}"), schema_id.cast("string"),
+                                F.lit(" (the registry does not know it)")))
+    error = error.when(undecoded, F.concat(F.lit(f"{label}truncated or corrupt Avro data of schema id "),
+                                           schema_id.cast("string")))
+    if DECODE_ERROR in frame.columns:  # the key's error comes first
+        error = F.coalesce(F.col(DECODE_ERROR), error)
+    decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
+    if into is not None:
+        return decoded.withColumn(into, F.col(temp)).drop(temp)
+    return _spread(decoded.withColumnRenamed(temp, "_aeo_parsed"), frame.columns)
+
+
+def _record_fields(schema: str) -> list[str]:
+    """The field names of a record schema (for the record-of-nulls test); none for another type."""
+    parsed = json.loads(schema)
+    return [f["name"] for f in parsed["fields"]] if isinstance(parsed, dict) and parsed.get("type") == "record" \
+        else []
+
+
+def _all_null_encoding(writer: str) -> bytes | None:
+    try:
+        return all_null_encoding(writer)
+    except ConfigurationError:  # not a record
+        return None
+
+
+def _canonical_json(text: str) -> str:
+    return json.dumps(json.loads(text), sort_keys=True)
+
+
+def unknown_ids(decoded: Any, part: str) -> list[int]:
+    """The schema ids that records of a decoded batch name in `part` but the registry's subjects did not hold."""
     from pyspark.sql import functions as F
 
-    in_array = F.from_json(F.concat(F.lit("["), text, F.lit("]")), "ARRAY<STRING>")
-    in_object = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), "v STRING, _aeo_rest STRING",
-                            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_aeo_rest"})
-    return F.coalesce(F.size(in_array) == 1, F.lit(False)) & in_object["_aeo_rest"].isNull()
-
-
-def dead_letters(frame: Any, error: str, batch_id: str, pipeline_id: str) -> Any:
-    """Rows of `frame` as dead-letter records (DEAD_LETTER_COLUMNS), from their `_source` and the `error` column."""
-    from pyspark.sql import functions as F
-
-    source = F.col(SOURCE)
-    columns = {
-        "pipeline_id": F.lit(pipeline_id), "batch_id": F.lit(batch_id),
-        "source_topic": source["topic"], "source_partition": source["partition"],
-        "source_offset": source["offset"], "source_timestamp": source["timestamp"],
-        "key": source["key"], "value": source["value"], "error": F.col(error),
-    }
-    return frame.select(*(columns[name].alias(name) for name in DEAD_LETTER_COLUMNS))
-
-
-def without_internal(frame: Any) -> Any:
-    """What the sink receives: the transform's output without our own columns."""
-    return frame.drop(*[c for c in INTERNAL if c in frame.columns])
+    prefix = ("" if part == "value" else "key: ") + UNKNOWN_ID
+    rows = decoded.filter(F.col(DECODE_ERROR).startswith(prefix)).select(
+        F.regexp_extract(F.col(DECODE_ERROR), prefix + r"(\d+)", 1).alias("id")).distinct().limit(100).collect()
+    return [int(row["id"]) for row in rows if row["id"]]

@@ -196,14 +196,16 @@ def test_provider_info_lists_every_hook_and_operator_module_and_each_imports():
 def test_connection_type_points_at_a_hook_of_that_type_with_valid_ui_metadata():
     import jsonschema
 
-    [conn] = airflow_exactly_once.get_provider_info()["connection-types"]
-    module, _, name = conn["hook-class-name"].rpartition(".")
-    hook = getattr(importlib.import_module(module), name)
-    assert hook.conn_type == conn["connection-type"] == "exactly_once_ledger"
-    behaviour = hook.get_ui_field_behaviour()
-    jsonschema.validate(behaviour, _airflow_schema("customized_form_field_behaviours.schema.json"))
-    assert behaviour["relabeling"]["host"] == "Host or SQLAlchemy URL"
-    assert set(behaviour) == {k.replace("-", "_") for k in conn["ui-field-behaviour"]}
+    conns = airflow_exactly_once.get_provider_info()["connection-types"]
+    assert [c["connection-type"] for c in conns] == ["exactly_once_ledger", "schema_registry"]
+    for conn, host_label in zip(conns, ("Host or SQLAlchemy URL", "Registry URL")):
+        module, _, name = conn["hook-class-name"].rpartition(".")
+        hook = getattr(importlib.import_module(module), name)
+        assert hook.conn_type == conn["connection-type"]
+        behaviour = hook.get_ui_field_behaviour()
+        jsonschema.validate(behaviour, _airflow_schema("customized_form_field_behaviours.schema.json"))
+        assert behaviour["relabeling"]["host"] == host_label
+        assert set(behaviour) == {k.replace("-", "_") for k in conn["ui-field-behaviour"]}
 
 
 def test_connection_form_widgets_are_the_provider_infos_conn_fields(monkeypatch):
@@ -223,7 +225,8 @@ def test_connection_form_widgets_are_the_provider_infos_conn_fields(monkeypatch)
     from airflow_exactly_once.hooks.ledger import LedgerHook
 
     widgets = LedgerHook.get_connection_form_widgets()
-    [conn] = airflow_exactly_once.get_provider_info()["connection-types"]
+    [conn] = [c for c in airflow_exactly_once.get_provider_info()["connection-types"]
+              if c["connection-type"] == "exactly_once_ledger"]
     assert set(widgets) == set(conn["conn-fields"]) == {"backend"}
     assert made == [("i18n:Backend", conn["conn-fields"]["backend"]["description"])]
 

@@ -1,0 +1,228 @@
+"""The schemas of a batch in the Schema Registry wire format, fetched on the driver before Spark decodes.
+
+For each part read in a registry format (the value, the key) the driver fetches the reader
+schema (the subject's latest version, a pinned version, or the schema the user gave) and the
+writer schemas: every version of the subject at first, then any other id the batch's records
+name (spark.job asks again for those once it has counted them). Schemas are immutable per id,
+so they are cached for the life of the process; nothing is fetched per record, and the Spark
+expressions carry the schemas to the executors.
+
+A registry that cannot be reached, or that refuses the credentials, is a ConfigurationError
+naming the connection (retriable when it was not reached): it never turns records into bad
+records. An id the registry does not know is a bad record's reason, not an error.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
+from airflow_exactly_once.core.secrets import redacted_value
+from airflow_exactly_once.records.avro_resolution import resolution_problem
+
+# One answer at a time is enough for a driver; a registry that does not answer in this many seconds is down.
+TIMEOUT_S = 10
+_CACHE: dict[tuple[str, int], tuple[str, str] | None] = {}  # (url, id) -> (schema type, schema text)
+_LOCK = threading.Lock()
+
+
+@dataclass
+class PartSchemas:
+    """What the Spark job needs to decode one part (value or key) of a batch's records."""
+
+    part: str
+    fmt: str
+    reader: str
+    reader_ref: str  # where the reader schema came from, for messages: "orders-value version 3", "value_schema"
+    writers: dict[int, str] = field(default_factory=dict)  # id -> writer schema that resolves to the reader
+    unresolvable: dict[int, str] = field(default_factory=dict)  # id -> why it does not resolve
+
+    def known(self) -> set[int]:
+        return set(self.writers) | set(self.unresolvable)
+
+
+class Registry:
+    """The registry of a pipeline, through confluent-kafka's SchemaRegistryClient."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        if not config.schema_registry:
+            raise ConfigurationError(f"pipeline {config.pipeline_id!r} reads the Schema Registry wire format but "
+                                     "has no registry: give schema_registry_conn_id")
+        self.settings = dict(config.schema_registry)
+        self.url = str(self.settings["url"])
+        self.origin = f"connection {config.schema_registry_conn_id!r}" if config.schema_registry_conn_id \
+            else "schema_registry"
+        self._client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                from confluent_kafka.schema_registry import SchemaRegistryClient
+            except ImportError as exc:
+                raise MissingExtraError("Reading the Schema Registry wire format", "schema-registry",
+                                        getattr(exc, "name", None)) from exc
+            settings = {"timeout": TIMEOUT_S, "max.retries": 0, **self.settings}
+            try:
+                self._client = SchemaRegistryClient(settings)
+            except (ValueError, TypeError) as exc:
+                raise ConfigurationError(f"the Schema Registry settings of {self.origin} are not valid ({exc}); "
+                                         "see docs/schema-registry.md for the connection's fields") from exc
+        return self._client
+
+    def call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """`function(*args)` on the client; a registry error other than "not found" as a ConfigurationError."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            return function(*args, **kwargs)
+        except SchemaRegistryError as exc:
+            raise self._explained(what, exc) from exc
+        except Exception as exc:  # the transport: refused, reset, timed out, a TLS failure
+            raise ConfigurationError(
+                f"the Schema Registry at {redacted_value(self.url)} ({self.origin}) cannot be reached to {what}: "
+                f"{type(exc).__name__}: {exc}. Check that it runs and that the connection's URL and TLS files are "
+                "right; the batch is retried and reads the same records", retriable=True) from exc
+
+    def _explained(self, what: str, exc: Any) -> Exception:
+        status = getattr(exc, "http_status_code", None)
+        where = f"the Schema Registry at {redacted_value(self.url)} ({self.origin})"
+        if status in (401, 403):
+            return ConfigurationError(f"{where} refused the credentials (HTTP {status}) to {what}: {exc.error_message}. "
+                                      "Fix the connection's Login/Password (basic auth) or its bearer token")
+        if status == 404:
+            return ConfigurationError(f"{where} cannot {what}: not found ({exc.error_message}). Register the "
+                                      "schema, or name another subject (value_subject / key_subject) or version")
+        return ConfigurationError(f"{where} failed to {what} (HTTP {status}: {exc.error_message})",
+                                  retriable=status is None or status >= 500)
+
+    def by_id(self, schema_id: int) -> tuple[str, str] | None:
+        """(schema type, schema text) of an id, None when the registry does not know it (cached: ids never change)."""
+        key = (self.url, schema_id)
+        with _LOCK:
+            if key in _CACHE:
+                return _CACHE[key]
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        def fetch() -> Any:
+            try:
+                return self.client().get_schema(schema_id)
+            except SchemaRegistryError as exc:
+                if getattr(exc, "http_status_code", None) == 404:
+                    return None  # not cached: an id can be registered later
+                raise
+
+        schema = self.call(f"read schema id {schema_id}", fetch)
+        if schema is None:
+            return None
+        found = (schema.schema_type or "AVRO", schema.schema_str)
+        with _LOCK:
+            _CACHE[key] = found
+        return found
+
+    def subject_versions(self, subject: str) -> dict[int, str]:
+        """Every version of `subject` as id -> schema text (the writer schemas a topic usually holds)."""
+        client = self.client()
+        versions = self.call(f"list the versions of subject {subject!r}", client.get_versions, subject)
+        found: dict[int, str] = {}
+        for version in versions:
+            registered = self.call(f"read subject {subject!r} version {version}", client.get_version, subject,
+                                   version)
+            found[registered.schema_id] = registered.schema.schema_str
+            with _LOCK:
+                _CACHE[(self.url, registered.schema_id)] = (registered.schema.schema_type or "AVRO",
+                                                           registered.schema.schema_str)
+        return found
+
+    def reader(self, subject: str, pinned: Any) -> tuple[str, str]:
+        """The reader schema and where it came from: the given schema, a pinned version, or the latest."""
+        if isinstance(pinned, str) and not pinned.strip().isdigit():
+            return pinned, "the given schema"
+        client = self.client()
+        if pinned is None:
+            registered = self.call(f"read the latest version of subject {subject!r}", client.get_latest_version,
+                                   subject)
+        else:
+            registered = self.call(f"read subject {subject!r} version {int(pinned)}", client.get_version, subject,
+                                   int(pinned))
+        return registered.schema.schema_str, f"subject {subject!r} version {registered.version} (id " \
+                                             f"{registered.schema_id})"
+
+
+def subjects(config: PipelineConfig, part: str) -> list[str]:
+    """The subjects of a part: the one given, or TopicNameStrategy's '<topic>-<part>' for every topic."""
+    given = getattr(config, f"{part}_subject")
+    return [given] if given else [f"{topic}-{part}" for topic in config.topics]
+
+
+def part_schemas(config: PipelineConfig, part: str, registry: Registry | None = None) -> PartSchemas:
+    """The reader schema and the writer schemas known up front (every version of the subjects) of one part."""
+    registry = registry or Registry(config)
+    fmt = getattr(config, f"{part}_format")
+    pinned = getattr(config, f"{part}_schema")
+    readers = {}
+    for subject in subjects(config, part):
+        text, ref = registry.reader(subject, pinned)
+        readers.setdefault(_canonical(text), (text, ref))
+    if len(readers) > 1:
+        raise ConfigurationError(
+            f"the topics' {part} subjects have different latest schemas ({'; '.join(r for _, r in readers.values())}):"
+            f" one batch has one {part} schema; give {part}_schema (a schema all of them resolve to) or "
+            f"{part}_subject")
+    reader, ref = next(iter(readers.values()))
+    if fmt == "avro" and part == "value" and not _is_record(reader):
+        raise ConfigurationError(f"the value's reader schema ({ref}) is not an Avro record: the transform gets one "
+                                 "column per field of a record; read the value as value_format='bytes' instead")
+    schemas = PartSchemas(part, fmt, reader, ref)
+    for subject in subjects(config, part):
+        for schema_id, text in registry.subject_versions(subject).items():
+            add_writer(schemas, schema_id, text)
+    return schemas
+
+
+def add_writer(schemas: PartSchemas, schema_id: int, text: str) -> None:
+    """Record a writer schema, or why its data cannot be read with the reader schema."""
+    if schemas.fmt == "avro":
+        problem = resolution_problem(text, schemas.reader)
+        if problem:
+            schemas.unresolvable[schema_id] = f"the writer schema id {schema_id} does not resolve to the reader " \
+                                              f"schema ({schemas.reader_ref}): {problem}"
+            return
+    schemas.writers[schema_id] = text
+
+
+def add_found_ids(schemas: PartSchemas, ids: list[int], registry: Registry) -> bool:
+    """Fetch ids the records name that the subject's versions did not hold; True when one was found."""
+    found = False
+    for schema_id in ids:
+        if schema_id in schemas.known():
+            continue
+        fetched = registry.by_id(schema_id)
+        if fetched is None:
+            continue
+        schema_type, text = fetched
+        if schema_type != {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}[schemas.fmt]:
+            schemas.unresolvable[schema_id] = f"the writer schema id {schema_id} is a {schema_type} schema, not " \
+                                              f"{schemas.fmt}"
+        else:
+            add_writer(schemas, schema_id, text)
+        found = True
+    return found
+
+
+def _canonical(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except ValueError:
+        return text.strip()
+
+
+def _is_record(text: str) -> bool:
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("type") == "record"
