@@ -27,6 +27,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.records.avro_schema import all_null_encoding, record_fields
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
+from airflow_exactly_once.records.json_schema import required_fields, spark_ddl, spark_type
 from airflow_exactly_once.records.registry import PartSchemas
 from airflow_exactly_once.records.wire_format import HEADER
 
@@ -146,19 +147,46 @@ def _spread(decoded: Any, columns: list[str]) -> Any:
 
 def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     """One part (value or key) read in the Schema Registry wire format: the magic byte, the writer schema's id,
-    then the data, decoded with its writer schema and resolved to the reader schema (Spark's from_avro with
-    `avroSchema`, one expression per writer schema; CASE evaluates only the branch of a record's id). A value
-    not in the wire format, an unknown id, a writer schema that does not resolve, or data that is truncated or
-    corrupt gives the record its DECODE_ERROR. `into`: the column that takes the decoded part (the key), or
-    None to spread a record's fields as columns (the value)."""
+    then the data, decoded to the reader schema (`_avro_payload`, `_json_payload`). A value not in the wire
+    format, an unknown id, a writer schema that does not resolve, or data that is truncated or corrupt gives the
+    record its DECODE_ERROR. `into`: the column that takes the decoded part (the key), or None to spread a
+    record's fields as columns (the value)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro
 
     column = F.col(schemas.part)
     label = "" if schemas.part == "value" else "key: "
     framed = (F.length(column) >= F.lit(HEADER)) & (F.substring(column, 1, 1) == F.unhex(F.lit("00")))
     schema_id = F.conv(F.hex(F.substring(column, 2, 4)), 16, 10).cast("long")
     payload = F.expr(f"substring(`{schemas.part}`, {HEADER + 1})")
+    temp = f"_aeo_parsed_{schemas.part}"
+    decoder = {"avro": _avro_payload, "json_schema": _json_payload}[schemas.fmt]
+    parsed, problem = decoder(schemas, payload, schema_id, F.col(temp))
+    known = sorted(schemas.writers)
+    error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
+        ~framed, F.lit(f"{label}not in the Schema Registry wire format (no magic byte 0 and 4-byte schema id)"))
+    for writer_id, reason in sorted(schemas.unresolvable.items()):
+        error = error.when(schema_id == F.lit(writer_id), F.lit(label + reason))
+    error = error.when(~schema_id.isin(known) if known else F.lit(True),
+                       F.concat(F.lit(f"{label}{UNKNOWN_ID}"), schema_id.cast("string"),
+                                F.lit(" (the registry does not know it)")))
+    error = F.coalesce(error, F.concat(F.lit(label), problem))
+    if DECODE_ERROR in frame.columns:  # the key's error comes first
+        error = F.coalesce(F.col(DECODE_ERROR), error)
+    decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
+    if schemas.fmt == "json_schema":  # the corrupt-record column is ours, not the transform's
+        decoded = decoded.withColumn(temp, F.col(temp).dropFields(DECODE_ERROR))
+    if into is not None:
+        return decoded.withColumn(into, F.col(temp)).drop(temp)
+    return _spread(decoded.withColumnRenamed(temp, "_aeo_parsed"), frame.columns)
+
+
+def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+    """Avro data decoded with its writer schema and resolved to the reader's (from_avro with `avroSchema`, one
+    branch per writer id: CASE evaluates only the branch of a record's id); and the problem of a record whose
+    decoded `result` shows the data was truncated or corrupt (null when it decoded)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
     parsed = None
     real_all_null = F.lit(False)  # a record whose every field is null, really written so
     for writer_id, writer in sorted(schemas.writers.items()):
@@ -173,31 +201,42 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
             real_all_null = real_all_null | (is_writer & (payload == F.lit(encoding)))
     if parsed is None:  # no writer schema resolves: a null of the reader's type
         parsed = from_avro(F.lit(None).cast("binary"), schemas.reader, {"mode": "PERMISSIVE"})
-    temp = f"_aeo_parsed_{schemas.part}"
-    result = F.col(temp)
-    fields = _record_fields(schemas.reader)
     undecoded = result.isNull()
+    fields = _record_fields(schemas.reader)
     if fields:  # PERMISSIVE from_avro gives a record of nulls for data it cannot decode
         all_null = F.lit(True)
         for name in fields:
             all_null = all_null & result[name].isNull()
         undecoded = undecoded | (all_null & ~real_all_null)
-    known = sorted(schemas.writers)
-    error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
-        ~framed, F.lit(f"{label}not in the Schema Registry wire format (no magic byte 0 and 4-byte schema id)"))
-    for writer_id, reason in sorted(schemas.unresolvable.items()):
-        error = error.when(schema_id == F.lit(writer_id), F.lit(label + reason))
-    error = error.when(~schema_id.isin(known) if known else F.lit(True),
-                       F.concat(F.lit(f"{label}{UNKNOWN_ID}"), schema_id.cast("string"),
-                                F.lit(" (the registry does not know it)")))
-    error = error.when(undecoded, F.concat(F.lit(f"{label}truncated or corrupt Avro data of schema id "),
-                                           schema_id.cast("string")))
-    if DECODE_ERROR in frame.columns:  # the key's error comes first
-        error = F.coalesce(F.col(DECODE_ERROR), error)
-    decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
-    if into is not None:
-        return decoded.withColumn(into, F.col(temp)).drop(temp)
-    return _spread(decoded.withColumnRenamed(temp, "_aeo_parsed"), frame.columns)
+    return parsed, F.when(undecoded, F.concat(F.lit("truncated or corrupt Avro data of schema id "),
+                                              schema_id.cast("string")))
+
+
+def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+    """JSON text read with the reader JSON Schema's Spark type (records.json_schema), as strictly as
+    value_format="json": malformed JSON, a property of another type, content after the value, or a required
+    property missing make the record bad."""
+    from pyspark.sql import functions as F
+
+    text = payload.cast("string")
+    ddl = spark_ddl(schemas.reader) if schemas.part == "value" else None
+    schema = f"{ddl}, {DECODE_ERROR} STRING" if ddl else f"{_key_json_type(schemas.reader)}"
+    if ddl is None:  # a key: one JSON value of any type
+        parsed = F.from_json(F.concat(F.lit('{"k":'), text, F.lit("}")), f"k {schema}")["k"]
+        return parsed, F.when(~_one_json_value(text) | (result.isNull() & (F.trim(text) != F.lit("null"))),
+                              F.lit("not one JSON value matching the key's JSON Schema"))
+    parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": DECODE_ERROR})
+    problem = F.when(result.isNull() | result[DECODE_ERROR].isNotNull(),
+                     F.lit("not JSON matching the reader's JSON Schema (malformed, or a property of another type)"))
+    problem = problem.when(~_one_json_value(text), F.lit("not one JSON value: content follows the value"))
+    for name in required_fields(schemas.reader):
+        problem = problem.when(result[name].isNull(), F.lit(f"the required property {name!r} is missing or null"))
+    return parsed, problem
+
+
+def _key_json_type(schema: str) -> str:
+    """The Spark type of a key's JSON Schema (any type: a key is often a bare string or number)."""
+    return spark_type(schema)
 
 
 def _record_fields(schema: str) -> list[str]:
@@ -226,3 +265,37 @@ def unknown_ids(decoded: Any, part: str) -> list[int]:
     rows = decoded.filter(F.col(DECODE_ERROR).startswith(prefix)).select(
         F.regexp_extract(F.col(DECODE_ERROR), prefix + r"(\d+)", 1).alias("id")).distinct().limit(100).collect()
     return [int(row["id"]) for row in rows if row["id"]]
+
+
+def _one_json_value(text: Any) -> Any:
+    """Whether `text` is one JSON value and nothing after it (whitespace aside).
+
+    Spark's JSON reader parses the first value and ignores what follows (`{"id": 1} garbage` reads
+    as {"id": 1}). Inside an array, content after the value is an error, and so it is inside an
+    object; a value that closes one of the two early (`{...}] x`) still breaks the other.
+    """
+    from pyspark.sql import functions as F
+
+    in_array = F.from_json(F.concat(F.lit("["), text, F.lit("]")), "ARRAY<STRING>")
+    in_object = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), "v STRING, _aeo_rest STRING",
+                            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_aeo_rest"})
+    return F.coalesce(F.size(in_array) == 1, F.lit(False)) & in_object["_aeo_rest"].isNull()
+
+
+def dead_letters(frame: Any, error: str, batch_id: str, pipeline_id: str) -> Any:
+    """Rows of `frame` as dead-letter records (DEAD_LETTER_COLUMNS), from their `_source` and the `error` column."""
+    from pyspark.sql import functions as F
+
+    source = F.col(SOURCE)
+    columns = {
+        "pipeline_id": F.lit(pipeline_id), "batch_id": F.lit(batch_id),
+        "source_topic": source["topic"], "source_partition": source["partition"],
+        "source_offset": source["offset"], "source_timestamp": source["timestamp"],
+        "key": source["key"], "value": source["value"], "error": F.col(error),
+    }
+    return frame.select(*(columns[name].alias(name) for name in DEAD_LETTER_COLUMNS))
+
+
+def without_internal(frame: Any) -> Any:
+    """What the sink receives: the transform's output without our own columns."""
+    return frame.drop(*[c for c in INTERNAL if c in frame.columns])

@@ -113,3 +113,23 @@ def test_the_fingerprint_of_a_pipeline_without_the_new_settings_is_unchanged():
                                    bootstrap_servers="k:9092"))
     assert plain.fingerprint() == "55ee7b77af00c76a"  # what the release before key_format computed
     assert _config(key_format="avro").fingerprint() != _config().fingerprint()
+
+
+def test_a_json_schema_becomes_the_spark_columns_it_decodes_to():
+    from airflow_exactly_once.records.json_schema import required_fields, spark_ddl, spark_type
+
+    schema = {"type": "object", "required": ["id", "note"], "definitions": {
+        "Address": {"type": "object", "properties": {"city": {"type": "string"}}}},
+        "properties": {"id": {"type": "integer"}, "price": {"type": "number"}, "paid": {"type": "boolean"},
+                       "tags": {"type": "array", "items": {"type": "string"}}, "address": {"$ref": "#/definitions/Address"},
+                       "attrs": {"type": "object", "additionalProperties": {"type": "integer"}},
+                       "note": {"type": ["null", "string"]}, "either": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}
+    assert spark_ddl(schema) == ("`id` BIGINT, `price` DOUBLE, `paid` BOOLEAN, `tags` ARRAY<STRING>, "
+                                 "`address` STRUCT<`city`: STRING>, `attrs` MAP<STRING, BIGINT>, `note` STRING, "
+                                 "`either` STRING")
+    assert required_fields(schema) == ["id"]  # note may be null
+    assert spark_type({"type": "string"}) == "STRING"
+    with pytest.raises(Exception, match="not an object with properties"):
+        spark_ddl({"type": "string"})
+    with pytest.raises(Exception, match="not a local reference"):
+        spark_ddl({"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}})
