@@ -49,6 +49,7 @@ from airflow_exactly_once.sinks.kafka.transactions import (
     abort_transaction,
     commit_transaction,
 )
+from airflow_exactly_once.sinks.kafka.wire_format import check_given_schemas, encoded, part_writers
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transactional_id_pattern
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class KafkaSink(Sink):
                                      "not a number of milliseconds") from None
         if self.transaction_timeout_ms <= 0:
             raise ConfigurationError("kafka sink: transaction_timeout_ms must be a positive number of milliseconds")
+        self.wire_writers = part_writers(spec)  # value_format / key_format: the Schema Registry wire format
         # librdkafka properties; kafka-python's spelling of the same names (linger_ms) is accepted.
         self.producer_config = {canonical_name(k): v for k, v in (spec.get("producer_config") or {}).items()}
         bad = set(self.producer_config) & set(librdkafka.RESERVED)
@@ -151,6 +153,7 @@ class KafkaSink(Sink):
             raise
         except Exception as exc:
             raise self._failure(settings, exc, f"checking the kafka sink on {settings.bootstrap_servers}") from exc
+        check_given_schemas(self.spec, self.pipeline)
 
     # -- write ---------------------------------------------------------------------
 
@@ -159,6 +162,8 @@ class KafkaSink(Sink):
         writer = KafkaPartitionWriter(
             topic=self.topic, guarantee=self.guarantee, transactional_id_prefix=self.id_prefix, batch_seq=batch.seq,
             transaction_timeout_ms=self.transaction_timeout_ms, settings=settings, producer_config=self.producer_config)
+        if self.wire_writers:
+            frame = encoded(frame, self.wire_writers, self.pipeline)
         try:
             reports = run_writers(self._key_value(frame), writer)
         except Exception as exc:

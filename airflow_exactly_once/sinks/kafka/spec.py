@@ -35,6 +35,24 @@ class KafkaSpec(SinkSpec):
                                                             "`linger.ms`, `batch.size`, `compression.type`",
                                                       shown_default="`{}`")
 
+    value_format: str | None = argument(None, "Write the value in the Schema Registry wire format: `avro` or "
+                                              "`json_schema` (the pipeline's `schema_registry_conn_id` names the "
+                                              "registry); the value is the `value` column if it is a struct, else "
+                                              "every column but `key` and `headers`",
+                                        choices=(None, "avro", "json_schema"), shown_default="`value` as bytes")
+    key_format: str | None = argument(None, "Write the `key` column in the wire format: `avro` or `json_schema`",
+                                      choices=(None, "avro", "json_schema"), shown_default="`key` as bytes")
+    value_schema: Any = argument(None, "The value's writer schema (Avro or JSON Schema, as JSON)",
+                                 shown_default="derived from the output's columns")
+    key_schema: Any = argument(None, "The key's writer schema", shown_default="derived from the `key` column")
+    subject_name_strategy: str = argument("topic", "`topic` (subject `<topic>-value`, TopicNameStrategy) or "
+                                                   "`record` (the record's full name, RecordNameStrategy)",
+                                          choices=("topic", "record"))
+    record_name: str | None = argument(None, "Name (`namespace.Name`) of a derived Avro record",
+                                       shown_default="`<topic>_value` / `<topic>_key`")
+    register_schemas: bool = argument(False, "Register a schema the subject lacks (the registry checks its "
+                                             "compatibility); off: a schema must be registered beforehand")
+
     @classmethod
     def secret_paths(cls, spec: Mapping[str, Any]) -> list[list[str]]:
         """The secrets among the sink's own client settings (`kafka_config`), and any URL with a password."""
