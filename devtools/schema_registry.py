@@ -9,8 +9,8 @@ run by `make setup`), and started with the machine's Java. Clients speak Conflue
   without one or with a wrong password gets 401.
 * TLS (tls=True): an HTTPS listener beside the HTTP one that requires a client certificate signed by the
   registry's own CA (devtools.tls makes both), as the secured broker does.
-* Storage: an H2 database file in the data folder, so `stop()` then `start()` (same port) keeps every
-  schema and its id; persistent=False keeps them in memory (a restart forgets them).
+* Storage: an H2 database file in the data folder, so `stop()` (or `kill()`) then `start()` (same port)
+  keeps every schema and its id; persistent=False keeps them in memory (a restart forgets them).
 """
 
 from __future__ import annotations
@@ -175,7 +175,9 @@ class LocalSchemaRegistry(LocalServer):
         }
 
     def _config(self) -> dict[str, str]:
-        database = (f"jdbc:h2:file:{self.data_dir / 'h2' / 'registry'}" if self.persistent
+        # WRITE_DELAY=0: each commit reaches the file before the answer, so even a SIGKILL (kill()) loses no
+        # registered schema (H2's default delay of up to a second lost the last one).
+        database = (f"jdbc:h2:file:{self.data_dir / 'h2' / 'registry'};WRITE_DELAY=0" if self.persistent
                     else "jdbc:h2:mem:registry_db")
         config = {
             "quarkus.http.host": "127.0.0.1",
