@@ -25,16 +25,21 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/integration/test_sink_contract.py \
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
-.PHONY: setup system-deps python-deps newest-deps jars newest-jars demo test test-unit test-kafka4 test-newest \
+.PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
 	install-matrix benchmark benchmark-ledger docker-config clean
 
-setup: system-deps python-deps jars
+setup: system-deps python-deps jars registry
 
 # Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests) and Chromium (UI tests).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openjdk-17-jre-headless maven postgresql; \
+	fi
+	@# The JDK's compiler: devtools/registry (the Schema Registry's Maven build) compiles one class.
+	@if ! command -v javac >/dev/null; then \
+	  echo ">> installing Debian packages: openjdk-17-jdk-headless"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q openjdk-17-jdk-headless; \
 	fi
 	@# Headless Chromium for the ledger page's browser tests (devtools/browser.py drives it; no browser download).
 	@if ! command -v chromium >/dev/null; then \
@@ -76,6 +81,11 @@ $(VENV_NEWEST)/.installed: setup.cfg setup.py constraints-newest.txt
 jars: python-deps
 	$(PY) -m devtools fetch-jars
 	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m devtools fetch-jars
+
+# The Schema Registry (Apicurio, Confluent-compatible API) built once from Maven Central into the cache folder
+# (devtools/registry/pom.xml, devtools/schema_registry.py).
+registry: python-deps
+	$(PY) -m devtools build-registry
 
 newest-jars: newest-deps
 	AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m devtools fetch-jars

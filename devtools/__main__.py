@@ -1,4 +1,4 @@
-"""`python -m devtools ...`: fetch jars, start or stop the local broker, PostgreSQL or
+"""`python -m devtools ...`: fetch jars, build the Schema Registry, start or stop the local broker, PostgreSQL or
 Spark cluster, write docker/docker-compose.yml."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch-jars", help="fetch the Kafka broker and spark-sql-kafka jars with Maven")
+    sub.add_parser("build-registry", help="build the local Schema Registry (Apicurio) with Maven, once")
     start = sub.add_parser("kafka-start", help="start a local broker in the background")
     start.add_argument("--port", type=int, default=9092)
     start.add_argument("--controller-port", type=int, default=9093)
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fetch-jars":
         print(f"Kafka broker jars: {kafka_broker_jars()}")
         print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files, spark-avro: {len(avro_jars())}")
+    elif args.command == "build-registry":
+        from devtools.schema_registry import apicurio_version, registry_app
+
+        print(f"Schema Registry (Apicurio {apicurio_version()}): {registry_app()}")
     elif args.command == "kafka-start":
         broker = LocalKafkaBroker(args.data_dir, port=args.port, controller_port=args.controller_port).start()
         broker.process = None  # leave it running after this command exits

@@ -23,6 +23,7 @@ from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
+from devtools.schema_registry import LocalSchemaRegistry
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.no_secret import airflow_env as no_secret_env
 from tests.no_secret import new_markers
@@ -140,6 +141,18 @@ def secured_kafka(tmp_path_factory) -> SecuredKafkaBroker:
         raise
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory) -> LocalSchemaRegistry:
+    """A Confluent-compatible Schema Registry (Apicurio) with basic auth on and an HTTPS listener that requires a
+    client certificate; `url`, `user`, `password`, `client_config()`, and `stop()`/`start()` on the same port
+    (its H2 file keeps the schemas and their ids)."""
+    registry = LocalSchemaRegistry(tmp_path_factory.mktemp("schema-registry"), user="registry",
+                                   password="registry-secret", tls=True)
+    registry.start()
+    yield registry
+    registry.stop()
 
 
 @pytest.fixture(scope="session")
