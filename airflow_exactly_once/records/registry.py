@@ -15,6 +15,7 @@ records. An id the registry does not know is a bad record's reason, not an error
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,11 @@ class Registry:
         except SchemaRegistryError as exc:
             raise self._explained(what, exc) from exc
         except Exception as exc:  # the transport: refused, reset, timed out, a TLS failure
+            if _tls_failure(exc):
+                raise ConfigurationError(
+                    f"the Schema Registry at {redacted_value(self.url)} ({self.origin}) refused the TLS handshake to "
+                    f"{what}: {exc}. Check the connection's ssl.ca.location (the registry's CA) and, when the registry "
+                    "asks for a client certificate, ssl.certificate.location and ssl.key.location") from exc
             raise ConfigurationError(
                 f"the Schema Registry at {redacted_value(self.url)} ({self.origin}) cannot be reached to {what}: "
                 f"{type(exc).__name__}: {exc}. Check that it runs and that the connection's URL and TLS files are "
@@ -229,3 +235,15 @@ def _is_record(text: str) -> bool:
     except ValueError:
         return False
     return isinstance(parsed, dict) and parsed.get("type") == "record"
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """Whether a transport error is a TLS handshake that failed (a setting to fix, not worth a retry)."""
+    seen: BaseException | None = exc
+    for _ in range(6):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLError) or "CERTIFICATE" in str(seen).upper() or "SSL" in type(seen).__name__:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -42,9 +42,11 @@ JSON_V2 = {"type": "object", "properties": {"id": {"type": "integer"}, "item": {
                                             "note": {"type": "string"}}, "required": ["id", "item"]}
 
 
-def registry_settings(schema_registry, password: str | None = None) -> dict:
-    return {"url": schema_registry.url,
-            "basic.auth.user.info": f"{schema_registry.user}:{password or schema_registry.password}"}
+def registry_settings(schema_registry, password: str | None = None, tls: str | None = None) -> dict:
+    """Basic auth over HTTP; tls="certificate": HTTPS with the CA and a client certificate, "no-certificate": without."""
+    if tls:
+        return schema_registry.tls_client_config(with_certificate=tls == "certificate")
+    return schema_registry.client_config(password)
 
 
 def produce(kafka, topic: str, values: list[bytes | None], keys: list[bytes | None] | None = None) -> None:
@@ -55,9 +57,9 @@ def produce(kafka, topic: str, values: list[bytes | None], keys: list[bytes | No
 
 
 def pipe(kafka, schema_registry, tmp_path: Path, topic: str, sink: dict, name: str = "p", password=None,
-         **settings) -> Pipe:
+         tls=None, **settings) -> Pipe:
     config = pipeline_config(f"{topic}-{name}", [topic], sink, bootstrap=kafka.bootstrap_servers,
-                             schema_registry=registry_settings(schema_registry, password),
+                             schema_registry=registry_settings(schema_registry, password, tls),
                              schema_registry_conn_id="registry_test", **settings)
     made = Pipe(config, open_ledger(tmp_path / f"ledger-{name}.db"),
                 lambda: KafkaOffsetSource(KafkaSettings.of(config)), run_writers=run_partition_writers)
@@ -176,7 +178,14 @@ def test_json_schema_versions_decode_and_bad_records_say_why(kafka, spark, schem
                frame(v2_id, b'{"id": "x", "item": "d"}')]
     produce(kafka, topic, values)
     out = tmp_path / "out"
-    p = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(out)},
+    # over HTTPS: a client without the certificate the registry asks for is refused, not retried
+    refused = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(tmp_path / "x")},
+                   name="nocert",
+                   tls="no-certificate", value_format="json_schema", bad_record_policy="dead_letter")
+    with pytest.raises(ConfigurationError) as caught:
+        run_write(spark, refused.coordinator, refused.plan("run-1").batch.id)
+    assert "refused the TLS handshake" in str(caught.value) and caught.value.retriable is False
+    p = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(out)}, tls="certificate",
              value_format="json_schema", bad_record_policy="dead_letter")
     batch_id = p.plan("run-1").batch.id
     summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "item", "note"))
