@@ -52,7 +52,7 @@ with DAG(
         value_format="avro",  # the wire format: writer schema by id, read as subject "orders-value"'s latest
         # value_schema=3 pins version 3 of the subject as the reader schema instead.
         bad_record_policy="dead_letter",
-        max_bad_records=0.01,  # more than 1 % bad fails the batch whatever the policy
+        max_bad_records=0.05,  # more than 5 % bad fails the batch whatever the policy
         sink={"type": "parquet", "path": OUTPUT},
         transform=paid_orders,
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),

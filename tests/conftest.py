@@ -36,6 +36,7 @@ PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
 ICEBERG_EXAMPLE_TOPIC = "events_iceberg"  # dags/kafka_to_iceberg.py
+REGISTRY_EXAMPLE_TOPIC = "orders_avro"  # dags/kafka_to_parquet_registry.py
 # The secured broker (SASL_SSL, SCRAM-SHA-512, ACLs): its users and what they may do. Pipelines on it read
 # topics "sec-in-*", write topics "sec-out-*" and use transactional ids "sec*" (their pipeline ids).
 SECURED_CONN_ID = "kafka_secured"  # the Airflow connection of the secured broker's PIPELINE_USER
@@ -266,6 +267,8 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_ICEBERG_TOPIC": ICEBERG_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
+        "EXACTLY_ONCE_DEMO_REGISTRY_TOPIC": REGISTRY_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_REGISTRY_OUTPUT": str(example_lakehouse.parent / "orders_avro"),
         **_secured_connections(request),
         "EXACTLY_ONCE_ARRIVAL_TOPIC": ARRIVAL_TOPIC,
         "EXACTLY_ONCE_ARRIVAL_OUTPUT": str(arrival_output),
