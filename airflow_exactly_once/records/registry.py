@@ -24,6 +24,8 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.records.avro_resolution import resolution_problem
+from airflow_exactly_once.records.protobuf_rows import ProtobufMessage
+from airflow_exactly_once.records.protobuf_schema import compile_proto, reader_message
 
 # One answer at a time is enough for a driver; a registry that does not answer in this many seconds is down.
 TIMEOUT_S = 10
@@ -41,6 +43,7 @@ class PartSchemas:
     reader_ref: str  # where the reader schema came from, for messages: "orders-value version 3", "value_schema"
     writers: dict[int, str] = field(default_factory=dict)  # id -> writer schema that resolves to the reader
     unresolvable: dict[int, str] = field(default_factory=dict)  # id -> why it does not resolve
+    protobuf: ProtobufMessage | None = None  # protobuf: the reader's compiled message
 
     def known(self) -> set[int]:
         return set(self.writers) | set(self.unresolvable)
@@ -143,10 +146,11 @@ class Registry:
                                                            registered.schema.schema_str)
         return found
 
-    def reader(self, subject: str, pinned: Any) -> tuple[str, str]:
-        """The reader schema and where it came from: the given schema, a pinned version, or the latest."""
+    def reader(self, subject: str, pinned: Any) -> tuple[str, str, list[Any]]:
+        """The reader schema, where it came from, and its references: the given schema, a pinned version, or the
+        latest."""
         if isinstance(pinned, str) and not pinned.strip().isdigit():
-            return pinned, "the given schema"
+            return pinned, "the given schema", []
         client = self.client()
         if pinned is None:
             registered = self.call(f"read the latest version of subject {subject!r}", client.get_latest_version,
@@ -155,7 +159,21 @@ class Registry:
             registered = self.call(f"read subject {subject!r} version {int(pinned)}", client.get_version, subject,
                                    int(pinned))
         return registered.schema.schema_str, f"subject {subject!r} version {registered.version} (id " \
-                                             f"{registered.schema_id})"
+                                             f"{registered.schema_id})", list(registered.schema.references or [])
+
+    def imports(self, references: list[Any]) -> dict[str, str]:
+        """The files a schema's references name, and theirs in turn: import name -> schema text."""
+        found: dict[str, str] = {}
+        pending = list(references)
+        while pending:
+            reference = pending.pop()
+            if reference.name in found:
+                continue
+            registered = self.call(f"read subject {reference.subject!r} version {reference.version} (a reference)",
+                                   self.client().get_version, reference.subject, reference.version)
+            found[reference.name] = registered.schema.schema_str
+            pending.extend(registered.schema.references or [])
+        return found
 
 
 def subjects(config: PipelineConfig, part: str) -> list[str]:
@@ -174,22 +192,30 @@ def part_schemas(config: PipelineConfig, part: str, registry: Registry | None = 
     pinned = getattr(config, f"{part}_schema")
     readers = {}
     for subject in subjects(config, part):
-        text, ref = registry.reader(subject, pinned)
-        readers.setdefault(_canonical(text), (text, ref))
+        text, ref, references = registry.reader(subject, pinned)
+        readers.setdefault(_canonical(text), (text, ref, references))
     if len(readers) > 1:
+        where = "; ".join(r for _, r, _ in readers.values())
         raise ConfigurationError(
-            f"the topics' {part} subjects have different latest schemas ({'; '.join(r for _, r in readers.values())}):"
+            f"the topics' {part} subjects have different latest schemas ({where}):"
             f" one batch has one {part} schema; give {part}_schema (a schema all of them resolve to) or "
             f"{part}_subject")
-    reader, ref = next(iter(readers.values()))
+    reader, ref, references = next(iter(readers.values()))
     if fmt == "avro" and part == "value" and not _is_record(reader):
         raise ConfigurationError(f"the value's reader schema ({ref}) is not an Avro record: the transform gets one "
                                  "column per field of a record; read the value as value_format='bytes' instead")
     schemas = PartSchemas(part, fmt, reader, ref)
+    if fmt == "protobuf":
+        schemas.protobuf = protobuf_reader(reader, registry.imports(references), ref)
     for subject in subjects(config, part):
         for schema_id, text in registry.subject_versions(subject).items():
             add_writer(schemas, schema_id, text)
     return schemas
+
+
+def protobuf_reader(text: str, imports: dict[str, str], where: str, message: str | None = None) -> ProtobufMessage:
+    """The reader's .proto compiled with its imports, and the message read: the file's first, or `message`."""
+    return reader_message(compile_proto(text, imports, where), where, message)
 
 
 def add_writer(schemas: PartSchemas, schema_id: int, text: str) -> None:

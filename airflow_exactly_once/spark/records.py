@@ -26,6 +26,7 @@ from typing import Any, Callable
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.records.avro_schema import all_null_encoding, record_fields
+from airflow_exactly_once.records import protobuf_rows
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.records.json_schema import required_fields, spark_ddl, spark_type
 from airflow_exactly_once.records.registry import PartSchemas
@@ -159,7 +160,7 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     schema_id = F.conv(F.hex(F.substring(column, 2, 4)), 16, 10).cast("long")
     payload = F.expr(f"substring(`{schemas.part}`, {HEADER + 1})")
     temp = f"_aeo_parsed_{schemas.part}"
-    decoder = {"avro": _avro_payload, "json_schema": _json_payload}[schemas.fmt]
+    decoder = {"avro": _avro_payload, "json_schema": _json_payload, "protobuf": _protobuf_payload}[schemas.fmt]
     parsed, problem = decoder(schemas, payload, schema_id, F.col(temp))
     known = sorted(schemas.writers)
     error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
@@ -173,7 +174,7 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
     decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
-    if schemas.fmt == "json_schema":  # the corrupt-record column is ours, not the transform's
+    if schemas.fmt in ("json_schema", "protobuf"):  # the error field is ours, not the transform's
         decoded = decoded.withColumn(temp, F.col(temp).dropFields(DECODE_ERROR))
     if into is not None:
         return decoded.withColumn(into, F.col(temp)).drop(temp)
@@ -232,6 +233,25 @@ def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
     for name in required_fields(schemas.reader):
         problem = problem.when(result[name].isNull(), F.lit(f"the required property {name!r} is missing or null"))
     return parsed, problem
+
+
+def _protobuf_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+    """Protobuf data (message indexes, then the message) decoded with the reader's message for every known writer
+    id (Protobuf evolves by field numbers: fields the reader lacks are skipped), by the protobuf runtime in a
+    Python UDF (records.protobuf_rows: Spark's from_protobuf is not to be had from the package index). Message
+    indexes naming another message, and truncated or corrupt data, are the record's problem."""
+    from pyspark.sql import functions as F
+
+    message = schemas.protobuf
+    if message is None:
+        raise ConfigurationError(f"the {schemas.part}'s Protobuf reader schema ({schemas.reader_ref}) was not "
+                                 "compiled (records.registry.part_schemas compiles it)")
+    ddl = protobuf_rows.spark_ddl(message)
+    decoder = F.udf(lambda data: protobuf_rows.decode(message, data, DECODE_ERROR),
+                    f"{ddl}, {DECODE_ERROR} STRING" if ddl else f"{DECODE_ERROR} STRING")
+    known = sorted(schemas.writers)
+    parsed = F.when(schema_id.isin(known) if known else F.lit(False), decoder(payload))  # else: _decode_registry
+    return parsed, result[DECODE_ERROR]
 
 
 def _key_json_type(schema: str) -> str:

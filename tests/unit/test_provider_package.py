@@ -148,7 +148,10 @@ def test_declared_dependencies_cover_every_third_party_import():
              # the FAB connection form: only called on Airflow < 3.2 with the FAB UI, which brings them
              "flask_appbuilder": None, "flask_babel": None, "wtforms": None,
              # the ledger page's app in the api-server, the backlog trigger's sync_to_async in the triggerer
-             "fastapi": "fastapi", "asgiref": "asgiref"}
+             "fastapi": "fastapi", "asgiref": "asgiref",
+             # Protobuf in the wire format, the [schema-registry] extra: the runtime (through confluent-kafka[protobuf]
+             # and grpcio-tools) and the compiler of the reader's .proto
+             "google": "protobuf", "grpc_tools": "grpcio-tools"}
     assert third_party <= set(where), f"imports without a declared distribution: {sorted(third_party - set(where))}"
     groups = _requirements()
     core = set(groups[""])
