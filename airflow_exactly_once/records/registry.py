@@ -186,9 +186,6 @@ def part_schemas(config: PipelineConfig, part: str, registry: Registry | None = 
     """The reader schema and the writer schemas known up front (every version of the subjects) of one part."""
     registry = registry or Registry(config)
     fmt = getattr(config, f"{part}_format")
-    if fmt == "protobuf":
-        raise ConfigurationError(f"{part}_format='protobuf' is not decoded yet (Avro and JSON Schema are): read the "
-                                 f"{part} as bytes and decode it in the transform until it lands")
     pinned = getattr(config, f"{part}_schema")
     readers = {}
     for subject in subjects(config, part):
