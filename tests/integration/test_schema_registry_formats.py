@@ -249,3 +249,32 @@ def test_kafka_to_kafka_in_the_wire_format_reads_back_with_confluent_kafkas_dese
                                                        "value_schema": incompatible},
              name="k2k-bad", value_format="avro")
     assert "refused the value schema" in str(caught.value) or "NOT compatible" in str(caught.value)
+
+
+def test_protobuf_versions_through_the_registry_and_the_write(kafka, spark, schema_registry, tmp_path):
+    from airflow_exactly_once.records import protobuf_rows
+    from airflow_exactly_once.records.registry import protobuf_reader
+    from airflow_exactly_once.records.wire_format import message_indexes
+
+    v1 = 'syntax = "proto3";\npackage shop;\nmessage Order { int64 id = 1; string item = 2; }\n'
+    v2 = v1.replace("string item = 2;", "string item = 2; optional string note = 3;")
+    topic = f"sr-proto-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.bootstrap_servers, topic, partitions=1)
+    client = SchemaRegistryClient(registry_settings(schema_registry))
+    ids = [client.register_schema(f"{topic}-value", Schema(text, "PROTOBUF")) for text in (v1, v2)]
+    classes = [protobuf_rows.message_class(protobuf_reader(text, {}, "test").descriptor_set, "shop.Order")
+               for text in (v1, v2)]
+    values = [frame(ids[0], message_indexes([0]) + classes[0](id=1, item="a").SerializeToString()),
+              frame(ids[1], message_indexes([0]) + classes[1](id=2, item="b", note="n").SerializeToString()),
+              frame(ids[1], message_indexes([0]) + classes[1](id=3, item="c").SerializeToString()[:-1])]
+    produce(kafka, topic, values)
+    out = tmp_path / "out"
+    p = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(out)},
+             value_format="protobuf", bad_record_policy="dead_letter")
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "item", "note"))
+    assert (summary["output_records"], summary["bad_records"]) == (2, 1)
+    p.commit(batch_id)
+    assert sorted((r["id"], r["item"], r["note"]) for r in read_parquet(out)) == [(1, "a", None), (2, "b", "n")]
+    [letter] = read_parquet(out / "_dead_letter")
+    assert letter["source_offset"] == 2 and "truncated or corrupt Protobuf data" in letter["error"]
