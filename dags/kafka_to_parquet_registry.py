@@ -55,6 +55,8 @@ with DAG(
         max_bad_records=0.05,  # more than 5 % bad fails the batch whatever the policy
         sink={"type": "parquet", "path": OUTPUT},
         transform=paid_orders,
+        # A `spark_connect` connection: write on a warm Spark Connect server; None: a Spark driver in the task.
+        spark_conn_id=os.environ.get("EXACTLY_ONCE_DEMO_REGISTRY_SPARK_CONN_ID"),
         max_records_per_partition=int(os.environ.get("EXACTLY_ONCE_DEMO_MAX_RECORDS", "1000")),
     )
 # [END kafka_to_parquet_registry]

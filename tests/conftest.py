@@ -25,6 +25,7 @@ from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
 from devtools.schema_registry import LocalSchemaRegistry
 from devtools.spark_connect import LocalSparkConnectServer
+from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
 from tests.no_secret import airflow_env as no_secret_env
 from tests.no_secret import new_markers
 
@@ -269,6 +270,8 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
         "EXACTLY_ONCE_DEMO_REGISTRY_TOPIC": REGISTRY_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_REGISTRY_OUTPUT": str(example_lakehouse.parent / "orders_avro"),
+        # its write runs on the session's warm Spark Connect server (the `warm_spark` connection)
+        "EXACTLY_ONCE_DEMO_REGISTRY_SPARK_CONN_ID": SPARK_CONN_ID,
         **_secured_connections(request),
         "EXACTLY_ONCE_ARRIVAL_TOPIC": ARRIVAL_TOPIC,
         "EXACTLY_ONCE_ARRIVAL_OUTPUT": str(arrival_output),

@@ -31,7 +31,7 @@ V2 = {**V1, "fields": V1["fields"] + [{"name": "note", "type": ["null", "string"
 
 
 def test_example_dag_reads_two_versions_through_a_killed_write_exactly_once(kafka, airflow, schema_registry, faults,
-                                                                            example_lakehouse):
+                                                                            warm_spark, example_lakehouse):
     topic = REGISTRY_EXAMPLE_TOPIC
     create_topic(kafka.bootstrap_servers, topic, partitions=1)
     client = SchemaRegistryClient(schema_registry.client_config())
