@@ -198,9 +198,29 @@ def test_json_schema_versions_decode_and_bad_records_say_why(kafka, spark, schem
     assert "a property of another type" in letters[4]
 
 
+def read_avro(kafka, client, topic: str, expected: int) -> list[dict]:
+    """The committed values of `topic`, decoded by confluent-kafka's AvroDeserializer."""
+    deserializer = AvroDeserializer(client)
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.subscribe([topic])
+    found = []
+    try:
+        for _ in range(60):
+            message = consumer.poll(1.0)
+            if message is None or message.error():
+                if len(found) >= expected:
+                    break
+                continue
+            found.append(deserializer(message.value(), SerializationContext(topic, MessageField.VALUE)))
+    finally:
+        consumer.close()
+    return found
+
+
 def test_kafka_to_kafka_in_the_wire_format_reads_back_with_confluent_kafkas_deserializer(
         kafka, spark, schema_registry, tmp_path, avro_topic):
-    topic, good, _ = avro_topic
+    topic, good, bad = avro_topic
     output = f"{topic}-out"
     create_topic(kafka.bootstrap_servers, output, partitions=2)
     client = SchemaRegistryClient(registry_settings(schema_registry))
@@ -214,8 +234,11 @@ def test_kafka_to_kafka_in_the_wire_format_reads_back_with_confluent_kafkas_dese
                   transform=lambda df: df.selectExpr("CAST(id AS STRING) AS key", "id", "item"))
     assert f"subject '{output}-value' has no version" in str(caught.value) and "register_schemas" in str(caught.value)
 
+    dead_letters = f"{topic}-dlq"
+    create_topic(kafka.bootstrap_servers, dead_letters, partitions=1)
     p = pipe(kafka, schema_registry, tmp_path, topic, {**sink, "register_schemas": True}, name="k2k",
-             value_format="avro", bad_record_policy="skip")
+             value_format="avro", bad_record_policy="dead_letter",
+             dead_letter={"type": "kafka", "topic": dead_letters, "value_format": "avro", "register_schemas": True})
     batch_id = p.plan("run-1").batch.id
     run_write(spark, p.coordinator, batch_id,
               transform=lambda df: df.selectExpr("CAST(id AS STRING) AS key", "id", "item"))
@@ -239,6 +262,11 @@ def test_kafka_to_kafka_in_the_wire_format_reads_back_with_confluent_kafkas_dese
     finally:
         consumer.close()
     assert sorted(seen) == sorted((str(i), i, item) for i, item, _ in good)
+    # the dead letters, one Avro record each in the wire format: where the bad record came from, why, its bytes
+    letters = read_avro(kafka, client, dead_letters, 5)
+    assert sorted(letter["source_offset"] for letter in letters) == sorted(bad)
+    assert all(bad[letter["source_offset"]] in letter["error"] for letter in letters)
+    assert {letter["batch_id"] for letter in letters} == {str(batch_id)}
 
     # a given schema that the subject does not accept fails at plan time with the registry's reason
     client.set_compatibility(subject_name=f"{output}-value", level="BACKWARD")

@@ -201,7 +201,15 @@ class KafkaSink(Sink):
         return frame.selectExpr(*columns)
 
     def shape_dead_letters(self, frame: Any) -> Any:
-        """As Kafka Connect's dead-letter queue: the original key and value, where it came from and why in headers."""
+        """As Kafka Connect's dead-letter queue: the original key and value, where it came from and why in headers.
+
+        With value_format on the dead-letter spec, the value is instead one record of every dead-letter column
+        (the original value as bytes among them) in the wire format; the key stays the original bytes."""
+        if self.wire_writers:
+            if any(w.part == "key" for w in self.wire_writers):
+                raise ConfigurationError("a kafka dead-letter destination keeps each bad record's original key bytes: "
+                                         "remove key_format from dead_letter (value_format is allowed)")
+            return frame.select(*DEAD_LETTER_COLUMNS)
         headers = ", ".join(f"named_struct('key', '{DEAD_LETTER_HEADER_PREFIX}{name}', 'value', "
                             f"CAST(CAST({name} AS STRING) AS BINARY))"
                             for name in DEAD_LETTER_COLUMNS if name not in ("key", "value"))
