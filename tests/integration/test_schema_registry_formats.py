@@ -127,11 +127,17 @@ def test_fail_names_the_reasons_and_skip_counts_them(kafka, spark, schema_regist
     assert f"5 of 17 records of batch {batch_id} are bad" in str(caught.value)
     assert "unknown schema id 987654" in str(caught.value) and caught.value.retriable is False
     assert failing.state(batch_id) is BatchState.PLANNED
+    # skip, with a reader schema given by the user: v2's note is dropped, v1's int id promoted
+    reader = {**V1, "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}
     skipping = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(tmp_path / "b")},
-                    name="skip", value_format="avro", bad_record_policy="skip", max_bad_records=5)
+                    name="skip", value_format="avro", value_schema=reader, bad_record_policy="skip",
+                    max_bad_records=5)
     batch_id = skipping.plan("run-1").batch.id
-    summary = run_write(spark, skipping.coordinator, batch_id, transform=lambda df: df.select("id", "note"))
+    summary = run_write(spark, skipping.coordinator, batch_id)
     assert (summary["output_records"], summary["bad_records"]) == (12, 5)
+    assert sorted((r["id"], r["item"]) for r in read_parquet(tmp_path / "b")) == []  # staged, not committed
+    skipping.commit(batch_id)
+    assert sorted((r["id"], r["item"]) for r in read_parquet(tmp_path / "b")) == [(i, item) for i, item, _ in good]
     details = skipping.ledger.get_batch(batch_id).details["bad_records"]
     assert {r["offset"] for r in details["first"]} == set(list(bad)[:5])
 

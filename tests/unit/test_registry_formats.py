@@ -133,3 +133,22 @@ def test_a_json_schema_becomes_the_spark_columns_it_decodes_to():
         spark_ddl({"type": "string"})
     with pytest.raises(Exception, match="not a local reference"):
         spark_ddl({"type": "object", "properties": {"a": {"$ref": "http://example.com/a.json"}}})
+
+
+def test_the_sink_names_subjects_by_topic_or_by_record_and_derives_named_schemas():
+    from airflow_exactly_once.sinks.kafka.wire_format import part_writers
+
+    [value] = part_writers({"topic": "orders", "value_format": "avro"})
+    assert value.subject(json.dumps(V1)) == "orders-value"
+    spark_type = {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": False}]}
+    derived = json.loads(value.derived_schema(spark_type))
+    assert derived == {"type": "record", "name": "orders_value", "fields": [{"name": "id", "type": "long"}]}
+    by_record = part_writers({"topic": "orders", "value_format": "avro", "subject_name_strategy": "record",
+                              "record_name": "shop.Order"})[0]
+    schema = by_record.derived_schema(spark_type)
+    assert json.loads(schema)["namespace"] == "shop" and by_record.subject(schema) == "shop.Order"
+    as_json = part_writers({"topic": "t", "value_format": "json_schema", "subject_name_strategy": "record"})[0]
+    with pytest.raises(Exception, match="needs a named value schema"):
+        as_json.subject(as_json.derived_schema(spark_type))
+    with pytest.raises(Exception, match="value_format='xml' is not supported"):
+        part_writers({"topic": "t", "value_format": "xml"})
