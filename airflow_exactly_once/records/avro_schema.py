@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.records.wire_format import zigzag_varint
 
 
 def record_fields(schema: str) -> list[dict[str, Any]]:
@@ -29,19 +30,6 @@ def record_fields(schema: str) -> list[dict[str, Any]]:
     return parsed["fields"]
 
 
-def _zigzag_varint(number: int) -> bytes:
-    value = (number << 1) ^ (number >> 63)
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def all_null_encoding(schema: str) -> bytes | None:
     """The Avro encoding of the record whose fields are all null, or None when some field cannot be null."""
     encoded = b""
@@ -50,7 +38,7 @@ def all_null_encoding(schema: str) -> bytes | None:
         if kind == "null":
             continue  # a null is encoded as nothing
         if isinstance(kind, list) and "null" in kind:
-            encoded += _zigzag_varint(kind.index("null"))  # the union's branch
+            encoded += zigzag_varint(kind.index("null"))  # the union's branch
             continue
         return None
     return encoded

@@ -31,7 +31,8 @@ def schema_id(value: bytes) -> int | None:
     return struct.unpack(">I", value[1:HEADER])[0]
 
 
-def _zigzag(number: int) -> bytes:
+def zigzag_varint(number: int) -> bytes:
+    """A zigzag varint, as Avro encodes ints and longs and Protobuf's wire format its message indexes."""
     value = (number << 1) ^ (number >> 63)
     out = bytearray()
     while True:
@@ -47,7 +48,7 @@ def message_indexes(indexes: list[int]) -> bytes:
     """The Protobuf message-index prefix: [0] (the file's first message) is the single byte 0."""
     if indexes == [0]:
         return b"\x00"
-    return _zigzag(len(indexes)) + b"".join(_zigzag(i) for i in indexes)
+    return zigzag_varint(len(indexes)) + b"".join(zigzag_varint(i) for i in indexes)
 
 
 def read_message_indexes(data: bytes) -> tuple[list[int], int]:

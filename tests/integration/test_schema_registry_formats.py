@@ -204,8 +204,9 @@ def test_json_schema_versions_decode_and_bad_records_say_why(kafka, spark, schem
     assert "a property of another type" in letters[4]
 
 
-def read_avro(kafka, client, topic: str, expected: int) -> list[dict]:
-    """The committed values of `topic`, decoded by confluent-kafka's AvroDeserializer."""
+def read_avro(kafka, client, topic: str, expected: int, keys: bool = False) -> list:
+    """The committed values of `topic` (with keys: (key, value) pairs), decoded by confluent-kafka's
+    AvroDeserializer."""
     deserializer = AvroDeserializer(client)
     consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"check-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
@@ -218,7 +219,9 @@ def read_avro(kafka, client, topic: str, expected: int) -> list[dict]:
                 if len(found) >= expected:
                     break
                 continue
-            found.append(deserializer(message.value(), SerializationContext(topic, MessageField.VALUE)))
+            value = deserializer(message.value(), SerializationContext(topic, MessageField.VALUE))
+            found.append((deserializer(message.key(), SerializationContext(topic, MessageField.KEY)), value)
+                         if keys else value)
     finally:
         consumer.close()
     return found
@@ -249,24 +252,7 @@ def test_kafka_to_kafka_in_the_wire_format_reads_back_with_confluent_kafkas_dese
     run_write(spark, p.coordinator, batch_id,
               transform=lambda df: df.selectExpr("CAST(id AS STRING) AS key", "id", "item"))
     p.commit(batch_id)
-    values = AvroDeserializer(client)
-    keys = AvroDeserializer(client)
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    consumer.subscribe([output])
-    seen = []
-    try:
-        for _ in range(60):
-            message = consumer.poll(1.0)
-            if message is None or message.error():
-                if len(seen) == len(good):
-                    break
-                continue
-            value = values(message.value(), SerializationContext(output, MessageField.VALUE))
-            key = keys(message.key(), SerializationContext(output, MessageField.KEY))
-            seen.append((key, value["id"], value["item"]))
-    finally:
-        consumer.close()
+    seen = [(key, value["id"], value["item"]) for key, value in read_avro(kafka, client, output, len(good), True)]
     assert sorted(seen) == sorted((str(i), i, item) for i, item, _ in good)
     # the dead letters, one Avro record each in the wire format: where the bad record came from, why, its bytes
     letters = read_avro(kafka, client, dead_letters, 5)
