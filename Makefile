@@ -26,7 +26,8 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	install-matrix benchmark benchmark-ledger docker-config clean
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger docker-config \
+	clean
 
 setup: system-deps python-deps jars registry
 
@@ -95,17 +96,39 @@ DEMO_ARGS ?=
 demo: setup
 	$(PY) -m devtools.demo $(DEMO_ARGS)
 
-# The whole suite on the primary stack, the Kafka tests on Kafka 4, the newest stack's subset, then the install matrix
-# (last, and once: it is a test of the suite, left out of the first run).
-test: setup
+# The whole suite on the primary stack, then three stages side by side (devtools/parallel_stages.py, each with
+# its log in $(STAGE_LOGS)/): the Kafka tests on Kafka 4, the newest stack's subset and the install matrix (once:
+# it is a test of the suite, left out of the first run). Everything the stages install or fetch (.venv-newest,
+# both stacks' jars) is built first, by the prerequisites, so no two stages install anything at once.
+test: setup newest-jars
 	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-kafka4
-	$(MAKE) --no-print-directory test-newest
+	$(RUN_STAGES)
+
+# The three stages alone, side by side, as `make test` runs them after the primary run.
+test-stages: setup newest-jars
+	$(RUN_STAGES)
+
+STAGE_LOGS ?= artifacts/stages
+RUN_STAGES = $(PY) -m devtools.parallel_stages --logs $(STAGE_LOGS) \
+	kafka4="$(MAKE) --no-print-directory stage-kafka4" \
+	newest="$(MAKE) --no-print-directory stage-newest" \
+	install-matrix="$(MAKE) --no-print-directory stage-install-matrix"
+
+# The stages' commands without prerequisites (already built when they run); PYTEST_ARGS reaches the
+# sub-make through the environment (or MAKEFLAGS), as it reached them when they ran one after another.
+stage-kafka4:
+	$(KAFKA4_RUN)
+stage-newest:
+	$(NEWEST_RUN)
+stage-install-matrix:
 	$(PY) -m pytest $(INSTALL_MATRIX_TEST)
+
+NEWEST_RUN = AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m pytest $(NEWEST_TESTS)
+KAFKA4_RUN = AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
 
 # The newest stack: builds .venv-newest from constraints-newest.txt, runs NEWEST_TESTS on it.
 test-newest: system-deps newest-jars
-	AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m pytest $(NEWEST_TESTS)
+	$(NEWEST_RUN)
 
 # The built wheel in fresh virtualenvs beside the oldest and newest supported Airflow and pyspark
 # (devtools/install_matrix.py; also tests/integration/test_install_matrix.py).
@@ -114,7 +137,7 @@ install-matrix: python-deps
 
 # The Kafka tests again, against Kafka $(KAFKA4_VERSION) instead of the default 3.9.1.
 test-kafka4: setup
-	AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
+	$(KAFKA4_RUN)
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps
