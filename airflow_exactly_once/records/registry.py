@@ -30,6 +30,7 @@ from airflow_exactly_once.records.protobuf_schema import compile_proto, reader_m
 # One answer at a time is enough for a driver; a registry that does not answer in this many seconds is down.
 TIMEOUT_S = 10
 _CACHE: dict[tuple[str, int], tuple[str, str] | None] = {}  # (url, id) -> (schema type, schema text)
+_VERSIONS: dict[tuple[str, str, int], int] = {}  # (url, subject, version) -> id
 _LOCK = threading.Lock()
 
 
@@ -138,12 +139,18 @@ class Registry:
         versions = self.call(f"list the versions of subject {subject!r}", client.get_versions, subject)
         found: dict[int, str] = {}
         for version in versions:
-            registered = self.call(f"read subject {subject!r} version {version}", client.get_version, subject,
-                                   version)
-            found[registered.schema_id] = registered.schema.schema_str
             with _LOCK:
-                _CACHE[(self.url, registered.schema_id)] = (registered.schema.schema_type or "AVRO",
-                                                           registered.schema.schema_str)
+                known = _VERSIONS.get((self.url, subject, version))
+            if known is None:  # a version, once registered, keeps its id and schema: asked once per process
+                registered = self.call(f"read subject {subject!r} version {version}", client.get_version, subject,
+                                       version)
+                known = registered.schema_id
+                with _LOCK:
+                    _VERSIONS[(self.url, subject, version)] = known
+                    _CACHE[(self.url, known)] = (registered.schema.schema_type or "AVRO",
+                                                 registered.schema.schema_str)
+            with _LOCK:
+                found[known] = _CACHE[(self.url, known)][1]
         return found
 
     def reader(self, subject: str, pinned: Any) -> tuple[str, str, list[Any]]:
