@@ -4,7 +4,7 @@ Invariant 8 (docs/protocol.md): an undecodable record follows the chosen policy 
 counted, never turned into a row of nulls that commits as if it were data.
 
 * `fail` (default): the batch fails without retries; the error names the first bad records
-  (topic, partition, offset, error, a prefix of the value). Nothing is staged.
+  (topic, partition, offset, error, a prefix of the value). Nothing becomes visible.
 * `dead_letter`: bad records go to a dead-letter destination staged and committed with the
   batch's output (good and bad become visible together; an aborted batch shows neither).
 * `skip`: bad records are counted and recorded in the ledger, and not written.
