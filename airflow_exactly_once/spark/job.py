@@ -236,6 +236,8 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
                              .drop(records.DECODE_ERROR))
     if records.BAD_RECORD in output.columns:  # marked records: counted before anything is staged
         return None
+    if _observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
+        return None  # the counts must come from the whole batch, so the policy path counts them
     committable = sink.stage_batch(records.without_internal(output).observe(
         seen_out, F.count(F.lit(1)).alias("records")), None, batch, run_writers)
     counts, good = seen_in.get, seen_out.get
@@ -245,6 +247,12 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
              batch.id, counts.get("bad", "an unknown number of"))
     sink.abort(batch, committable)
     return None
+
+
+def _observed_already(observation) -> bool:
+    """Whether an action already filled `observation` (Spark keeps the metrics of the first action only)."""
+    java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
+    return java is not None and bool(java.future().isCompleted())
 
 
 def _decoded_once(source, config: PipelineConfig):
