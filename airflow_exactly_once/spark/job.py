@@ -154,7 +154,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
         # same observation ("multiple values for keyword argument 'input'").
         source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
     if checks_decoding and not _is_connect(spark):  # one pass when the batch turns out to have no bad record
-        staged = _stage_if_all_good(records.with_source(source), config, sink, batch, transform, run_writers)
+        staged = _stage_if_all_good(source, config, sink, batch, transform, run_writers)
         if staged is not None:
             return staged
     if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
@@ -232,7 +232,9 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     seen_in, seen_out = Observation("decoded"), Observation("good")
     observed = decoded.observe(seen_in, F.count(F.lit(1)).alias("records"),
                                F.count(records.DECODE_ERROR).alias("bad"))
-    output = apply_transform(transform, observed.filter(F.col(records.DECODE_ERROR).isNull())
+    # `_source` above the observation: Spark does not prune columns through an observation, and a struct of
+    # every key and value built below it would cost a copy of each; here it is built only if the transform uses it
+    output = apply_transform(transform, records.with_source(observed).filter(F.col(records.DECODE_ERROR).isNull())
                              .drop(records.DECODE_ERROR))
     if records.BAD_RECORD in output.columns:  # marked records: counted before anything is staged
         return None
