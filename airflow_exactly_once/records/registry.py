@@ -26,6 +26,7 @@ from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.records.avro_resolution import resolution_problem
 from airflow_exactly_once.records.protobuf_rows import ProtobufMessage
 from airflow_exactly_once.records.protobuf_schema import compile_proto, reader_message
+from airflow_exactly_once.records.wire_format import SCHEMA_TYPES
 
 # One answer at a time is enough for a driver; a registry that does not answer in this many seconds is down.
 TIMEOUT_S = 10
@@ -243,7 +244,7 @@ def add_found_ids(schemas: PartSchemas, ids: list[int], registry: Registry) -> b
         if fetched is None:
             continue
         schema_type, text = fetched
-        if schema_type != {"avro": "AVRO", "protobuf": "PROTOBUF", "json_schema": "JSON"}[schemas.fmt]:
+        if schema_type != SCHEMA_TYPES[schemas.fmt]:
             schemas.unresolvable[schema_id] = f"the writer schema id {schema_id} is a {schema_type} schema, not " \
                                               f"{schemas.fmt}"
         else:

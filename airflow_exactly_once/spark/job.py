@@ -223,12 +223,7 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    parts = [part for part in ("value", "key") if config.uses_registry(part)]
-    if parts:
-        registry = Registry(config)
-        decoded = records.decode(source, config, {part: part_schemas(config, part, registry) for part in parts})
-    else:
-        decoded = records.decode(source, config)
+    decoded = records.decode(source, config, _registry_schemas(config))
     seen_in, seen_out = Observation("decoded"), Observation("good")
     observed = decoded.observe(seen_in, F.count(F.lit(1)).alias("records"),
                                F.count(records.DECODE_ERROR).alias("bad"))
@@ -261,16 +256,24 @@ def _decoded_once(source, config: PipelineConfig):
     """The batch decoded and cached. In a registry format the schemas come first (records.registry); ids that
     the subjects' versions did not hold are looked up once the records are read, and when the registry knows
     one, the batch is decoded again with it (an id it does not know stays a bad record's reason)."""
-    parts = [part for part in ("value", "key") if config.uses_registry(part)]
-    if not parts:
-        return records.decode(source, config).persist()
-    registry = Registry(config)
-    schemas = {part: part_schemas(config, part, registry) for part in parts}
+    schemas = _registry_schemas(config)
     decoded = records.decode(source, config, schemas).persist()
-    if any([add_found_ids(schemas[part], records.unknown_ids(decoded, part), registry) for part in parts]):
+    if not schemas:
+        return decoded
+    registry = Registry(config)  # the schemas' writers are cached per process: no second fetch
+    if any([add_found_ids(part, records.unknown_ids(decoded, part.part), registry) for part in schemas.values()]):
         decoded.unpersist()
         decoded = records.decode(source, config, schemas).persist()
     return decoded
+
+
+def _registry_schemas(config: PipelineConfig) -> dict[str, Any]:
+    """The registry formats' reader and writer schemas per part (value, key); empty for other formats."""
+    parts = [part for part in ("value", "key") if config.uses_registry(part)]
+    if not parts:
+        return {}
+    registry = Registry(config)
+    return {part: part_schemas(config, part, registry) for part in parts}
 
 
 def _count(decoded, output, checks_decoding: bool, marks: bool) -> tuple[BadRecordCounts, int]:

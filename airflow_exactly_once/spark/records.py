@@ -221,7 +221,7 @@ def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
 
     text = payload.cast("string")
     ddl = spark_ddl(schemas.reader) if schemas.part == "value" else None
-    schema = f"{ddl}, {DECODE_ERROR} STRING" if ddl else f"{_key_json_type(schemas.reader)}"
+    schema = f"{ddl}, {DECODE_ERROR} STRING" if ddl else spark_type(schemas.reader)
     if ddl is None:  # a key: one JSON value of any type
         parsed = F.from_json(F.concat(F.lit('{"k":'), text, F.lit("}")), f"k {schema}")["k"]
         return parsed, F.when(~_one_json_value(text) | (result.isNull() & (F.trim(text) != F.lit("null"))),
@@ -252,11 +252,6 @@ def _protobuf_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result
     known = sorted(schemas.writers)
     parsed = F.when(schema_id.isin(known) if known else F.lit(False), decoder(payload))  # else: _decode_registry
     return parsed, result[DECODE_ERROR]
-
-
-def _key_json_type(schema: str) -> str:
-    """The Spark type of a key's JSON Schema (any type: a key is often a bare string or number)."""
-    return spark_type(schema)
 
 
 def _record_fields(schema: str) -> list[str]:
