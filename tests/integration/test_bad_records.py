@@ -369,3 +369,22 @@ def test_a_lost_postgres_output_rolls_back_its_prepared_dead_letters(kafka, spar
     p.new_coordinator().commit(second.id)
     assert sorted(target.output()) == list(range(GOOD))
     assert len(target.dead_letters()) == len(bad_offsets(sent))
+
+
+def test_a_transform_that_runs_its_own_action_still_gets_every_bad_record_counted(kafka, spark, tmp_path, source):
+    """The single pass counts bad records with an Observation, which keeps the metrics of the first action only:
+    a transform that looks at one row first must not make the batch's bad records invisible."""
+    topic, sent = source
+    out = tmp_path / "out"
+    p = pipe(kafka, tmp_path, topic, {"type": "parquet", "path": str(out)})
+
+    def peeks_first(df):
+        df.limit(1).collect()  # an action on part of the batch, before the write's own
+        return df.select("id", "amount")
+
+    batch_id = p.plan("run-1").batch.id
+    with pytest.raises(BadRecordsError) as caught:
+        run_write(spark, p.coordinator, batch_id, transform=peeks_first)
+    assert f"3 of {GOOD + 4} records of batch {batch_id} are bad" in str(caught.value)
+    assert p.state(batch_id) is BatchState.PLANNED
+    assert read_parquet(out) == [] and staging_leftovers(out) == []
