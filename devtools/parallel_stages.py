@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 POLL_SECONDS = 0.5
 TAIL_LINES = 60  # of a failed stage's log without a pytest summary
@@ -137,8 +137,11 @@ def report(stages: list[Stage], wall_seconds: float, out: IO[str]) -> None:
     out.flush()
 
 
-def run(stages: list[Stage], out: IO[str] = sys.stdout) -> int:
-    """Start every stage at once, print each as it ends; 0 only if every stage exited 0."""
+def run(stages: list[Stage], out: IO[str] = sys.stdout, pause: Callable[[float], None] = time.sleep) -> int:
+    """Start every stage at once, print each as it ends; 0 only if every stage exited 0.
+
+    `pause` waits between polls; a test interrupts the run through it without touching `time.sleep`,
+    which other threads of the same process (py4j's, for one) also call."""
     started = time.monotonic()
     for stage in stages:
         start(stage)
@@ -151,7 +154,7 @@ def run(stages: list[Stage], out: IO[str] = sys.stdout) -> int:
                 finish(stage, out)
                 pending.remove(stage)
             if pending:
-                time.sleep(POLL_SECONDS)
+                pause(POLL_SECONDS)
     except KeyboardInterrupt:
         stop(stages)
         out.write("\ninterrupted: every stage's processes were ended\n")

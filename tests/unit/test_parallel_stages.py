@@ -10,7 +10,6 @@ import time
 import psutil
 import pytest
 
-from devtools import parallel_stages
 from devtools.parallel_stages import Stage, failure_summary, parse_stage, run
 
 PYTEST_FAILURE_LOG = """\
@@ -62,22 +61,19 @@ def test_a_stage_without_a_pytest_summary_shows_the_tail_of_its_log():
     assert failure_summary(PYTEST_FAILURE_LOG).startswith("=========================== short test summary info")
 
 
-def test_an_interrupted_run_ends_every_stage_process_group(tmp_path, monkeypatch):
+def test_an_interrupted_run_ends_every_stage_process_group(tmp_path):
     marker = tmp_path / "still-running"
     polls = iter(range(1000))
-    real_sleep = time.sleep
 
     def interrupt_on_second_poll(seconds: float) -> None:
         if next(polls) == 1:
             raise KeyboardInterrupt
-        real_sleep(seconds)
+        time.sleep(seconds)
 
-    monkeypatch.setattr(parallel_stages.time, "sleep", interrupt_on_second_poll)
     # The child of the stage's shell must end too, not only the shell.
     job = stages(tmp_path, long=f"sh -c 'sleep 30; touch {marker}' & wait")
-    assert run(job, io.StringIO()) == 130
+    assert run(job, io.StringIO(), pause=interrupt_on_second_poll) == 130
     assert job[0].process.returncode is not None
-    monkeypatch.undo()
     time.sleep(0.2)
     assert not marker.exists()
     group = job[0].process.pid
