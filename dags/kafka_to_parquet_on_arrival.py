@@ -62,5 +62,7 @@ with DAG(
         value_schema=EVENT_SCHEMA,
         transform=select_events,
         startup_mode="earliest",
+        # A `spark_connect` connection: write on a warm Spark Connect server; None: a Spark driver in the task.
+        spark_conn_id=os.environ.get("EXACTLY_ONCE_ARRIVAL_SPARK_CONN_ID"),
     )
 # [END kafka_to_parquet_on_arrival]

@@ -237,8 +237,18 @@ def unreachable() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def hang_up_ledger():
+    """A ledger URL whose server hangs up on every connection; the listener counts the attempts."""
+    from tests.helpers import HangUpListener
+
+    listener = HangUpListener()
+    yield listener, f"postgresql+psycopg2://postgres@127.0.0.1:{listener.port}/ledger"
+    listener.close()
+
+
+@pytest.fixture(scope="session")
 def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
-            arrival_output, unreachable, tmp_path_factory):
+            arrival_output, unreachable, hang_up_ledger, tmp_path_factory):
     """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
     from devtools.airflow_stack import AirflowStack
     from tests.helpers import create_topic
@@ -278,9 +288,10 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EXACTLY_ONCE_ARRIVAL_MIN_RECORDS": str(ARRIVAL_MIN_RECORDS),
         "EXACTLY_ONCE_ARRIVAL_MAX_WAIT_SECONDS": "3600",  # by count only here: the idle check stays quiet
         "EXACTLY_ONCE_ARRIVAL_POLL_SECONDS": str(ARRIVAL_POLL_SECONDS),
+        "EXACTLY_ONCE_ARRIVAL_SPARK_CONN_ID": SPARK_CONN_ID,  # the warm server, like the registry example
         # tests/dags/eo_backlog_unreachable_dag.py: watchers of a broker and a ledger that never answer
         "EO_UNREACHABLE_KAFKA": unreachable["kafka"],
-        "EO_UNREACHABLE_LEDGER": unreachable["ledger"],
+        "EO_UNREACHABLE_LEDGER": hang_up_ledger[1],
         **no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE),  # tests/dags/eo_no_secret_test_dag.py
     }
     stack = AirflowStack(root, dag_files, env, triggerer=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -137,3 +139,28 @@ def wait_for(predicate, what: str, timeout: float = 300.0, poll: float = 0.3):
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+class HangUpListener:
+    """A TCP port on 127.0.0.1 that accepts each connection and closes it at once, counting them.
+
+    A client that keeps retrying against it is observable: each attempt is one more count (the backlog
+    trigger's test sees its polls go on this way, instead of sleeping and hoping)."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, name=f"hang-up-{self.port}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            self.connections += 1
+            client.close()
+
+    def close(self) -> None:
+        self._socket.close()

@@ -1,4 +1,4 @@
-"""Backlog watchers of a broker and of a ledger that never answer (tests/system/test_backlog_runs.py).
+"""Backlog watchers of a broker that never answers and of a ledger that hangs up (tests/system/test_backlog_runs.py).
 
 Their triggers must report the error in the triggerer's log and keep polling; the triggerer,
 and the other watchers it runs, carry on. The DAGs never run.

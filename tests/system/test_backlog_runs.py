@@ -17,6 +17,7 @@ from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, produce, read_parquet
 
 DAG_ID = PIPELINE = "kafka_to_parquet_on_arrival"
+BELOW = ARRIVAL_MIN_RECORDS // 4  # records that must not start a run
 
 
 def wait_until(what: str, check, timeout: float, stack=None, every: float = 1.0):
@@ -44,22 +45,36 @@ def ids_in(output) -> list[str]:
     return [str(row["id"]) for row in read_parquet(output)]
 
 
+def backlog_lines(airflow) -> int:
+    """The trigger logs what waits whenever it changes: a new line is a poll that saw the change."""
+    return airflow.log_text("triggerer").count(f"pipeline {PIPELINE}: ") - firings(airflow)
+
+
+def firings(airflow) -> int:
+    return airflow.log_text("triggerer").count(f"pipeline {PIPELINE}: firing")
+
+
 def committed_at(ledger, run_id: str) -> datetime:
     batch = ledger.latest_batch_for_run(PIPELINE, run_id)
     assert batch is not None and batch.state is BatchState.COMMITTED, batch
     return utc(batch.updated_at)
 
 
-def test_records_start_runs_by_themselves_once_per_batch_never_a_pile_up(kafka, airflow, arrival_output):
+def test_records_start_runs_by_themselves_once_per_batch_never_a_pile_up(kafka, airflow, arrival_output, warm_spark):
+    # warm_spark: the example's write runs on the session's Spark Connect server (its environment says so)
     airflow.wait_for_dag(DAG_ID)
     # The triggerer picked the watcher up and looked at the (empty) topic.
     wait_until("the backlog trigger reports the idle topic",
                lambda: f"pipeline {PIPELINE}: 0 records wait" in airflow.log_text("triggerer"), 180, airflow)
-    time.sleep(4 * ARRIVAL_POLL_SECONDS)
-    assert airflow.runs(DAG_ID) == [], "a run started while the topic was idle"
+    # Fewer records than min_records: a poll sees them (its log line is the proof) and starts nothing.
+    produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, BELOW, json_values=True)
+    wait_until("a poll that sees the records below min_records",
+               lambda: f"pipeline {PIPELINE}: {BELOW} records wait" in airflow.log_text("triggerer"), 60, airflow,
+               every=0.2)
+    assert firings(airflow) == 0 and airflow.runs(DAG_ID) == [], "a run started below min_records"
 
-    # Records arrive: one run starts by itself and commits them, exactly once.
-    produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 30, json_values=True)
+    # Enough records: one run starts by itself and commits them, exactly once.
+    produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 30 - BELOW, start=BELOW, json_values=True)
     produced_at = first_produced_at = datetime.now(timezone.utc)
     [first] = wait_until("a run started by the records", lambda: airflow.runs(DAG_ID), 120, airflow)
     assert first["run_type"] == "asset_triggered", first
@@ -79,16 +94,20 @@ def test_records_start_runs_by_themselves_once_per_batch_never_a_pile_up(kafka, 
 
     wait_until("the second run's batch in flight", in_flight, 180, airflow, every=0.2)
     for burst in range(3):
+        polls_seen = backlog_lines(airflow)
         produce(kafka.bootstrap_servers, ARRIVAL_TOPIC, 25, start=60 + 25 * burst, json_values=True)
-        time.sleep(1.5 * ARRIVAL_POLL_SECONDS)  # the trigger looks in between
+        # The trigger looks in between: the burst changes what waits, so a poll that saw it logs a line.
+        wait_until("a poll after the burst", lambda: backlog_lines(airflow) > polls_seen, 60, airflow, every=0.2)
     assert airflow.wait_run(DAG_ID, second["dag_run_id"]) == "success"
     latencies.append((committed_at(ledger, second["dag_run_id"]) - produced_at).total_seconds())
     runs = wait_until("the run for the bursts", lambda: airflow.runs(DAG_ID)[2:] and airflow.runs(DAG_ID), 120,
                       airflow)
     wait_until("every run finished", lambda: finished(airflow.runs(DAG_ID)), 600, airflow, every=2)
-    time.sleep(4 * ARRIVAL_POLL_SECONDS)  # time for a pile-up to show
     runs = airflow.runs(DAG_ID)
     assert [r["state"] for r in runs] == ["success"] * 3, [(r["dag_run_id"], r["state"]) for r in runs]
+    # No pile-up, and none to come: every firing made one of these runs, and no Asset event waits for a run.
+    assert firings(airflow) == 3, airflow.log_text("triggerer")
+    assert airflow.api("GET", f"/dags/{DAG_ID}/assets/queuedEvents")["queued_events"] == []
     assert all(r["run_type"] == "asset_triggered" for r in runs)
     # max_active_runs=1: one after the other
     for before, after in zip(runs, runs[1:]):
@@ -109,8 +128,11 @@ def test_records_start_runs_by_themselves_once_per_batch_never_a_pile_up(kafka, 
           f"records, ran {duration:.1f} s")
 
 
-def test_an_unreachable_broker_or_ledger_shows_in_the_triggerer_log_and_never_stops_it(airflow, unreachable):
-    """tests/dags/eo_backlog_unreachable_dag.py watches a broker and a ledger that never answer."""
+def test_an_unreachable_broker_or_ledger_shows_in_the_triggerer_log_and_never_stops_it(airflow, unreachable,
+                                                                                       hang_up_ledger):
+    """tests/dags/eo_backlog_unreachable_dag.py watches a broker that never answers and a ledger whose server
+    hangs up on every connection (the listener counts them: each poll of that watcher is seen)."""
+    listener, _ = hang_up_ledger
     for dag_id in ("eo_backlog_no_broker", "eo_backlog_no_ledger"):
         airflow.wait_for_dag(dag_id)
 
@@ -118,11 +140,13 @@ def test_an_unreachable_broker_or_ledger_shows_in_the_triggerer_log_and_never_st
         lines = [line for line in airflow.log_text("triggerer").splitlines()
                  if "cannot tell whether records wait" in line]
         broker = [line for line in lines if "eo_backlog_no_broker" in line and unreachable["kafka"] in line]
-        ledger = [line for line in lines if "eo_backlog_no_ledger" in line and "Connection refused" in line]
+        ledger = [line for line in lines if "eo_backlog_no_ledger" in line and "server closed the connection" in line]
         return [*broker[:1], *ledger[:1]] if broker and ledger else []
 
     wait_until("both errors in the triggerer's log", lambda: len(reported()) == 2, 180, airflow)
-    time.sleep(5 * 2)  # several more polls of both watchers
+    polls = listener.connections
+    wait_until("three more polls of the ledger's watcher", lambda: listener.connections >= polls + 3, 60, airflow,
+               every=0.2)
     airflow._check_alive()  # the triggerer is still running
     log = airflow.log_text("triggerer")
     for pipeline in ("eo_backlog_no_broker", "eo_backlog_no_ledger"):
