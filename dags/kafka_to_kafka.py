@@ -69,5 +69,7 @@ with DAG(
         # (8 min + 4 x 1 min + 3 x 5 s = 735 s < 900 s).
         write_kwargs={"execution_timeout": timedelta(minutes=8)},
         notify_kwargs={"execution_timeout": timedelta(minutes=1), "retries": 3},
+        # A `spark_connect` connection: write on a warm Spark Connect server; None: a Spark driver in the task.
+        spark_conn_id=os.environ.get("EXACTLY_ONCE_DEMO_K2K_SPARK_CONN_ID"),
     )
     # [END kafka_to_kafka]

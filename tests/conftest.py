@@ -282,6 +282,10 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EXACTLY_ONCE_DEMO_REGISTRY_OUTPUT": str(example_lakehouse.parent / "orders_avro"),
         # its write runs on the session's warm Spark Connect server (the `warm_spark` connection)
         "EXACTLY_ONCE_DEMO_REGISTRY_SPARK_CONN_ID": SPARK_CONN_ID,
+        # so does the Kafka example's (its sink runs the same code in the executors either way); the Parquet,
+        # PostgreSQL, Iceberg (its catalog and jars set up by the task's driver) and cluster examples keep the
+        # in-task driver, the default path
+        "EXACTLY_ONCE_DEMO_K2K_SPARK_CONN_ID": SPARK_CONN_ID,
         **_secured_connections(request),
         "EXACTLY_ONCE_ARRIVAL_TOPIC": ARRIVAL_TOPIC,
         "EXACTLY_ONCE_ARRIVAL_OUTPUT": str(arrival_output),

@@ -59,8 +59,8 @@ def warm_spark(airflow, spark_connect) -> dict[str, str]:
 
     A write task that starts its own Spark driver spends 7 to 15 s on it (benchmarks/dag_run.py);
     on the warm server a DAG run takes a third of the time. Tests about the protocol (crash points,
-    fencing, clears, backfills, startup modes) use it, and so do the Schema Registry and the event-driven
-    example DAGs (by their environment); the other example DAGs and the tests about the in-task driver
+    fencing, clears, backfills, startup modes) use it, and so do the Schema Registry, the Kafka and the
+    event-driven example DAGs (by their environment); the other example DAGs and the tests about the in-task driver
     itself (its JVM killed, errors raised in it) keep the driver of their own.
     """
     airflow.put_connection(SPARK_CONN_ID, spark_connect.connection())

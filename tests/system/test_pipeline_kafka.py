@@ -31,7 +31,8 @@ def new_pipeline(kafka, name: str, records: int, **params) -> tuple[dict, list[s
     return conf, [value.upper() for value in sent]  # what eo_kafka_transforms.upper_value makes of them
 
 
-def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka, airflow):
+def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka, airflow, warm_spark):
+    # warm_spark: the example's write runs on the session's Spark Connect server (its environment says so)
     create_topic(kafka.bootstrap_servers, K2K_INPUT, partitions=3)
     create_topic(kafka.bootstrap_servers, K2K_OUTPUT, partitions=3)
     produce(kafka.bootstrap_servers, K2K_INPUT, 600, json_values=True)
