@@ -66,6 +66,7 @@ def test_example_dag_three_batches_then_an_empty_run(kafka, airflow, example_out
 
 @pytest.mark.parametrize("point", [
     "plan.after_ledger",
+    "write.before_stage",
     "write.after_stage",
     "write.after_prepare",
     "notify.after_sink_commit",
