@@ -102,6 +102,9 @@ class ConnectWrite(WriteLauncher):
         """Interrupt this attempt's operations on the server (on_kill, or fenced by a newer attempt)."""
         if self.spark is not None and self.tag is not None:
             try:
-                self.spark.interruptTag(self.tag)
+                interrupted = self.spark.interruptTag(self.tag)
             except Exception as exc:
                 self.log.warning("could not interrupt the Spark Connect operations of this attempt: %s", exc)
+                return
+            self.log.warning("interrupted %d Spark Connect operation(s) of this write attempt on %s",
+                             len(interrupted or ()), server_address(self.url))

@@ -92,3 +92,49 @@ def test_server_restarted_while_a_batch_is_prepared(kafka, connect_airflow, spar
     assert [b.output_records for b in committed] == [120, 120]
     assert_exactly_once(sent, values_of(output))
     assert_ranges_tile(ledger, name)
+
+
+def test_a_write_timed_out_or_marked_failed_leaves_no_job_on_the_server(kafka, connect_airflow, spark_connect, faults,
+                                                                       tmp_path, unique):
+    """Both ways Airflow ends a running write. execution_timeout: the timeout ends the write's wait and its session
+    is released, which interrupts its operations. The run marked failed (the UI, the API): the write's supervisor
+    sends SIGTERM and the write operator's on_kill interrupts the attempt's operations. Either way the job, held in
+    the transform for up to two minutes otherwise, is gone before the abort or the next run's recovery looks (they
+    stop 0 operations), and the next run writes the same range exactly once."""
+    name = f"connect-ended-{unique}"
+    output = tmp_path / name
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 90)
+    (faults / HOLD).touch()  # held until the timeout
+    connect_airflow.wait_for_dag("eo_connect_test_timeout")
+    assert connect_airflow.run("eo_connect_test_timeout", f"{name}-1", conf_for(name, output)) == "failed"
+    states = connect_airflow.task_states("eo_connect_test_timeout", f"{name}-1")
+    assert states["write"] == ("failed", 1) and states["abort"][0] == "success", states
+    assert "Timeout" in connect_airflow.task_log("eo_connect_test_timeout", f"{name}-1", "write")
+    abort_log = connect_airflow.task_log("eo_connect_test_timeout", f"{name}-1", "abort")
+    assert "stopped 0 operation(s) of the last write attempt" in abort_log, abort_log[-3000:]
+
+    connect_airflow.wait_for_dag("eo_connect_test_held")
+    run_id = f"{name}-2"
+    connect_airflow.trigger("eo_connect_test_held", run_id, conf_for(name, output))
+    attempt = wait_for(lambda: started_attempt(faults), "the write's workers to reach the transform")
+    # The run marked failed: no abort task runs, the write's supervisor terminates it (SIGTERM -> on_kill).
+    connect_airflow.api("PATCH", f"/dags/eo_connect_test_held/dagRuns/{run_id}", {"state": "failed"})
+    assert connect_airflow.wait_run("eo_connect_test_held", run_id) == "failed"
+    write_log = wait_for(lambda: (log := connect_airflow.task_log("eo_connect_test_held", run_id, "write"))
+                         and "interrupted 1 Spark Connect operation(s) of this write attempt" in log and log,
+                         "the write's on_kill to interrupt its job", 120)
+    assert "fenced:" not in write_log, write_log[-3000:]  # on_kill did it, not the fence watch
+    assert started_attempt(faults) == attempt  # no retry reached the transform
+
+    (faults / HOLD).unlink()
+    connect_airflow.wait_for_dag("eo_connect_test")
+    assert connect_airflow.run("eo_connect_test", f"{name}-3", conf_for(name, output)) == "success"
+    ledger = airflow_ledger(connect_airflow)
+    batches = ledger.list_batches(name, newest_first=False)
+    assert [b.state for b in batches] == [BatchState.ABORTED, BatchState.ABORTED, BatchState.COMMITTED], batches
+    run_3_plan = connect_airflow.task_log("eo_connect_test", f"{name}-3", "plan")
+    assert "stopped 0 operation(s)" in run_3_plan, run_3_plan[-3000:]  # the recovery found nothing left running
+    assert staging_leftovers(output) == []
+    assert_exactly_once(sent, values_of(output))
+    assert_ranges_tile(ledger, name)
