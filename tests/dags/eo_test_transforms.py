@@ -55,10 +55,12 @@ def _share(amount):
 
 
 def guarded_share(df):
-    """Decoded JSON in, `id` and `share` out; a record whose share cannot be computed is marked bad."""
-    from airflow_exactly_once.spark.records import guarded_column
+    """Decoded JSON in, `id` and `share` out; a record whose share cannot be computed (guarded_column) or whose
+    amount is negative (mark_bad) is marked bad."""
+    from airflow_exactly_once.spark.records import guarded_column, mark_bad
 
     df = guarded_column(df, "share", _share, "long", "amount")
+    df = mark_bad(df, "amount < 0", "a negative amount")
     return df.select("id", "share", "_source", "_bad_record")
 
 

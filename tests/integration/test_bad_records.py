@@ -207,7 +207,28 @@ class PostgresOutput:
                  "value": None if v is None else bytes(v)} for t, p, o, e, v in rows]
 
 
-OUTPUTS = {"parquet": ParquetOutput, "kafka": KafkaOutput, "postgres": PostgresOutput}
+class IcebergOutput:
+    """An Iceberg table (embedded catalog); it has no default destination, so the dead letters go to a
+    PostgreSQL table named here, committed with the table's snapshot."""
+    transform = staticmethod(share)
+
+    def __init__(self, request, tmp_path: Path, topic: str) -> None:
+        self.spec = {"type": "iceberg", "table": f"db.{topic.replace('-', '_')}", "warehouse": str(tmp_path / "lake"),
+                     "create_table": True}
+        self.letters = PostgresOutput(request, tmp_path, topic)
+        self.dead_letter = {"type": "postgres", "url": self.letters.dsn, "table": f"{self.letters.table}_dead_letter"}
+
+    def output(self) -> list[int]:
+        from airflow_exactly_once.sinks import create_sink
+
+        table = create_sink(self.spec).committer.load()
+        return table.scan().to_arrow().column("id").to_pylist() if table.current_snapshot() else []
+
+    def dead_letters(self) -> list[dict]:
+        return self.letters.dead_letters()
+
+
+OUTPUTS = {"parquet": ParquetOutput, "kafka": KafkaOutput, "postgres": PostgresOutput, "iceberg": IcebergOutput}
 
 
 @pytest.mark.parametrize("kind", sorted(OUTPUTS))

@@ -20,7 +20,10 @@ from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic,
 from tests.kafka_helpers import read_all
 
 BAD = [b'{"id": 1000, "amount"', b'{"id": "x", "amount": 1}', None, b'{"id": 1001, "amount": 0}', b"\x00\x01 binary",
-       b'{"id": 1002, "amount": 0}']
+       b'{"id": 1002, "amount": 0}', b'{"id": 1003, "amount": -5}']
+# Why the transform's marks say each is bad (eo_test_transforms.guarded_share: guarded_column, mark_bad).
+MARKED = {b'{"id": 1001, "amount": 0}': "ZeroDivisionError", b'{"id": 1002, "amount": 0}': "ZeroDivisionError",
+          b'{"id": 1003, "amount": -5}': "a negative amount"}
 
 
 def produce_with_bad_records(bootstrap: str, topic: str, good: int) -> tuple[list[int], dict[tuple[int, int], bytes]]:
@@ -62,6 +65,10 @@ def test_parquet_output_and_dead_letters_exactly_once_through_a_crash(kafka, air
     letters = read_parquet(output / "_dead_letter")
     assert sorted((r["source_partition"], r["source_offset"]) for r in letters) == sorted(bad)
     assert {(r["source_partition"], r["source_offset"]): r["value"] for r in letters} == bad
+    for letter in letters:  # the transform's marks arrive through Airflow with their reasons
+        if letter["value"] in MARKED:
+            assert MARKED[letter["value"]] in letter["error"], letter
+    assert sum(letter["value"] in MARKED for letter in letters) == len(MARKED)
     assert staging_leftovers(output) == [] and staging_leftovers(output / "_dead_letter") == []
     ledger = airflow_ledger(airflow)
     assert_ranges_tile(ledger, name)
