@@ -13,14 +13,23 @@ a sink's option table (made by its spec declaration, SinkSpec.markdown_table) li
     | sink key | ...
     <!-- /sink-options -->
 
-and the operators' argument table like this:
+the operators' argument table like this:
 
     <!-- arguments -->
     | argument | ... (made by airflow_exactly_once.operators.arguments.markdown_table)
     <!-- /arguments -->
 
+and the options of a section of airflow.cfg that the provider declares (provider_info.CONFIG) like this:
+
+    <!-- airflow-config: exactly_once -->
+    | option | ...
+    <!-- /airflow-config -->
+
 `python -m devtools.docs` rewrites the included blocks; tests/unit/test_docs.py fails when a
 block and its source disagree, so the docs never show code that was not tested.
+
+The docs' other tables of names (a trigger's arguments, CLI commands, extras) are hand-written and
+checked against their declarations by tests/unit/test_doc_tables.py, with `doc_table` below.
 """
 
 from __future__ import annotations
@@ -36,6 +45,11 @@ _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
 _SINK_OPTIONS = re.compile(r"(<!-- sink-options: (?P<sink>\w+) -->\n)(?P<body>.*?)(<!-- /sink-options -->)", re.DOTALL)
+_AIRFLOW_CONFIG = re.compile(r"(<!-- airflow-config: (?P<section>\w+) -->\n)(?P<body>.*?)(<!-- /airflow-config -->)",
+                             re.DOTALL)
+# A Markdown table: its header, the |---| line, and the rows up to the first line that is not one.
+_TABLE = re.compile(r"^(\|.*\|)\n\|[-:| ]+\|\n((?:\|.*\|(?:\n|$))*)", re.MULTILINE)
+_CODE = re.compile(r"`([^`]+)`")
 
 
 def region(path: Path, name: str) -> str:
@@ -48,8 +62,19 @@ def region(path: Path, name: str) -> str:
     return textwrap.dedent(match.group(1))
 
 
+def config_table(section: str) -> str:
+    """The options of `[section]` in airflow.cfg, as the provider declares them for Airflow."""
+    from airflow_exactly_once.provider_info import CONFIG
+
+    rows = ["| option | default | what |", "|---|---|---|"]
+    for name, option in CONFIG[section]["options"].items():
+        default = "none" if option["default"] is None else f"`{option['default']}`"
+        rows.append(f"| `[{section}] {name}` | {default} | {option['description']} |")
+    return "\n".join(rows)
+
+
 def render(text: str) -> str:
-    """`text` with every include and the argument table made anew from their sources."""
+    """`text` with every include and generated table made anew from their sources."""
     from airflow_exactly_once.operators.arguments import markdown_table
     from airflow_exactly_once.sinks import SPECS
 
@@ -57,7 +82,33 @@ def render(text: str) -> str:
                         text)
     text = _SINK_OPTIONS.sub(lambda m: m.group(1) + SPECS[m.group("sink")].markdown_table() + "\n" + m.group(4),
                              text)
+    text = _AIRFLOW_CONFIG.sub(lambda m: m.group(1) + config_table(m.group("section")) + "\n" + m.group(4), text)
     return _ARGUMENTS.sub(lambda m: m.group(1) + markdown_table() + "\n" + m.group(3), text)
+
+
+def cells(line: str) -> list[str]:
+    """The cells of a table line; `\\|` is a pipe inside a cell."""
+    return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """Every Markdown table of `text`: its header's cells, then each row's."""
+    return [[cells(m.group(1)), *(cells(line) for line in m.group(2).splitlines())] for m in _TABLE.finditer(text)]
+
+
+def doc_table(doc: str, first_header: str) -> list[list[str]]:
+    """The rows of the one table of `doc` (a path from the repository's root) whose first column is headed
+    `first_header`, each row its cells."""
+    found = [t for t in tables((REPO / doc).read_text()) if t[0][0] == first_header]
+    if len(found) != 1:
+        raise LookupError(f"{doc} has {len(found)} tables whose first column is headed {first_header!r}, not one: "
+                          "rename the header in the test that reads it, or tell the tables apart")
+    return found[0][1:]
+
+
+def code_names(cell: str) -> list[str]:
+    """The names a cell shows as code (`earliest`, `"bytes"` -> bytes), in order."""
+    return [name.strip('"') for name in _CODE.findall(cell)]
 
 
 def stale(write: bool = False) -> list[Path]:

@@ -72,3 +72,11 @@ def test_named_paths_finds_paths_and_leaves_placeholders():
     assert named_paths(text) == ["benchmarks/bench_gone.py", "core/faults.py", "docs/sinks/"]
     assert _MAKE_TARGET.findall(text) == ["test", "demo"]
     assert _PLACEHOLDER.search("core/ledger/migrations/versions/NNNN_what.py")
+
+
+def test_every_airflow_config_section_has_its_generated_table_in_the_docs():
+    from airflow_exactly_once.provider_info import CONFIG
+
+    text = "".join(doc.read_text() for doc in docs.DOCS)
+    for section in CONFIG:
+        assert f"<!-- airflow-config: {section} -->\n{docs.config_table(section)}\n<!-- /airflow-config -->" in text
