@@ -52,10 +52,12 @@ _KAFKA_PYTHON_NAMES = {
 }
 _CANONICAL_OF_KAFKA_PYTHON = {v: k for k, v in _KAFKA_PYTHON_NAMES.items()}
 _ALIASES = {"sasl.mechanisms": "sasl.mechanism", "metadata.broker.list": "bootstrap.servers"}
+# kafka-python-only properties: neither librdkafka nor Java's client knows them (confluent-kafka refuses them).
+_KAFKA_PYTHON_ONLY = ("bootstrap.timeout.ms",)
 # librdkafka properties that Java's client spells differently (translated in java()).
 _LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.certificate.location",
                     "ssl.key.location", "ssl.crl.location", "enable.ssl.certificate.verification",
-                    "socket.timeout.ms", "bootstrap.timeout.ms")
+                    "socket.timeout.ms", *_KAFKA_PYTHON_ONLY)
 # Java-only properties (they have a librdkafka spelling, translated in librdkafka()).
 _JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password",
               "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
@@ -274,7 +276,7 @@ class KafkaSettings:
 
     def librdkafka(self) -> dict[str, str]:
         """Properties for confluent-kafka clients."""
-        props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY}
+        props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY and k not in _KAFKA_PYTHON_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
         if self.security_protocol.startswith("SASL"):
             props["sasl.username"], props["sasl.password"] = self.sasl_credentials()

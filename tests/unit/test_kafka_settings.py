@@ -36,6 +36,17 @@ def test_the_same_settings_for_sparks_java_client():
     assert options["kafka.bootstrap.servers"] == "b1:9093,b2:9093" and options["kafka.security.protocol"] == "SASL_SSL"
 
 
+def test_kafka_pythons_bootstrap_timeout_reaches_no_other_client():
+    """bootstrap.timeout.ms is kafka-python's: confluent-kafka refuses an unknown property ("No such configuration
+    property"), so the Kafka sink's producers would fail on a connection that sets it."""
+    from confluent_kafka import Producer
+
+    settings = KafkaSettings.from_mapping({"bootstrap.servers": "127.0.0.1:9", "bootstrap.timeout.ms": "5000"})
+    assert settings.kafka_python(KafkaConsumer)["bootstrap_timeout_ms"] == 5000
+    assert "bootstrap.timeout.ms" not in settings.librdkafka() and "bootstrap.timeout.ms" not in settings.java()
+    Producer(settings.librdkafka()).flush(0)  # accepted: raises KafkaException on a property it does not know
+
+
 def test_a_java_style_jaas_config_also_serves_the_python_clients():
     jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="u1" password="p w";'
     settings = KafkaSettings.from_mapping({"bootstrap.servers": "b:9092", "security.protocol": "SASL_PLAINTEXT",
