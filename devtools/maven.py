@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import Callable
 from pathlib import Path
 
 KAFKA_VERSION = "3.9.1"  # the default broker of tests and the demo
@@ -144,42 +145,51 @@ def _pom(artifacts: tuple[Artifact, ...]) -> str:
     )
 
 
-def fetch_jars(kind: str, artifacts: tuple[Artifact, ...], strip_version: bool = False) -> Path:
-    """Copy `artifacts` (and their runtime dependencies) into a cached folder; return it.
+def built_once(target: Path, lock_name: str, build: Callable[[Path], Path]) -> Path:
+    """`target`, made by `build` once per machine: `build(work)` runs Maven in the temporary folder `work` and
+    returns the folder to keep.
 
-    strip_version: name the files `<artifactId>.jar`, so callers can tell artifacts apart.
-
-    The cache is shared by every run on the machine (demo, tests, benchmarks, in parallel):
-    one Maven runs at a time (a lock file; Maven's own repository takes no locks), and a
-    folder appears only complete, by a rename, so a reader never sees it half copied and a
-    finished folder is never replaced.
+    The cache is shared by every run on the machine (demo, tests, benchmarks, in parallel): one Maven runs
+    at a time (the lock file `lock_name`; Maven's own repository takes no locks), and the folder appears
+    only complete, by a rename, so a reader never sees it half made and a finished folder is never replaced.
     """
-    target = devenv_home() / "jars" / f"{kind}-{artifacts[0].version}"
     if (target / ".complete").exists():
         return target
     if shutil.which("mvn") is None:
         raise RuntimeError("Maven (`mvn`) is not installed; run `make setup` or `apt-get install maven`.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".fetch.lock", "w") as lock:
+    with open(target.parent / lock_name, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():  # fetched by another process while we waited
+        if (target / ".complete").exists():  # made by another process while we waited
             return target
         shutil.rmtree(target, ignore_errors=True)  # left incomplete by a process that died
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as work:
-            pom = Path(work) / "pom.xml"
-            pom.write_text(_pom(artifacts))
-            staging = Path(work) / "jars"
-            result = subprocess.run(
-                ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={staging}", "-DincludeScope=runtime", f"-Dmdep.stripVersion={strip_version}"],
-                capture_output=True, text=True,
-            )
-            if result.returncode != 0:
-                raise RuntimeError(f"Maven could not fetch the {kind} jars:\n{result.stdout[-3000:]}"
-                                   f"{result.stderr[-2000:]}")
+            staging = build(Path(work))
             (staging / ".complete").touch()
             os.rename(staging, target)
     return target
+
+
+def fetch_jars(kind: str, artifacts: tuple[Artifact, ...], strip_version: bool = False) -> Path:
+    """Copy `artifacts` (and their runtime dependencies) into a cached folder (`built_once`); return it.
+
+    strip_version: name the files `<artifactId>.jar`, so callers can tell artifacts apart.
+    """
+    def copy_dependencies(work: Path) -> Path:
+        pom = work / "pom.xml"
+        pom.write_text(_pom(artifacts))
+        staging = work / "jars"
+        result = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging}", "-DincludeScope=runtime", f"-Dmdep.stripVersion={strip_version}"],
+            capture_output=True, text=True,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"Maven could not fetch the {kind} jars:\n{result.stdout[-3000:]}"
+                               f"{result.stderr[-2000:]}")
+        return staging
+
+    return built_once(devenv_home() / "jars" / f"{kind}-{artifacts[0].version}", ".fetch.lock", copy_dependencies)
 
 
 def kafka_broker_jars(version: str | None = None) -> Path:

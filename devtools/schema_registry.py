@@ -16,14 +16,12 @@ run by `make setup`), and started with the machine's Java. Clients speak Conflue
 from __future__ import annotations
 
 import base64
-import fcntl
 import hashlib
 import os
 import re
 import shutil
 import ssl
 import subprocess
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -32,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from devtools.maven import devenv_home
+from devtools.maven import built_once, devenv_home
 from devtools.ports import reserve_port
 from devtools.processes import LocalServer, stop_session
 
@@ -58,35 +56,22 @@ def _source_digest() -> str:
 
 
 def registry_app() -> Path:
-    """The built registry's quarkus-app folder (quarkus-run.jar and its lib/), building it first if needed.
+    """The built registry's quarkus-app folder (quarkus-run.jar and its lib/), built once per machine and
+    project version into the cache folder (devtools.maven.built_once)."""
+    def package(work: Path) -> Path:
+        project = work / "project"
+        shutil.copytree(SOURCE, project, ignore=shutil.ignore_patterns("target"))
+        result = subprocess.run(["mvn", "-B", "-q", "package"], cwd=project, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"Maven could not build the Schema Registry (Apicurio {apicurio_version()}) "
+                               f"from {SOURCE}:\n{result.stdout[-4000:]}{result.stderr[-2000:]}")
+        staging = work / "built"
+        staging.mkdir()
+        os.rename(project / "target" / "quarkus-app", staging / "quarkus-app")
+        return staging
 
-    Built once per machine and project version into the cache folder, by one process at a time (a lock
-    file); the folder appears only complete (a rename), like devtools.maven.fetch_jars' jars.
-    """
     target = devenv_home() / "schema-registry" / f"apicurio-{apicurio_version()}-{_source_digest()}"
-    if (target / ".complete").exists():
-        return target / "quarkus-app"
-    if shutil.which("mvn") is None:
-        raise RuntimeError("Maven (`mvn`) is not installed; run `make setup` or `apt-get install maven`.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():  # built by another process while we waited
-            return target / "quarkus-app"
-        shutil.rmtree(target, ignore_errors=True)  # left incomplete by a process that died
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}-") as work:
-            project = Path(work) / "project"
-            shutil.copytree(SOURCE, project, ignore=shutil.ignore_patterns("target"))
-            result = subprocess.run(["mvn", "-B", "-q", "package"], cwd=project, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"Maven could not build the Schema Registry (Apicurio {apicurio_version()}) "
-                                   f"from {SOURCE}:\n{result.stdout[-4000:]}{result.stderr[-2000:]}")
-            staging = Path(work) / "built"
-            staging.mkdir()
-            os.rename(project / "target" / "quarkus-app", staging / "quarkus-app")
-            (staging / ".complete").touch()
-            os.rename(staging, target)
-    return target / "quarkus-app"
+    return built_once(target, ".build.lock", package) / "quarkus-app"
 
 
 def _properties(values: dict[str, str]) -> str:
