@@ -186,22 +186,29 @@ def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
     branch per writer id: CASE evaluates only the branch of a record's id); and the problem of a record whose
     decoded `result` shows the data was truncated or corrupt (null when it decoded)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro
+    from pyspark.sql.avro.functions import from_avro, to_avro
 
-    parsed = None
+    parsed = trailing = None
     real_all_null = F.lit(False)  # a record whose every field is null, really written so
     for writer_id, writer in sorted(schemas.writers.items()):
         options = {"mode": "PERMISSIVE"}
-        if _canonical_json(writer) != _canonical_json(schemas.reader):
+        resolved = _canonical_json(writer) != _canonical_json(schemas.reader)
+        if resolved:
             options["avroSchema"] = schemas.reader
         is_writer = schema_id == F.lit(writer_id)
         branch = from_avro(payload, writer, options)
         parsed = F.when(is_writer, branch) if parsed is None else parsed.when(is_writer, branch)
+        # Bytes after a complete record are not part of it: re-encoding what the writer schema read gives the
+        # data back (read again without resolution only for the records of an older writer schema).
+        as_written = from_avro(payload, writer, {"mode": "PERMISSIVE"}) if resolved else result
+        longer = F.length(to_avro(as_written, writer)) != F.length(payload)
+        trailing = F.when(is_writer, longer) if trailing is None else trailing.when(is_writer, longer)
         encoding = _all_null_encoding(writer)
         if encoding is not None:
             real_all_null = real_all_null | (is_writer & (payload == F.lit(encoding)))
     if parsed is None:  # no writer schema resolves: a null of the reader's type
         parsed = from_avro(F.lit(None).cast("binary"), schemas.reader, {"mode": "PERMISSIVE"})
+        trailing = F.lit(False)
     undecoded = result.isNull()
     fields = _record_fields(schemas.reader)
     if fields:  # PERMISSIVE from_avro gives a record of nulls for data it cannot decode
@@ -210,7 +217,9 @@ def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
             all_null = all_null & result[name].isNull()
         undecoded = undecoded | (all_null & ~real_all_null)
     return parsed, F.when(undecoded, F.concat(F.lit("truncated or corrupt Avro data of schema id "),
-                                              schema_id.cast("string")))
+                                              schema_id.cast("string"))).when(
+        trailing, F.concat(F.lit("corrupt Avro data of schema id "), schema_id.cast("string"),
+                           F.lit(": bytes follow the record")))
 
 
 def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:

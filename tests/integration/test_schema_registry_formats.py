@@ -93,6 +93,8 @@ def avro_topic(kafka, schema_registry):
         14: (frame(alien_id, b"\x06abc"), f"the writer schema id {alien_id} does not resolve to the reader schema"),
         15: (values[1][:-4], "truncated or corrupt Avro data of schema id"),
         16: (None, "a null value (a tombstone)"),
+        17: (values[0] + b"\x02", "corrupt Avro data of schema id"),  # bytes after a v1 record (resolved to v2)
+        18: (values[1] + b"\x00\x02", ": bytes follow the record"),  # ... after a v2 record (the reader's)
     }
     produce(kafka, topic, values + [value for value, _ in bad.values()])
     return topic, good, {offset: why for offset, (_, why) in bad.items()}
@@ -106,7 +108,7 @@ def test_two_avro_versions_decode_to_the_latest_and_every_bad_kind_is_a_dead_let
              bad_record_policy="dead_letter")
     batch_id = p.plan("run-1").batch.id
     summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "item", "note"))
-    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (17, 12, 5)
+    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (19, 12, 7)
     p.commit(batch_id)
     rows = read_parquet(out)
     assert sorted((r["id"], r["item"], r["note"]) for r in rows) == good  # v1's int id read as v2's long
@@ -124,17 +126,17 @@ def test_fail_names_the_reasons_and_skip_counts_them(kafka, spark, schema_regist
     batch_id = failing.plan("run-1").batch.id
     with pytest.raises(BadRecordsError) as caught:
         run_write(spark, failing.coordinator, batch_id)
-    assert f"5 of 17 records of batch {batch_id} are bad" in str(caught.value)
+    assert f"7 of 19 records of batch {batch_id} are bad" in str(caught.value)
     assert "unknown schema id 987654" in str(caught.value) and caught.value.retriable is False
     assert failing.state(batch_id) is BatchState.PLANNED
     # skip, with a reader schema given by the user: v2's note is dropped, v1's int id promoted
     reader = {**V1, "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]}
     skipping = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(tmp_path / "b")},
                     name="skip", value_format="avro", value_schema=reader, bad_record_policy="skip",
-                    max_bad_records=5)
+                    max_bad_records=7)
     batch_id = skipping.plan("run-1").batch.id
     summary = run_write(spark, skipping.coordinator, batch_id)
-    assert (summary["output_records"], summary["bad_records"]) == (12, 5)
+    assert (summary["output_records"], summary["bad_records"]) == (12, 7)
     assert sorted((r["id"], r["item"]) for r in read_parquet(tmp_path / "b")) == []  # staged, not committed
     skipping.commit(batch_id)
     assert sorted((r["id"], r["item"]) for r in read_parquet(tmp_path / "b")) == [(i, item) for i, item, _ in good]
@@ -166,7 +168,7 @@ def test_an_unreachable_or_refusing_registry_is_a_configuration_error_and_the_re
     assert "cannot be reached" in str(caught.value) and caught.value.retriable is True
     assert p.state(batch_id) is not BatchState.PREPARED and read_parquet(out) == []
     summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "item", "note"))
-    assert (summary["output_records"], summary["bad_records"]) == (12, 5)  # not one good record turned bad
+    assert (summary["output_records"], summary["bad_records"]) == (12, 7)  # not one good record turned bad
     p.commit(batch_id)
     assert sorted((r["id"], r["item"], r["note"]) for r in read_parquet(out)) == good
 
