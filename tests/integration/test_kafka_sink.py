@@ -28,12 +28,17 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
-from airflow_exactly_once.sinks.kafka.transactions import TransactionLost, commit_transaction, open_transaction
+from airflow_exactly_once.sinks.kafka.transactions import (
+    TransactionLost,
+    abort_transaction,
+    commit_transaction,
+    open_transaction,
+)
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, create_topic, produce
-from tests.kafka_helpers import read_all, settled_ends, wait_transactions_ended
+from tests.kafka_helpers import read_all, settled_ends, transaction_state, wait_transactions_ended
 
 
 @pytest.fixture
@@ -176,6 +181,53 @@ def test_partly_timed_out_batch_is_aborted_as_a_whole(kafka, topics):
         bound_sink(config).commit(fake_batch(config, 2), handles)
     assert read_all(kafka.bootstrap_servers, output) == []  # settled: the open one was aborted, not left hanging
     assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 20
+
+
+def test_some_transactions_committed_others_timed_out_is_a_partial_commit_left_prepared(kafka, topics, tmp_path):
+    """notify_complete committed the first transaction of a batch and died; before its retry the broker timed the
+    second one out, and a third (its partition started later, so its timeout ends later) is still open. Nothing
+    can make the batch whole: replaying the range would duplicate the committed part, committing the open one
+    would not bring back the lost one. The batch stays PREPARED, nothing more of it is committed, every retry
+    (notify_complete's, the next run's recovery) fails for good naming the transactions, and read_committed
+    consumers see exactly the committed transaction's records."""
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output, sink={"transaction_timeout_ms": 2000})
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)))
+    batch = pipe.claim(pipe.planted_batch("run-1", [OffsetRange(source, 0, 0, 30)]).id)
+    # The first is committed in time whatever its timeout (a long one: no race with the writes below). Written
+    # in this order, the open transaction's records come after the timed-out one's on every output partition:
+    # the read that judges the timed-out one is not held back by the open one.
+    first = write_batch(config, batch.seq, {0: values(10, "first")}, timeout_ms=120_000)
+    timed_out = write_batch(config, batch.seq, {1: values(10, "late")}, timeout_ms=2000)
+    still_open = write_batch(config, batch.seq, {2: values(10, "open")}, timeout_ms=120_000)
+    handles = KafkaCommittable(first.guarantee, first.bootstrap_servers, first.topic,
+                               first.reports + timed_out.reports + still_open.reports)
+    pipe.coordinator.prepare(batch, handles, 30, 30)
+    [committed_tid], [lost_tid], [open_tid] = ([r.transactional_id for r in c.reports]
+                                               for c in (first, timed_out, still_open))
+    commit_transaction(kafka.bootstrap_servers, first.reports[0].transaction)  # notify_complete's first commit...
+    wait_transactions_ended(kafka.bootstrap_servers, timed_out)  # ...then it died, and the retry comes too late
+
+    for attempt in (lambda: pipe.commit(batch.id), lambda: pipe.new_coordinator().recover()):
+        with pytest.raises(SinkError) as partial:
+            attempt()
+        assert not isinstance(partial.value, TransactionLostError)  # not lost: the range must not be replayed
+        message = str(partial.value)
+        assert f"PARTIAL COMMIT of batch {batch.seq}: transactions {committed_tid} are committed but " \
+               f"{lost_tid} (10 records) were aborted by the broker" in message
+        assert "transaction_timeout_ms=2000" in message and "left PREPARED: decide by hand" in message
+        assert open_tid not in message
+        assert partial.value.retriable is False  # a retry cannot repair it: the task fails for good
+        assert pipe.state(batch.id) is BatchState.PREPARED
+        assert pipe.ledger.committed_positions(name) == {}  # the offsets did not move
+        assert transaction_state(kafka.bootstrap_servers, open_tid) == "Ongoing"  # not committed, not aborted
+
+    # What read_committed consumers see now (the open transaction holds back what comes after it): the
+    # committed part only; and once the operator aborted the open one, still exactly that.
+    assert sorted(read_all(kafka.bootstrap_servers, output, settle=False)) == sorted(values(10, "first"))
+    abort_transaction(kafka.bootstrap_servers, still_open.reports[0].transaction)  # the operator's decision
+    assert_exactly_once(values(10, "first"), read_all(kafka.bootstrap_servers, output))
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 30
 
 
 def test_abort_ends_the_transactions_a_dead_attempt_left_open(kafka, topics):

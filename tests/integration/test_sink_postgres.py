@@ -8,21 +8,36 @@ whole batch) is in tests/integration/test_sink_contract.py; here is what only th
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 import uuid
 
 import pytest
 
-from airflow_exactly_once.core.errors import ConfigurationError, SinkError
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.sinks.postgres.sink import parse_gid, with_lock_timeout
-from airflow_exactly_once.sinks.postgres.transactions import make_gid
+from airflow_exactly_once.sinks.postgres.transactions import (
+    commit_prepared,
+    gid_prefix,
+    list_prepared,
+    make_gid,
+    rollback_prepared,
+    rollback_prepared_matching,
+)
 from airflow_exactly_once.spark.runner import run_partition_writers
 from devtools.postgres import LocalPostgres
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import pg_query
+
+
+# A write blocked by a lock fails within about lock_timeout_ms plus a Spark job (3-8 s measured, the first
+# write of a session the slowest, on a loaded machine); a write that ignores lock_timeout_ms waits for the watchdog.
+BLOCKED_WRITE_MAX_S, WATCHDOG_S = 20, 45
 
 
 @pytest.fixture
@@ -78,6 +93,37 @@ def frame(spark, rows, partitions: int = 3):
 
 def rows_of(dsn: str, table: str) -> list[tuple]:
     return sql(dsn, f"SELECT id, v FROM {table} ORDER BY id")
+
+
+def by_partition(spark, parts: list[range]):
+    """Rows (id, 'v<id>'), each of `parts` one Spark partition, so each prepared transaction's rows are known.
+
+    Their order is not: the sink's coalesce renumbers the partitions. The frame is counted once, so that a test
+    timing the write does not time Spark's first Python workers."""
+    rdd = spark.sparkContext.parallelize([(i, (n, f"v{n}")) for i, part in enumerate(parts) for n in part])
+    frame = spark.createDataFrame(rdd.partitionBy(len(parts), lambda i: i).values(), "id BIGINT, v STRING")
+    assert frame.count() == sum(len(part) for part in parts)
+    return frame
+
+
+@contextlib.contextmanager
+def watchdog(release, after_s: float = WATCHDOG_S):
+    """Runs `release` (ends a lock holder) if the block has not ended after `after_s`: a write that ignores
+    lock_timeout_ms then goes through, and the test fails instead of hanging."""
+    timer = threading.Timer(after_s, release)
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def prepare_elsewhere(dsn: str, table: str, ids: list[int]) -> str:
+    """Another application's prepared transaction inserting `ids` into `table`: it holds their row locks."""
+    gid = f"other-app-{uuid.uuid4().hex[:8]}"
+    values = ", ".join(f"({i}, 'theirs')" for i in ids)
+    sql(dsn, f"BEGIN; INSERT INTO {table} (id, v) VALUES {values}; PREPARE TRANSACTION '{gid}'")
+    return gid
 
 
 def test_prepare_is_invisible_until_commit_and_commit_is_idempotent(spark, dsn, table, tmp_path):
@@ -169,6 +215,98 @@ def test_killed_attempts_are_rolled_back_before_the_retry_writes(spark, dsn, tab
     pipe.coordinator.commit(batch.id)
     assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(50)]
     assert prepared(dsn) == []
+
+
+def test_a_batch_half_committed_when_an_operator_rolled_back_a_partition_stays_prepared(spark, dsn, table,
+                                                                                      tmp_path):
+    """notify_complete committed the first partition's prepared transaction and died; before its retry an operator
+    ran ROLLBACK PREPARED on the second. The batch cannot be completed (those rows are gone) nor replayed (the
+    first partition's rows are in the table): it stays PREPARED, nothing more of it is committed or rolled back,
+    and every retry (notify_complete's, the next run's recovery) fails for good naming the lost transaction.
+    (None committed yet: the whole batch is aborted, test_sink_contract.py's lost-prepare test.)"""
+    pipe = Pipeline(tmp_path, dsn, table)
+    parts = [range(0, 10), range(10, 20), range(20, 30)]
+    batch = pipe.write(pipe.plan_rows(30).id, by_partition(spark, parts), records=30)
+    gids = sorted(batch.handles["gids"], key=lambda g: parse_gid(pipe.id, g)[1])
+    assert [parse_gid(pipe.id, g)[1] for g in gids] == [0, 1, 2]
+    assert commit_prepared(dsn, gids[0]) == "committed"  # notify_complete's first COMMIT PREPARED, then it died
+    committed = rows_of(dsn, table)
+    assert committed in [[(i, f"v{i}") for i in part] for part in parts]  # one whole partition
+    sql(dsn, "ROLLBACK PREPARED %s", (gids[1],))  # an operator
+
+    for attempt in (lambda: pipe.commit(batch.id), lambda: pipe.new_coordinator().recover()):
+        with pytest.raises(SinkError) as half:
+            attempt()
+        assert not isinstance(half.value, TransactionLostError)  # not lost: the range must not be written again
+        message = str(half.value)
+        assert (f"batch {batch.seq} is half committed: 1 of its prepared transactions were committed but "
+                f"['{gids[1]}'] are gone without a marker row") in message
+        assert f"Its rows in {table} are incomplete" in message and "repair the table by hand" in message
+        assert half.value.retriable is False  # a retry cannot repair it: the task fails for good
+        assert pipe.state(batch.id) is BatchState.PREPARED
+        assert pipe.ledger.committed_positions(pipe.id) == {}  # the offsets did not move
+        assert prepared(dsn) == [gids[2]]  # neither committed nor rolled back: the operator decides
+        assert rows_of(dsn, table) == committed  # exactly the committed partition's rows
+
+    rollback_prepared(dsn, gids[2])  # the operator's decision
+    assert rows_of(dsn, table) == committed
+    assert prepared(dsn) == []
+
+
+def test_a_write_blocked_by_a_row_lock_fails_after_lock_timeout_ms_and_leaves_nothing_prepared(spark, dsn, table,
+                                                                                               tmp_path):
+    """Another application's prepared transaction holds row locks on keys the batch inserts (it would until
+    someone commits or rolls it back). With lock_timeout_ms=500 the write fails within seconds instead of
+    hanging, says why and what to do, and nothing of the pipeline stays prepared; once the holder is gone the
+    same write succeeds."""
+    pipe = Pipeline(tmp_path, dsn, table, lock_timeout_ms=500)
+    holder = prepare_elsewhere(dsn, table, [3, 4])
+    # One partition: another one would not be sure to end before the blocked one fails (Spark then kills it,
+    # and it may prepare after the write's rollback). Rolling back the partitions that prepared is the next test's.
+    df = by_partition(spark, [range(0, 20)])
+    batch = pipe.plan_rows(20)
+    started = time.monotonic()
+    with watchdog(lambda: rollback_prepared(dsn, holder)), pytest.raises(SinkError) as blocked:
+        pipe.write(batch.id, df, records=20)
+    waited = time.monotonic() - started
+    assert waited < BLOCKED_WRITE_MAX_S, f"the blocked write took {waited:.1f} s with lock_timeout_ms=500"
+    message = str(blocked.value)
+    assert f"Writing 20 rows to {table} (mode=insert)" in message
+    assert (f"a row lock on {table} was not granted within lock_timeout=500ms (the postgres sink's "
+            "lock_timeout_ms)") in message and "canceling statement due to lock timeout" in message
+    assert "pg_prepared_xacts" in message and "mode='upsert'" in message
+    assert blocked.value.retriable is True  # Airflow retries the write: the holder may be gone by then
+    assert list_prepared(dsn, gid_prefix(pipe.id)) == []  # the blocked transaction was not prepared
+    assert prepared(dsn) == [holder]  # another application's transaction is not the pipeline's to end
+    assert pipe.state(batch.id) is BatchState.PLANNED
+
+    rollback_prepared(dsn, holder)
+    pipe.write(batch.id, df, records=20)  # Airflow's retry, the lock gone
+    pipe.coordinator.commit(batch.id)
+    assert rows_of(dsn, table) == [(i, f"v{i}") for i in range(20)]
+    assert prepared(dsn) == []
+
+
+def test_a_key_twice_across_partitions_of_an_insert_batch_fails_after_lock_timeout_ms(spark, dsn, table, tmp_path):
+    """What the docs say of duplicate keys in one insert batch: the partition that meets the key second waits
+    for the first's lock (held by its prepared transaction until notify_complete, which never comes) until
+    lock_timeout_ms, then the write fails, names upsert as the fix and rolls back the partition that prepared
+    (it prepared before the other began to wait, so it is done when the write fails)."""
+    pipe = Pipeline(tmp_path, dsn, table, lock_timeout_ms=500)
+    df = by_partition(spark, [range(0, 10), [5]])  # two partitions: both run at once on local[2]
+    batch = pipe.plan_rows(11)
+    started = time.monotonic()
+    with watchdog(lambda: rollback_prepared_matching(dsn, gid_prefix(pipe.id), lambda gid: True)), \
+            pytest.raises(SinkError) as blocked:
+        pipe.write(batch.id, df, records=11)
+    waited = time.monotonic() - started
+    assert waited < BLOCKED_WRITE_MAX_S, f"the blocked write took {waited:.1f} s with lock_timeout_ms=500"
+    message = str(blocked.value)
+    assert f"a row lock on {table} was not granted within lock_timeout=500ms" in message
+    assert "If the batch itself writes a key from two Spark partitions (mode='insert'), write with " \
+           "mode='upsert'" in message
+    assert prepared(dsn) == [] and rows_of(dsn, table) == []
+    assert pipe.state(batch.id) is BatchState.PLANNED
 
 
 def test_a_constraint_violation_fails_the_write_clearly_and_leaves_nothing(spark, dsn, table, tmp_path):

@@ -378,8 +378,11 @@ def _write_sql(table: sql.Identifier, columns: list[str], mode: str, key_columns
 
 
 def _prepare_failure(exc: psycopg2.Error, *, gid: str, table: str, mode: str, key_columns: list[str],
-                     n_rows: int, where: str, marker_schema: str) -> PostgresTransactionError:
-    """Turn a server error into a message that names the table, the constraint and the fix."""
+                     n_rows: int, where: str, marker_schema: str,
+                     lock_timeout: str | None = None) -> PostgresTransactionError:
+    """Turn a server error into a message that names the table, the constraint and the fix.
+
+    `lock_timeout` is the session's setting (e.g. "500ms"), read before writing, for a lock wait that ran out."""
     code = exc.pgcode or ""
     diag = exc.diag
     constraint = diag.constraint_name if exc.pgcode else None
@@ -435,6 +438,14 @@ def _prepare_failure(exc: psycopg2.Error, *, gid: str, table: str, mode: str, ke
         fix = ("commit or roll back prepared transactions left behind (rollback_prepared_matching), or raise "
                "max_prepared_transactions in postgresql.conf above the number of partitions written at once "
                "and restart the server.")
+    elif code == "55P03":  # lock_not_available: lock_timeout ran out
+        what = (f"a row lock on {table} was not granted within lock_timeout={lock_timeout or '?'} (the postgres "
+                f"sink's lock_timeout_ms): another transaction holds locks on keys these rows write ({server})")
+        fix = ("end the transaction that holds them: a prepared one (SELECT gid, prepared FROM pg_prepared_xacts) "
+               "with COMMIT PREPARED or ROLLBACK PREPARED by whoever owns it, a session's through "
+               "pg_stat_activity. If the batch itself writes a key from two Spark partitions (mode='insert'), "
+               "write with mode='upsert' (one transaction then writes each key). Raise lock_timeout_ms only if "
+               "the holder ends on its own.")
     elif code == "42501":
         what = f"permission denied: {server}"
         fix = f"grant the writer's role INSERT (and UPDATE for upserts) on {table} and on {marker}."
@@ -529,11 +540,13 @@ def prepare_rows(
     where = describe_dsn(dsn)
     conn = connect(dsn)
     reached_prepare = False
+    lock_timeout = None
     try:
         with conn.cursor() as cur:
             cur.execute("SELECT current_setting('max_prepared_transactions')::int, "
-                        "(SELECT database FROM pg_prepared_xacts WHERE gid = %s), current_database()", (gid,))
-            max_prepared, leftover_db, this_db = cur.fetchone()
+                        "(SELECT database FROM pg_prepared_xacts WHERE gid = %s), current_database(), "
+                        "current_setting('lock_timeout')", (gid,))
+            max_prepared, leftover_db, this_db, lock_timeout = cur.fetchone()
             if max_prepared <= 0:
                 raise two_phase_error(where, max_prepared)
             if leftover_db is not None:
@@ -571,7 +584,8 @@ def prepare_rows(
             # The connection broke around PREPARE: it may or may not have happened.
             _best_effort_rollback(dsn, gid)
         raise _prepare_failure(exc, gid=gid, table=table_name, mode=mode, key_columns=keys,
-                               n_rows=len(rows), where=where, marker_schema=marker_schema) from exc
+                               n_rows=handle["rows_written"], where=where, marker_schema=marker_schema,
+                               lock_timeout=lock_timeout) from exc
     finally:
         _close_quietly(conn)
 
