@@ -253,6 +253,36 @@ def test_a_batch_half_committed_when_an_operator_rolled_back_a_partition_stays_p
     assert prepared(dsn) == []
 
 
+def test_a_partition_rolled_back_while_notify_complete_commits_the_batch_is_half_committed_not_lost(
+        spark, dsn, table, tmp_path, monkeypatch):
+    """The same, but the operator's ROLLBACK PREPARED lands between notify_complete's look and its COMMIT PREPARED
+    of that partition, after it committed the first: the batch is half committed (left PREPARED), never called
+    lost (ABORTED would replay the committed partition's rows)."""
+    from airflow_exactly_once.sinks.postgres import sink as postgres_sink
+
+    pipe = Pipeline(tmp_path, dsn, table)
+    parts = [range(0, 10), range(10, 20), range(20, 30)]
+    batch = pipe.write(pipe.plan_rows(30).id, by_partition(spark, parts), records=30)
+    gids = sorted(batch.handles["gids"], key=lambda g: parse_gid(pipe.id, g)[1])
+    real_commit = postgres_sink.pgx.commit_prepared
+
+    def operator_strikes_first(dsn_: str, gid: str, **kwargs):
+        if gid == gids[1]:
+            sql(dsn, "ROLLBACK PREPARED %s", (gid,))  # the real server's race, made certain
+        return real_commit(dsn_, gid, **kwargs)
+
+    monkeypatch.setattr(postgres_sink.pgx, "commit_prepared", operator_strikes_first)
+    with pytest.raises(SinkError) as half:
+        pipe.commit(batch.id)
+    assert not isinstance(half.value, TransactionLostError), repr(half.value)
+    assert f"batch {batch.seq} is half committed" in str(half.value) and gids[1] in str(half.value)
+    assert pipe.state(batch.id) is BatchState.PREPARED
+    assert pipe.ledger.committed_positions(pipe.id) == {}
+    assert prepared(dsn) == [gids[2]]
+    monkeypatch.undo()
+    rollback_prepared(dsn, gids[2])
+
+
 def test_a_write_blocked_by_a_row_lock_fails_after_lock_timeout_ms_and_leaves_nothing_prepared(spark, dsn, table,
                                                                                                tmp_path):
     """Another application's prepared transaction holds row locks on keys the batch inserts (it would until

@@ -166,6 +166,7 @@ class PostgresSink(Sink):
                         for g in gids if g in prepared]
             orphans = self._rollback_dead_attempts(batch, keep=gids)
         except pgx.TransactionLost as exc:  # rolled back between our look and our commit
+            self._prepared_gids(batch, gids)  # one committed already: "half committed", never replayed as lost
             raise TransactionLostError(str(exc)) from exc
         except pgx.PostgresTransactionError as exc:
             raise SinkError(f"postgres sink commit of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
