@@ -17,7 +17,7 @@ import pytest
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.spark.connect import SESSION_DETAIL
-from tests.dags.eo_cluster_transforms import HOLD, started_attempt
+from tests.dags.eo_cluster_transforms import HOLD, STARTED, started_attempt
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,
                            wait_for)
@@ -114,6 +114,7 @@ def test_a_write_timed_out_or_marked_failed_leaves_no_job_on_the_server(kafka, c
     abort_log = connect_airflow.task_log("eo_connect_test_timeout", f"{name}-1", "abort")
     assert "stopped 0 operation(s) of the last write attempt" in abort_log, abort_log[-3000:]
 
+    (faults / STARTED).unlink(missing_ok=True)  # run 1's job is gone (above): only run 2's workers write it now
     connect_airflow.wait_for_dag("eo_connect_test_held")
     run_id = f"{name}-2"
     connect_airflow.trigger("eo_connect_test_held", run_id, conf_for(name, output))
@@ -121,9 +122,13 @@ def test_a_write_timed_out_or_marked_failed_leaves_no_job_on_the_server(kafka, c
     # The run marked failed: no abort task runs, the write's supervisor terminates it (SIGTERM -> on_kill).
     connect_airflow.api("PATCH", f"/dags/eo_connect_test_held/dagRuns/{run_id}", {"state": "failed"})
     assert connect_airflow.wait_run("eo_connect_test_held", run_id) == "failed"
-    write_log = wait_for(lambda: (log := connect_airflow.task_log("eo_connect_test_held", run_id, "write"))
-                         and "interrupted 1 Spark Connect operation(s) of this write attempt" in log and log,
-                         "the write's on_kill to interrupt its job", 120)
+    interrupted = "interrupted 1 Spark Connect operation(s) of this write attempt"
+    try:
+        write_log = wait_for(lambda: (log := connect_airflow.task_log("eo_connect_test_held", run_id, "write"))
+                             and interrupted in log and log, "the write's on_kill to interrupt its job", 120)
+    except AssertionError as missing:
+        raise AssertionError(f"{missing}; the write's log:\n"
+                             f"{connect_airflow.task_log('eo_connect_test_held', run_id, 'write')[-4000:]}") from None
     assert "fenced:" not in write_log, write_log[-3000:]  # on_kill did it, not the fence watch
     assert started_attempt(faults) == attempt  # no retry reached the transform
 
