@@ -96,9 +96,7 @@ class AirflowStack:
             target = self.dags_folder / path.name
             if not target.exists():
                 target.symlink_to(path.resolve())
-        migrate = subprocess.run([self._airflow(), "db", "migrate"], env=self.env(), capture_output=True, text=True)
-        if migrate.returncode != 0:
-            raise RuntimeError(f"`airflow db migrate` failed:\n{migrate.stdout[-2000:]}\n{migrate.stderr[-3000:]}")
+        self.cli(["db", "migrate"])
         for name in self.components:
             self._spawn(name, [self._airflow(), name], self.env())
         deadline = time.monotonic() + timeout
@@ -112,6 +110,18 @@ class AirflowStack:
         self.stop()
         raise RuntimeError(f"Airflow's api-server did not answer on {self.base_url} in {timeout:.0f}s; "
                            f"see {self.home}/api-server.log")
+
+    def cli(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300.0) -> str:
+        """`airflow <args>` on this stack's home and database, with `env` on top; its output.
+
+        As an operator runs it beside the running stack (e.g. FAB's `fab-db migrate`, `sync-perm`, `users create`).
+        """
+        done = subprocess.run([self._airflow(), *args], env={**self.env(), **(env or {})}, capture_output=True,
+                              text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"`airflow {' '.join(args)}` failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+                               f"{done.stderr[-3000:]}")
+        return done.stdout
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         with open(self.home / f"{name}.log", "ab") as log:
@@ -283,7 +293,7 @@ class AirflowStack:
 
 
 def login(base_url: str, username: str, password: str) -> str:
-    """A JWT of a SimpleAuthManager user, as the login form gets it (POST /auth/token)."""
+    """A user's JWT, as the login form gets it (POST /auth/token: SimpleAuthManager's and FAB's alike)."""
     request = urllib.request.Request(f"{base_url}/auth/token", method="POST",
                                      data=json.dumps({"username": username, "password": password}).encode())
     request.add_header("Content-Type", "application/json")

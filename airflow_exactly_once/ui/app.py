@@ -18,6 +18,7 @@ from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep
 from airflow.configuration import conf
+from airflow.models.dag import DagModel
 from airflow.models.dagrun import DagRun
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
@@ -26,7 +27,7 @@ from sqlalchemy import select
 
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.monitor import PipelineReport, utc
-from airflow_exactly_once.ui.access import pipeline_dag_ids, visible_pipelines
+from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from airflow_exactly_once.ui.loading import (
     DEFAULT_KAFKA_TIMEOUT_MS,
     LagResult,
@@ -71,7 +72,9 @@ def visible(reader: LedgerReader, user: Any, session: Any) -> list[PipelineSumma
     auth_manager = get_auth_manager()
     every_dag = set().union(*dags_of.values()) if dags_of else set()
     readable = auth_manager.filter_authorized_dag_ids(dag_ids=every_dag, user=user, method="GET") if every_dag else set()
-    reads_all = auth_manager.is_authorized_dag(method="GET", user=user)
+    reads_all = reads_every_dag(auth_manager.is_authorized_dag(method="GET", user=user),
+                                set(session.scalars(select(DagModel.dag_id))),
+                                auth_manager.get_authorized_dag_ids(user=user, method="GET", session=session))
     names = set(visible_pipelines(dags_of, readable, reads_all))
     return [replace(s, dag_ids=dags_of[s.pipeline_id]) for s in summaries if s.pipeline_id in names]
 

@@ -5,8 +5,8 @@ abort; the real broker's offsets; a sink that needs no Spark), in the embedded l
 session's Airflow; the page is read by headless Chromium (devtools/browser.py), directly and
 inside Airflow's own UI (Browse -> Exactly-once ledger), and saved as a screenshot.
 
-Pipelines and who may see them (tests/system/conftest.py: alice reads kafka_to_parquet, bob
-kafka_to_kafka and eo_ui_noop, admin everything):
+Pipelines and who may see them, by the FAB auth manager's DAG permissions (tests/system/conftest.py:
+alice may read kafka_to_parquet, bob kafka_to_kafka and eo_ui_noop, admin every DAG):
   orders   recorded DAG kafka_to_parquet                    admin, alice
   payments recorded DAG kafka_to_kafka (Kafka sink)         admin, bob
   refunds  no recorded DAG; its run ids are eo_ui_noop's    admin, bob

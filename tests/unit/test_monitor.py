@@ -26,7 +26,7 @@ from airflow_exactly_once.monitor import (
     waited_too_long,
     waiting_records,
 )
-from airflow_exactly_once.ui.access import pipeline_dag_ids, visible_pipelines
+from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
 A, B = ("t", 0), ("t", 1)
@@ -190,3 +190,11 @@ def test_a_pipeline_is_visible_only_with_read_access_to_all_of_its_dags():
     # a pipeline tied to no DAG: only for users who may read every DAG
     assert visible_pipelines(dags_of, {"dag_a", "dag_b", "dag_c"}, reads_all_dags=True) == ["a", "b", "c", "orphan"]
     assert visible_pipelines(dags_of, set(), reads_all_dags=False) == []
+
+
+def test_reading_all_dags_means_reading_each_dag_airflow_knows_not_just_listing_dags():
+    known = {"dag_a", "dag_b"}
+    assert reads_every_dag(True, known, {"dag_a", "dag_b"})
+    # FAB lets a user who may read one DAG list DAGs: that is not "all DAGs"
+    assert not reads_every_dag(True, known, {"dag_a"})
+    assert not reads_every_dag(False, known, {"dag_a", "dag_b"})
