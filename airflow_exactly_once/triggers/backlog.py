@@ -114,7 +114,9 @@ class _Probe:
         if stored is None:
             return {}, 0, None
         flying = ledger.list_batches(pipeline_id, IN_FLIGHT)
-        in_flight = InFlightSummary.read(flying, datetime.now(timezone.utc), self._commit_deadline_ms(stored))
+        in_flight = None
+        with self.trigger.metrics().reporting("batches in flight"):  # for the metrics only: never fails the poll
+            in_flight = InFlightSummary.read(flying, datetime.now(timezone.utc), self._commit_deadline_ms(stored))
         return (claimed_positions(ledger.committed_positions(pipeline_id), flying), ledger.last_batch_seq(pipeline_id),
                 in_flight)
 
