@@ -261,6 +261,16 @@ def statsd():
     listeners.triggerer.close()
 
 
+def statsd_env(port: int) -> dict[str, str]:
+    """Metrics through Airflow's StatsD logger to a listener of the session (tests/system/test_metrics_airflow.py),
+    for the components that send this provider's: the scheduler (its tasks) and the triggerer; the api-server and
+    the dag-processor keep metrics off. Only this provider's metrics: the allow list keeps Airflow's own from being
+    sent at all. InfluxDB-style tags put the tags in the names, so that the listener sees them too."""
+    return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(port), "AIRFLOW__METRICS__METRICS_ALLOW_LIST": "exactly_once",
+            "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}
+
+
 @pytest.fixture(scope="session")
 def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
             arrival_output, unreachable, hang_up_ledger, statsd, tmp_path_factory):
@@ -314,19 +324,12 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EO_UNREACHABLE_KAFKA": unreachable["kafka"],
         "EO_UNREACHABLE_LEDGER": hang_up_ledger[1],
         **no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE),  # tests/dags/eo_no_secret_test_dag.py
-        # Metrics through Airflow's StatsD logger to the session's listener (tests/system/test_metrics_airflow.py).
-        # Only this provider's: the allow list keeps the scheduler's own from being sent at all. InfluxDB-style
-        # tags put the tags in the names, so that the listener sees them too.
-        "AIRFLOW__METRICS__STATSD_ON": "True",
-        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.tasks.port),
-        "AIRFLOW__METRICS__METRICS_ALLOW_LIST": "exactly_once",
-        "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True",
         "EO_METRICS_PIPELINE": METRICS_PIPELINE,
         "EO_METRICS_SPARK_CONN_ID": SPARK_CONN_ID,  # the warm server (the `warm_spark` fixture creates it)
     }
-    stack = AirflowStack(root, dag_files, env, triggerer=True,
-                         component_env={"triggerer": {"AIRFLOW__METRICS__STATSD_PORT": str(statsd.triggerer.port)}})
+    stack = AirflowStack(root, dag_files, env, triggerer=True, component_env={
+        "scheduler": statsd_env(statsd.tasks.port),  # LocalExecutor: the tasks run in the scheduler's children
+        "triggerer": statsd_env(statsd.triggerer.port)})
     stack.start()
     yield stack
     stack.stop()
