@@ -9,6 +9,8 @@ imports are not SDK names: the Spark provider (hooks/spark_submit.py, the option
 Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI) and the
 api-server's own names that the ledger page needs (ui/plugin.py, ui/app.py: the plugin base
 class, configuration, authentication, the DB session), which exist only where it runs.
+`Stats`, Airflow's metrics layer (airflow_exactly_once.metrics emits through it), comes from
+common-compat too (`airflow.stats` on 3.1, the SDK's observability module on later releases).
 
 Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
 no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
@@ -64,6 +66,20 @@ from airflow.sdk import AssetWatcher  # noqa: E402  (3.0+; not in common-compat'
 # in airflow.triggers.base on every supported release (the SDK has no home for them yet).
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent  # noqa: E402
 
+try:  # where the running release keeps Airflow's metrics layer (StatsD, OpenTelemetry, Datadog, as configured)
+    from airflow.providers.common.compat.sdk import Stats  # noqa: E402
+except ImportError:  # a common-compat release that does not map it yet: Airflow 3.1's own home
+    from airflow.stats import Stats  # noqa: E402
+
+
+def legacy_metric_names() -> bool:
+    """Airflow's `[metrics] legacy_names_on`: whether metrics also go under names that carry their tags' values
+    (releases after 3.1 have the option; 3.1 always sends both, so True)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("metrics", "legacy_names_on", fallback=True)
+
+
 __all__ = [
     "AIRFLOW_FLOOR",
     "AirflowException",
@@ -75,9 +91,11 @@ __all__ = [
     "BaseEventTrigger",
     "BaseHook",
     "BaseOperator",
+    "Stats",
     "TaskGroup",
     "TriggerEvent",
     "airflow_release",
     "check_airflow_version",
+    "legacy_metric_names",
     "mask_secret",
 ]

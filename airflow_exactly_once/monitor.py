@@ -180,10 +180,7 @@ def read_pipeline(ledger: Ledger, pipeline_id: str, *, now: datetime | None = No
     now = utc(now) or datetime.now(timezone.utc)
     batches = [BatchView.of(b) for b in ledger.list_batches(pipeline_id, limit=batch_limit)]
     flying = ledger.list_batches(pipeline_id, IN_FLIGHT, newest_first=False)
-    deadline_s = None if commit_deadline_ms is None else commit_deadline_ms / 1000
-    in_flight = [InFlightView(b.seq, b.run_id, b.state,
-                              max(0.0, (now - (utc(b.created_at) or now)).total_seconds()), deadline_s)
-                 for b in flying]
+    in_flight = in_flight_views(flying, now, commit_deadline_ms)
     committed = ledger.committed_positions(pipeline_id)
     chart = [ChartPoint(b.seq, utc(b.updated_at), b.output_records, BatchView.of(b).duration_s)
              for b in reversed(ledger.list_batches(pipeline_id, [BatchState.COMMITTED], limit=chart_limit))]
@@ -193,6 +190,56 @@ def read_pipeline(ledger: Ledger, pipeline_id: str, *, now: datetime | None = No
         claimed=claimed_positions(committed, flying), counts=ledger.state_counts(pipeline_id), chart=chart,
         last_seq=ledger.last_batch_seq(pipeline_id), now=now, commit_deadline_ms=commit_deadline_ms,
         pruned_through=ledger.retention_floor(pipeline_id).batch_seq)
+
+
+def in_flight_views(batches: Iterable[Batch], now: datetime, commit_deadline_ms: int | None) -> list[InFlightView]:
+    """The PLANNED and PREPARED ones of `batches`, aged from when they were planned (an upper bound of how long a
+    transaction the write opened has been open)."""
+    deadline_s = None if commit_deadline_ms is None else commit_deadline_ms / 1000
+    return [InFlightView(b.seq, b.run_id, b.state, max(0.0, (now - (utc(b.created_at) or now)).total_seconds()),
+                         deadline_s) for b in batches if b.state in IN_FLIGHT]
+
+
+@dataclass(frozen=True)
+class InFlightSummary:
+    """What alerts need of the batches in flight: how many, and how close the oldest PREPARED one is to its
+    sink's commit deadline (past it, the sink has likely dropped the output and the batch is processed again)."""
+
+    planned: int
+    prepared: int
+    oldest_prepared_age_s: float | None  # None: no PREPARED batch
+    deadline_s: float | None  # the sink's commit deadline; None: it has none
+
+    @classmethod
+    def of(cls, views: Iterable[InFlightView], deadline_s: float | None) -> "InFlightSummary":
+        views = list(views)
+        prepared = [v.age_s for v in views if v.state is BatchState.PREPARED]
+        return cls(sum(v.state is BatchState.PLANNED for v in views), len(prepared),
+                   max(prepared) if prepared else None, deadline_s)
+
+    @classmethod
+    def read(cls, batches: Iterable[Batch], now: datetime, commit_deadline_ms: int | None) -> "InFlightSummary":
+        return cls.of(in_flight_views(batches, now, commit_deadline_ms),
+                      None if commit_deadline_ms is None else commit_deadline_ms / 1000)
+
+    @property
+    def total(self) -> int:
+        return self.planned + self.prepared
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Seconds until the oldest PREPARED batch reaches the deadline (the whole deadline when none is PREPARED;
+        negative: overdue); None when the sink has no deadline."""
+        if self.deadline_s is None:
+            return None
+        return self.deadline_s - (self.oldest_prepared_age_s or 0.0)
+
+    @property
+    def deadline_used(self) -> float | None:
+        """The oldest PREPARED batch's age as a share of the deadline (0: none PREPARED, 1: at the deadline)."""
+        if not self.deadline_s:
+            return None
+        return (self.oldest_prepared_age_s or 0.0) / self.deadline_s
 
 
 def partition_lags(committed: Mapping[TopicPartition, int], claimed: Mapping[TopicPartition, int],

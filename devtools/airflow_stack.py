@@ -28,10 +28,13 @@ SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
 class AirflowStack:
-    """`triggerer=True` adds Airflow's triggerer (deferred tasks, Asset watchers: event-driven runs)."""
+    """`triggerer=True` adds Airflow's triggerer (deferred tasks, Asset watchers: event-driven runs).
+    `component_env`: environment of one component over `extra_env`, e.g. {"triggerer": {...}} (the scheduler's
+    reaches the tasks: LocalExecutor runs them in its children)."""
 
     def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
-                 parallelism: int = 4, triggerer: bool = False) -> None:
+                 parallelism: int = 4, triggerer: bool = False,
+                 component_env: dict[str, dict[str, str]] | None = None) -> None:
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
@@ -41,6 +44,7 @@ class AirflowStack:
         # two stacks at once (the demo beside a test run) would collide there.
         self.log_server_ports = (reserve_port(), reserve_port())
         self.extra_env = extra_env or {}
+        self.component_env = component_env or {}
         self.parallelism = parallelism
         self.components = ("api-server", "scheduler", "dag-processor") + (("triggerer",) if triggerer else ())
         self.processes: dict[str, subprocess.Popen] = {}
@@ -98,7 +102,7 @@ class AirflowStack:
                 target.symlink_to(path.resolve())
         self.cli(["db", "migrate"])
         for name in self.components:
-            self._spawn(name, [self._airflow(), name], self.env())
+            self._spawn(name, [self._airflow(), name], {**self.env(), **self.component_env.get(name, {})})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()

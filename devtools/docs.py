@@ -19,11 +19,17 @@ the operators' argument table like this:
     | argument | ... (made by airflow_exactly_once.operators.arguments.markdown_table)
     <!-- /arguments -->
 
-and the options of a section of airflow.cfg that the provider declares (provider_info.CONFIG) like this:
+the options of a section of airflow.cfg that the provider declares (provider_info.CONFIG) like this:
 
     <!-- airflow-config: exactly_once -->
     | option | ...
     <!-- /airflow-config -->
+
+and the table of every metric (made by airflow_exactly_once.metrics.markdown_table) like this:
+
+    <!-- metrics -->
+    | metric | ...
+    <!-- /metrics -->
 
 `python -m devtools.docs` rewrites the included blocks; tests/unit/test_docs.py fails when a
 block and its source disagree, so the docs never show code that was not tested.
@@ -45,6 +51,7 @@ _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
 _SINK_OPTIONS = re.compile(r"(<!-- sink-options: (?P<sink>\w+) -->\n)(?P<body>.*?)(<!-- /sink-options -->)", re.DOTALL)
+_METRICS = re.compile(r"(<!-- metrics -->\n)(?P<body>.*?)(<!-- /metrics -->)", re.DOTALL)
 _AIRFLOW_CONFIG = re.compile(r"(<!-- airflow-config: (?P<section>\w+) -->\n)(?P<body>.*?)(<!-- /airflow-config -->)",
                              re.DOTALL)
 # A Markdown table: its header, the |---| line, and the rows up to the first line that is not one.
@@ -75,6 +82,7 @@ def config_table(section: str) -> str:
 
 def render(text: str) -> str:
     """`text` with every include and generated table made anew from their sources."""
+    from airflow_exactly_once.metrics import markdown_table as metrics_table
     from airflow_exactly_once.operators.arguments import markdown_table
     from airflow_exactly_once.sinks import SPECS
 
@@ -83,6 +91,7 @@ def render(text: str) -> str:
     text = _SINK_OPTIONS.sub(lambda m: m.group(1) + SPECS[m.group("sink")].markdown_table() + "\n" + m.group(4),
                              text)
     text = _AIRFLOW_CONFIG.sub(lambda m: m.group(1) + config_table(m.group("section")) + "\n" + m.group(4), text)
+    text = _METRICS.sub(lambda m: m.group(1) + metrics_table() + "\n" + m.group(3), text)
     return _ARGUMENTS.sub(lambda m: m.group(1) + markdown_table() + "\n" + m.group(3), text)
 
 

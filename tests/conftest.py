@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -58,6 +59,7 @@ SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret",
                  NO_READ_USER: "no-read-secret", NO_SECRET_USER: NO_SECRET_MARKERS["kafka-conn-sasl-password"]}
 ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
 ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS = 20, 2
+METRICS_PIPELINE = "eo_metrics"  # tests/dags/eo_metrics_test_dag.py: its pipeline id and input topic
 # Every process a test starts inherits this mark; at the end of the session none may be left.
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
@@ -247,14 +249,39 @@ def hang_up_ledger():
 
 
 @pytest.fixture(scope="session")
+def statsd():
+    """StatsD servers the session's Airflow sends its metrics to, keeping this provider's (`exactly_once.`): the
+    tasks' to `tasks`, the triggerer's to `triggerer`, so a test can tell who sent a value."""
+    from tests.helpers import StatsdListener
+
+    listeners = SimpleNamespace(tasks=StatsdListener(keep="airflow.exactly_once"),
+                                triggerer=StatsdListener(keep="airflow.exactly_once"))
+    yield listeners
+    listeners.tasks.close()
+    listeners.triggerer.close()
+
+
+def statsd_env(port: int) -> dict[str, str]:
+    """Metrics through Airflow's StatsD logger to a listener of the session (tests/system/test_metrics_airflow.py),
+    for the components that send this provider's: the scheduler (its tasks) and the triggerer; the api-server and
+    the dag-processor keep metrics off. Only this provider's metrics: the allow list keeps Airflow's own from being
+    sent at all. InfluxDB-style tags put the tags in the names, so that the listener sees them too."""
+    return {"AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(port), "AIRFLOW__METRICS__METRICS_ALLOW_LIST": "exactly_once",
+            "AIRFLOW__METRICS__STATSD_INFLUXDB_ENABLED": "True"}
+
+
+@pytest.fixture(scope="session")
 def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
-            arrival_output, unreachable, hang_up_ledger, tmp_path_factory):
+            arrival_output, unreachable, hang_up_ledger, statsd, tmp_path_factory):
     """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
     from devtools.airflow_stack import AirflowStack
     from tests.helpers import create_topic
 
-    # The backlog trigger of the event-driven example starts polling as soon as the stack runs.
+    # The backlog triggers of the event-driven example and of the metrics test start polling as soon as the
+    # stack runs.
     create_topic(kafka.bootstrap_servers, ARRIVAL_TOPIC, partitions=3)
+    create_topic(kafka.bootstrap_servers, METRICS_PIPELINE, partitions=3)
     root = tmp_path_factory.mktemp("airflow")
     dag_files = sorted((REPO / "dags").glob("*.py")) + sorted((REPO / "tests" / "dags").glob("*.py"))
     env = {
@@ -297,8 +324,12 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         "EO_UNREACHABLE_KAFKA": unreachable["kafka"],
         "EO_UNREACHABLE_LEDGER": hang_up_ledger[1],
         **no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE),  # tests/dags/eo_no_secret_test_dag.py
+        "EO_METRICS_PIPELINE": METRICS_PIPELINE,
+        "EO_METRICS_SPARK_CONN_ID": SPARK_CONN_ID,  # the warm server (the `warm_spark` fixture creates it)
     }
-    stack = AirflowStack(root, dag_files, env, triggerer=True)
+    stack = AirflowStack(root, dag_files, env, triggerer=True, component_env={
+        "scheduler": statsd_env(statsd.tasks.port),  # LocalExecutor: the tasks run in the scheduler's children
+        "triggerer": statsd_env(statsd.triggerer.port)})
     stack.start()
     yield stack
     stack.stop()

@@ -164,3 +164,42 @@ class HangUpListener:
 
     def close(self) -> None:
         self._socket.close()
+
+
+class StatsdListener:
+    """A StatsD server on 127.0.0.1 (UDP) that keeps the metrics whose names start with `keep`, in arrival order.
+
+    Airflow's StatsD logger sends one datagram per value, "name:value|type" (a negative gauge as two lines);
+    each is kept as (name, value, type). What does not start with `keep` (Airflow's own scheduler metrics) is
+    dropped on arrival, so the session's stack can send here all along at no cost to the tests."""
+
+    def __init__(self, keep: str = "", limit: int = 200_000) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port: int = self._socket.getsockname()[1]
+        self.keep = keep
+        self.limit = limit
+        self.metrics: list[tuple[str, float, str]] = []
+        threading.Thread(target=self._serve, name=f"statsd-{self.port}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                data = self._socket.recv(65_535)
+            except OSError:
+                return  # closed
+            for line in data.decode(errors="replace").splitlines():
+                name, _, rest = line.partition(":")
+                value, _, kind = rest.partition("|")
+                if name.startswith(self.keep) and len(self.metrics) < self.limit:
+                    self.metrics.append((name, float(value), kind.partition("|")[0]))
+
+    def values(self, name: str, kind: str | None = None) -> list[float]:
+        """Every value received under exactly `name` (and of `kind`: c, g, ms), oldest first."""
+        return [v for n, v, k in list(self.metrics) if n == name and (kind is None or k == kind)]
+
+    def names(self, start: str) -> set[str]:
+        return {n for n, _, _ in list(self.metrics) if n.startswith(start)}
+
+    def close(self) -> None:
+        self._socket.close()

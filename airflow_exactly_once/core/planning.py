@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Callable, ClassVar
+from dataclasses import dataclass, field, replace
+from typing import Callable, ClassVar, Mapping
 
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError, IntervalNotOverError
 from airflow_exactly_once.core.faults import fault_point
@@ -48,10 +48,24 @@ class PlanOutcome:
     action: str  # planned | replay | replanned | already-committed | superseded | empty
     batch: Batch | None
     message: str
+    # What this plan read from Kafka: the last stable offset per partition (empty when it read nothing,
+    # e.g. a replay), so that the lag behind the planned batch is known without asking Kafka again.
+    last_stable: Mapping[TopicPartition, int] = field(default_factory=dict)
+    # PLANNED batches of other runs that this plan aborted by taking the pipeline (or interval) over.
+    superseded: tuple[int, ...] = ()
 
     @property
     def needs_commit(self) -> bool:
         return self.batch is not None and self.batch.state in (BatchState.PLANNED, BatchState.PREPARED)
+
+    @property
+    def lag(self) -> dict[TopicPartition, int]:
+        """Committed records in Kafka past the end of this plan's batch, per partition (an upper bound:
+        transaction markers take offsets too); {} when the plan read no offsets."""
+        if self.batch is None or not self.last_stable:
+            return {}
+        return {(r.topic, r.partition): max(0, self.last_stable[(r.topic, r.partition)] - r.end)
+                for r in self.batch.ranges if (r.topic, r.partition) in self.last_stable}
 
 
 class Planner(ABC):
@@ -65,6 +79,9 @@ class Planner(ABC):
         self.config = coordinator.config
         self.source_factory = source_factory
         self.cleared_run_after: int | None = None  # set by plan()
+        # What the current planning attempt read and took over (PlanOutcome.last_stable, .superseded).
+        self.last_stable: dict[TopicPartition, int] = {}
+        self.superseded: tuple[int, ...] = ()
 
     @property
     def pipeline_id(self) -> str:
@@ -87,6 +104,7 @@ class Planner(ABC):
             return settled
         self._check_sink()
         for _ in range(MAX_PLAN_ATTEMPTS):
+            self.last_stable, self.superseded = {}, ()
             try:
                 outcome = self._plan_once(run_id, interval)
             except FencedError as exc:
@@ -95,7 +113,7 @@ class Planner(ABC):
                 log.info("planning raced with another run (%s); planning again", exc)
                 continue
             self._release_superseded()
-            return outcome
+            return replace(outcome, last_stable=dict(self.last_stable), superseded=self.superseded)
         raise FencedError(f"could not plan pipeline {self.pipeline_id}: other runs kept taking it over",
                           retriable=True)
 
@@ -182,6 +200,7 @@ class ContinuationPlanner(Planner):
         try:
             tps = source.partitions(self.config.topics)
             log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
+            self.last_stable = dict(ends)
             starts = startup_positions(self.config, source, [tp for tp in tps if tp not in positions],
                                        log_starts, ends, first_run=not positions)
         finally:
@@ -197,9 +216,10 @@ class ContinuationPlanner(Planner):
                                              details=details, state=BatchState.EMPTY, resets=plan.resets)
             return PlanOutcome("empty", batch, f"no new committed records in {', '.join(self.config.topics)}: "
                                f"recorded {batch.describe()}; nothing to write")
+        self.superseded = tuple(b.seq for b in in_flight)
         batch = self.ledger.create_batch(
             self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
-            supersede=[b.seq for b in in_flight], details=details, resets=plan.resets)
+            supersede=self.superseded, details=details, resets=plan.resets)
         fault_point("plan.after_ledger")
         return PlanOutcome("planned", batch, f"planned {batch.describe()}")
 
@@ -222,8 +242,9 @@ class ContinuationPlanner(Planner):
             return PlanOutcome("superseded", None, message)
         epoch = self._epoch()
         in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED])
+        self.superseded = tuple(b.seq for b in in_flight)
         batch = self.ledger.create_batch(self.pipeline_id, run_id, aborted.ranges, expected_epoch=epoch,
-                                         supersede=[b.seq for b in in_flight],
+                                         supersede=self.superseded,
                                          details={"replays": aborted.seq})
         return PlanOutcome("replanned", batch, f"replaying the range of aborted batch {aborted.seq}: {batch.describe()}")
 
@@ -285,9 +306,10 @@ class IntervalPlanner(Planner):
         if skipped:
             details["skipped"] = skipped
         empty = all(r.size == 0 for r in ranges)
+        self.superseded = tuple(b.seq for b in batches if b.state is BatchState.PLANNED)
         batch = self.ledger.create_batch(
             self.pipeline_id, run_id, ranges, expected_epoch=epoch, details=details, interval=interval,
-            supersede=[b.seq for b in batches if b.state is BatchState.PLANNED],
+            supersede=self.superseded,
             state=BatchState.EMPTY if empty else BatchState.PLANNED)
         if empty:
             return PlanOutcome("empty", batch, f"no records in interval {label(interval)}: recorded {batch.describe()}; "
@@ -314,6 +336,7 @@ class IntervalPlanner(Planner):
         try:
             tps = source.partitions(self.config.topics)
             log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
+            self.last_stable = dict(ends)
             wanted = {}
             for at in interval:
                 for tp, offset in source.offsets_for_times(tps, at).items():

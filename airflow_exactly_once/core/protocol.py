@@ -50,6 +50,7 @@ class BatchCoordinator:
         self.sink = sink.bind(config)
         self.stop_attempts = stop_attempts
         self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery
+        self.recovery_lost: list[BatchId] = []  # batches recovery found lost (now ABORTED, processed again)
 
     @property
     def pipeline_id(self) -> str:
@@ -77,6 +78,7 @@ class BatchCoordinator:
                                          "committed by recovery")
             except TransactionLostError as exc:
                 log.warning("recovery: %s", exc)
+                self.recovery_lost.append(batch.id)
                 results.append(f"batch {batch.seq} lost and aborted")
                 self.ledger.record_event(self.pipeline_id, batch.seq, "recovery-lost",
                                          f"batch {batch.seq} of run {batch.run_id} was left PREPARED and its "

@@ -8,6 +8,8 @@ by the task group); `__init__` only stores them and every operator does its I/O 
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
@@ -18,11 +20,12 @@ from airflow_exactly_once.compat import (
     mask_secret,
 )
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
-from airflow_exactly_once.core.errors import ExactlyOnceError
+from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, TransactionLostError
 from airflow_exactly_once.core.model import Batch, BatchId
-from airflow_exactly_once.core.planning import plan_batch
+from airflow_exactly_once.core.planning import PlanOutcome, plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.secrets import scrub, scrub_value, url_password
+from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
@@ -31,6 +34,8 @@ from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.metrics import PipelineMetrics
+from airflow_exactly_once.monitor import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
@@ -108,6 +113,20 @@ class ExactlyOnceBaseOperator(BaseOperator):
         return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
+    def metrics(self) -> PipelineMetrics:
+        """This pipeline's metrics (airflow_exactly_once.metrics), for the rendered pipeline_id; one per step."""
+        if "_metrics" not in self.__dict__:
+            self._metrics = PipelineMetrics(str(self.pipeline_id), logger=self.log)
+        return self._metrics
+
+    def report_in_flight(self, coordinator: BatchCoordinator) -> None:
+        """The batches in flight and the oldest PREPARED one against the sink's commit deadline, from the ledger."""
+        metrics = self.metrics()
+        with metrics.reporting("batches in flight"):
+            flying = coordinator.ledger.list_batches(coordinator.pipeline_id, IN_FLIGHT, newest_first=False)
+            metrics.in_flight(InFlightSummary.read(flying, datetime.now(timezone.utc),
+                                                   coordinator.sink.commit_deadline_ms()))
+
     def execute(self, context) -> Any:
         """The step; its XCom (a batch id, a message, a write's counts) and a failure's message hold no secret."""
         secrets = self.argument_secrets()
@@ -115,6 +134,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
             return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)
+            if isinstance(exc, DataLossError):
+                self.metrics().data_loss("fail")
             if exc.retriable:
                 raise
             # Retrying cannot help (bad configuration, data loss, fenced, a transform bug).
@@ -202,14 +223,18 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         (arguments.keyword("write_task_id", None), arguments.keyword("notify_task_id", None)))
 
     def run_step(self, context) -> str | None:
+        started = time.monotonic()
         coordinator = self.coordinator()
         # The ledger page shows a pipeline to the users who may read the DAGs that drive it.
         coordinator.ledger.record_dag(coordinator.pipeline_id, self.dag_id)
         check_commit_deadline(self, coordinator.sink, self.write_task_id, self.notify_task_id, self.log)
         interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
         settings = KafkaSettings.of(coordinator.config)
-        outcome = plan_batch(coordinator, lambda: KafkaOffsetSource(settings), context["run_id"], interval,
-                             _cleared_run_after(context))
+        try:
+            outcome = plan_batch(coordinator, lambda: KafkaOffsetSource(settings), context["run_id"], interval,
+                                 _cleared_run_after(context))
+        finally:  # what recovery did counts even when planning failed after it
+            self._report_recovery(coordinator)
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)
@@ -218,11 +243,34 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         self.log.info("plan: %s", outcome.message)
         if outcome.batch is not None:
             _log_ranges(self.log, outcome.batch)
+        self._report_plan(coordinator, outcome, time.monotonic() - started)
         if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
             if coordinator.recovered:
                 return None  # succeed, so that the recovered batches' Asset events are emitted
             raise AirflowSkipException(outcome.message)
         return str(outcome.batch.id)
+
+    def _report_recovery(self, coordinator: BatchCoordinator) -> None:
+        metrics = self.metrics()
+        with metrics.reporting("recovery"):
+            for batch_id in coordinator.recovered:
+                metrics.recovery("committed")
+                metrics.committed(coordinator.ledger.get_batch(batch_id))
+            if coordinator.recovery_lost:
+                metrics.recovery("lost", len(coordinator.recovery_lost))
+                metrics.abort("output_lost", len(coordinator.recovery_lost))
+
+    def _report_plan(self, coordinator: BatchCoordinator, outcome: PlanOutcome, seconds: float) -> None:
+        metrics = self.metrics()
+        with metrics.reporting("plan"):
+            if outcome.superseded:
+                metrics.abort("superseded", len(outcome.superseded))
+            skipped = outcome.batch.details.get("skipped") if outcome.batch is not None else None
+            if skipped and outcome.action in ("planned", "empty"):  # recorded by this plan, not an earlier one
+                metrics.data_loss("skip", len(skipped))
+            metrics.lag(outcome.lag)
+        self.report_in_flight(coordinator)
+        metrics.phase_duration("plan", seconds)
 
 
 class WriteBatchOperator(_BatchStepOperator):
@@ -240,6 +288,7 @@ class WriteBatchOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        started = time.monotonic()
         self.launcher = write_launcher(self.coordinator, spark_conn_id=self.spark_conn_id,
                                        connect_url=self.spark_connect_url(), spark_conf=self.spark_conf,
                                        transform=self.transform, log=self.log)
@@ -248,6 +297,8 @@ class WriteBatchOperator(_BatchStepOperator):
         finally:
             self.launcher = None
         self.log.info("write: %s", json.dumps(report))
+        if report.get("action") == "prepared":  # this attempt wrote the batch (not one found written already)
+            self.metrics().phase_duration("write", time.monotonic() - started)
         return report
 
     def on_kill(self) -> None:
@@ -264,12 +315,24 @@ class NotifyCompleteOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        started = time.monotonic()
         coordinator = self.coordinator()
-        message = coordinator.commit(batch_id)
+        metrics = self.metrics()
+        before = coordinator.ledger.get_batch(batch_id).state
+        try:
+            message = coordinator.commit(batch_id)
+        except TransactionLostError:
+            metrics.abort("output_lost")
+            raise
+        finally:  # on every attempt, failed ones too: how close a PREPARED batch is to its deadline
+            self.report_in_flight(coordinator)
         self.log.info("notify_complete: %s", message)
         batch = coordinator.ledger.get_batch(batch_id)
         self.log.info("notify_complete: batch %s committed %s records read, %s written", batch_id,
                       batch.input_records, batch.output_records)
+        if before is BatchState.PREPARED and batch.state is BatchState.COMMITTED:  # this attempt committed it
+            with metrics.reporting("commit"):
+                metrics.committed(batch)
         _log_ranges(self.log, batch)
         emit_batch_events(context, self.outlets, [batch_event_extra(batch, coordinator.ledger.batch_interval(batch_id))])
         if coordinator.config.mirror_consumer_group:
@@ -277,6 +340,7 @@ class NotifyCompleteOperator(_BatchStepOperator):
         pruned = coordinator.retain()
         if pruned:
             self.log.info("notify_complete: retention: %s", pruned)
+        metrics.phase_duration("notify_complete", time.monotonic() - started)
         return message
 
 
@@ -293,6 +357,12 @@ class AbortBatchOperator(_BatchStepOperator):
             if batch is None:
                 raise AirflowSkipException("this run planned no batch; nothing to abort")
             batch_id = batch.id
+        before = coordinator.ledger.get_batch(batch_id).state
         message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
         self.log.info("abort: %s", message)
+        metrics = self.metrics()
+        with metrics.reporting("abort"):
+            if before is BatchState.PLANNED and coordinator.ledger.get_batch(batch_id).state is BatchState.ABORTED:
+                metrics.abort("failed_run")
+        self.report_in_flight(coordinator)
         return message

@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec
-from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.sink import Sink
 from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
@@ -56,6 +56,20 @@ def sink_class(spec: dict[str, Any]) -> type[Sink]:
 
 def create_sink(spec: dict[str, Any]) -> Sink:
     return sink_class(spec)(spec)
+
+
+def stored_commit_deadline_ms(config: dict[str, Any]) -> int | None:
+    """How long a pipeline's sink keeps staged output (Kafka: transaction_timeout_ms; with dead letters, the
+    shorter of the two destinations'), if it has a limit, from the pipeline's configuration as the ledger stores
+    it: the deadline the steps see. None also when that sink cannot be built here."""
+    try:
+        try:
+            sink = pipeline_sink(PipelineConfig.from_dict(config))
+        except (ExactlyOnceError, TypeError, ValueError):  # not a whole pipeline's configuration: its sink alone
+            sink = create_sink(dict(config.get("sink") or {}))
+        return sink.commit_deadline_ms()
+    except (ExactlyOnceError, ImportError, TypeError, ValueError):
+        return None
 
 
 def check_sink_keys(spec: Any, what: str = "sink") -> None:

@@ -27,6 +27,11 @@ or records an EMPTY batch).
 
 A ledger or broker that does not answer never ends the trigger: it logs the error (once per
 distinct error, in the triggerer's log) and tries again at every poll.
+
+Every poll also sends the pipeline's metrics through Airflow's metrics layer
+(airflow_exactly_once.metrics): the lag per partition, under the same name and tags as the plan
+step's, and the batches in flight with the oldest PREPARED one against its sink's commit deadline,
+so that those gauges stay fresh between runs.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, AsyncIterator
 
 from asgiref.sync import sync_to_async
@@ -42,8 +48,10 @@ from airflow_exactly_once.compat import BaseEventTrigger, TriggerEvent
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.timestamps import iso, now_ms
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
+from airflow_exactly_once.metrics import PipelineMetrics
 from airflow_exactly_once.monitor import (
     IN_FLIGHT,
+    InFlightSummary,
     WakeGate,
     WakeRule,
     claimed_positions,
@@ -63,6 +71,7 @@ class Backlog:
     last_seq: int
     last_stable: dict[TopicPartition, int]
     positions: dict[TopicPartition, int] = field(default_factory=dict)
+    in_flight: InFlightSummary | None = None  # None: the ledger does not know the pipeline yet
 
     @property
     def total(self) -> int:
@@ -77,37 +86,63 @@ class _Probe:
         self._ledger: Ledger | None = None
         self._ledger_url: str | None = None
         self._source: KafkaOffsetSource | None = None
+        self._deadline: tuple[str, int | None] | None = None  # (pipeline fingerprint, the sink's commit deadline)
 
-    def _positions(self) -> tuple[dict[TopicPartition, int], int]:
-        """Where the next batch would start (committed, or past a batch in flight), and the newest batch number."""
+    def _commit_deadline_ms(self, stored: dict) -> int | None:
+        """The pipeline's sink's commit deadline, worked out again only when its configuration changed."""
+        from airflow_exactly_once.sinks import stored_commit_deadline_ms
+
+        key = str(stored.get("fingerprint"))
+        if self._deadline is None or self._deadline[0] != key:
+            self._deadline = (key, stored_commit_deadline_ms(stored.get("config") or {}))
+        return self._deadline[1]
+
+    def _positions(self) -> tuple[dict[TopicPartition, int], int, InFlightSummary | None]:
+        """Where the next batch would start (committed, or past a batch in flight), the newest batch number, and
+        the batches in flight."""
         from airflow_exactly_once.hooks.ledger import LedgerHook
 
         if self._ledger_url is None:
             self._ledger_url = LedgerHook(ledger_conn_id=self.trigger.ledger_conn_id,
                                           ledger_url=self.trigger.ledger_url).get_url()
         if missing_sqlite_file(self._ledger_url):  # the embedded ledger before any pipeline ran
-            return {}, 0
+            return {}, 0, None
         if self._ledger is None:
             self._ledger = Ledger.read_only(self._ledger_url)
         ledger, pipeline_id = self._ledger, self.trigger.pipeline_id
-        if not ledger.has_schema() or ledger.pipeline(pipeline_id) is None:
-            return {}, 0
+        stored = ledger.pipeline(pipeline_id) if ledger.has_schema() else None
+        if stored is None:
+            return {}, 0, None
         flying = ledger.list_batches(pipeline_id, IN_FLIGHT)
-        return claimed_positions(ledger.committed_positions(pipeline_id), flying), ledger.last_batch_seq(pipeline_id)
+        in_flight = None
+        with self.trigger.metrics().reporting("batches in flight"):  # for the metrics only: never fails the poll
+            in_flight = InFlightSummary.read(flying, datetime.now(timezone.utc), self._commit_deadline_ms(stored))
+        return (claimed_positions(ledger.committed_positions(pipeline_id), flying), ledger.last_batch_seq(pipeline_id),
+                in_flight)
 
     def read(self, cutoff_ms: int | None) -> Backlog:
         from airflow_exactly_once.hooks.kafka import source_kafka_settings
 
-        positions, last_seq = self._positions()
+        positions, last_seq, in_flight = self._positions()
         if self._source is None:
             settings = source_kafka_settings(self.trigger.kafka_conn_id, self.trigger.kafka_config,
                                              self.trigger.bootstrap_servers).check()
             self._source = KafkaOffsetSource(settings, timeout_ms=self.trigger.kafka_timeout_ms,
                                              bootstrap_timeout_ms=self.trigger.kafka_timeout_ms)
         offsets = read_topic_offsets(self._source, list(self.trigger.topics), positions=positions, cutoff_ms=cutoff_ms)
-        return Backlog(waiting_records(positions, offsets.last_stable, offsets.log_start),
-                       waited_too_long(positions, offsets.last_stable, offsets.log_start, offsets.first_at_cutoff),
-                       last_seq, offsets.last_stable, positions)
+        backlog = Backlog(waiting_records(positions, offsets.last_stable, offsets.log_start),
+                          waited_too_long(positions, offsets.last_stable, offsets.log_start, offsets.first_at_cutoff),
+                          last_seq, offsets.last_stable, positions, in_flight)
+        self.report(backlog)
+        return backlog
+
+    def report(self, backlog: Backlog) -> None:
+        """The poll's metrics (here, in the worker thread: the first send may resolve the metrics host)."""
+        metrics = self.trigger.metrics()
+        with metrics.reporting("backlog"):
+            metrics.lag(backlog.waiting)
+            if backlog.in_flight is not None:
+                metrics.in_flight(backlog.in_flight)
 
     def close(self) -> None:
         """Drop the clients (after an error, the next poll connects anew)."""
@@ -172,6 +207,12 @@ class PipelineBacklogTrigger(BaseEventTrigger):
             "max_wait_seconds": self.max_wait_seconds, "poll_interval_seconds": self.poll_interval_seconds,
             "rearm_seconds": self.rearm_seconds, "kafka_timeout_ms": self.kafka_timeout_ms,
         })
+
+    def metrics(self) -> PipelineMetrics:
+        """The pipeline's metrics, the same names and tags as its steps send (airflow_exactly_once.metrics)."""
+        if "_metrics" not in self.__dict__:
+            self._metrics = PipelineMetrics(self.pipeline_id, logger=self.log)
+        return self._metrics
 
     def _cutoff_ms(self) -> int | None:
         return None if self.rule.max_wait_ms is None else now_ms() - self.rule.max_wait_ms

@@ -19,7 +19,7 @@ from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionErro
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import stored_commit_deadline_ms as commit_deadline_ms
 
 DEFAULT_KAFKA_TIMEOUT_MS = 5_000
 
@@ -119,14 +119,6 @@ class LedgerReader:
                 report.dag_ids = ledger.pipeline_dags().get(pipeline_id, set())
             return report
         return self.read(f"pipeline {pipeline_id}", read)
-
-
-def commit_deadline_ms(config: dict[str, Any]) -> int | None:
-    """How long the pipeline's sink keeps staged output (Kafka: transaction_timeout_ms), if it has a limit."""
-    try:
-        return create_sink(dict(config.get("sink") or {})).commit_deadline_ms()
-    except (ExactlyOnceError, ImportError, TypeError, ValueError):
-        return None
 
 
 def read_lag(report: PipelineReport, timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> LagResult:

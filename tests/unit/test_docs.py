@@ -80,3 +80,10 @@ def test_every_airflow_config_section_has_its_generated_table_in_the_docs():
     text = "".join(doc.read_text() for doc in docs.DOCS)
     for section in CONFIG:
         assert f"<!-- airflow-config: {section} -->\n{docs.config_table(section)}\n<!-- /airflow-config -->" in text
+
+
+def test_the_metrics_table_in_the_docs_is_generated_from_the_metrics_module():
+    from airflow_exactly_once.metrics import markdown_table
+
+    page = (docs.REPO / "docs" / "operating.md").read_text()
+    assert f"<!-- metrics -->\n{markdown_table()}\n<!-- /metrics -->" in page
