@@ -96,12 +96,17 @@ DEMO_ARGS ?=
 demo: setup
 	$(PY) -m devtools.demo $(DEMO_ARGS)
 
+# The primary run's workers (pytest-xdist): each starts its own servers (Kafka, PostgreSQL, Airflow, Spark) when a
+# test of its files needs them, and takes a whole file at a time, longest tier first (tests/conftest.py).
+# `make test PYTEST_WORKERS=` runs it in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
+
 # The whole suite on the primary stack, then three stages side by side (devtools/parallel_stages.py, each with
 # its log in $(STAGE_LOGS)/): the Kafka tests on Kafka 4, the newest stack's subset and the install matrix (once:
 # it is a test of the suite, left out of the first run). Everything the stages install or fetch (.venv-newest,
 # both stacks' jars) is built first, by the prerequisites, so no two stages install anything at once.
 test: setup newest-jars
-	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(RUN_STAGES)
 
 # The three stages alone, side by side, as `make test` runs them after the primary run.

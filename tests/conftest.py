@@ -68,11 +68,21 @@ TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "system")
 
 
+def _tier(item) -> str:
+    return Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        tier = Path(str(item.fspath)).resolve().relative_to(TESTS).parts[0]
+        tier = _tier(item)
         if tier in TIERS:
             item.add_marker(tier)
+    if getattr(config.option, "numprocesses", None):
+        # On several workers (`make test`: pytest-xdist, a file per unit of work, handed out in this order as
+        # workers free up) the longest files go first: the system tier, then integration, then the unit tier's
+        # many short files, which even out the workers' ends. Every worker sorts alike, as xdist requires.
+        rank = {"system": 0, "integration": 1, "unit": 2}
+        items.sort(key=lambda item: rank.get(_tier(item), 1))
 
 
 @pytest.hookimpl(tryfirst=True)
