@@ -246,14 +246,15 @@ class AirflowStack:
         tis = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         return {ti["task_id"].rpartition(".")[2]: (ti["state"], ti["try_number"]) for ti in tis}
 
-    def clear(self, dag_id: str, run_id: str, only_failed: bool = False) -> None:
-        """What "Clear" on a DAG run does in the UI: its tasks run again, same run id.
+    def clear(self, dag_id: str, run_id: str, only_failed: bool = False, task_ids: list[str] | None = None) -> None:
+        """What "Clear" on a DAG run (or on some of its tasks) does in the UI: they run again, same run id.
 
         Checks that the run is no longer finished when it returns, so that a `wait_run` after it
         waits for the new attempt and never returns the outcome of the old one.
         """
         self.api("POST", f"/dags/{dag_id}/clearTaskInstances",
-                 {"dag_run_id": run_id, "dry_run": False, "only_failed": only_failed, "reset_dag_runs": True})
+                 {"dag_run_id": run_id, "dry_run": False, "only_failed": only_failed, "reset_dag_runs": True,
+                  **({"task_ids": task_ids} if task_ids else {})})
         state = self.run_state(dag_id, run_id)
         if state in FINISHED:
             raise RuntimeError(f"run {run_id} of {dag_id} is still {state} after clearing it")

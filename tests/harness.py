@@ -8,9 +8,12 @@ Spark; integration tests give it real Kafka, Spark and sinks.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
@@ -22,6 +25,8 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import pipeline_sink
 from airflow_exactly_once.sinks.parquet.sink import ParquetSink, StagedFolder
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def open_ledger(url_or_path: str | Path) -> Ledger:
@@ -37,6 +42,21 @@ def airflow_ledger(stack: Any) -> Ledger:
     from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 
     return Ledger(f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}")
+
+
+def operator_cli(stack: Any, *args: str) -> subprocess.CompletedProcess:
+    """`airflow-exactly-once ARGS` on the stack's embedded ledger, as an operator runs it on the Airflow host (with
+    Airflow's configuration: the drift check reads its Asset events)."""
+    command = [sys.executable, "-m", "airflow_exactly_once.cli", "--ledger-url",
+               str(airflow_ledger(stack).engine.url), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={**stack.env(), "PYTHONPATH": str(REPO)})
+
+
+def asset_events(stack: Any, dag: str, run_id: str | None = None) -> list[dict]:
+    """The Asset events a DAG's runs (or one run) recorded, through Airflow's REST API."""
+    query = f"/assets/events?source_dag_id={dag}&limit=100" + (f"&source_run_id={quote(run_id)}" if run_id else "")
+    return stack.api("GET", query)["asset_events"]
 
 
 def pipeline_config(pipeline_id: str, topics: list[str], sink: dict[str, Any], bootstrap: str = "127.0.0.1:9",

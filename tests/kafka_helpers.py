@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.errors import NoError
+from kafka.structs import OffsetAndMetadata
 
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from tests.helpers import client_args
@@ -79,6 +81,17 @@ def group_offsets(bootstrap: Cluster, group: str) -> dict[tuple[str, int], int]:
     finally:
         admin.close()
     return {(tp.topic, tp.partition): meta.offset for tp, meta in answer.items()}
+
+
+def alter_group(bootstrap: Cluster, group: str, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
+    """Commit offsets (with metadata) for a group that has no active member, as another consumer would."""
+    admin = KafkaAdminClient(**client_args(bootstrap))
+    try:
+        errors = admin.alter_group_offsets(group, {TopicPartition(t, p): OffsetAndMetadata(o, meta, -1)
+                                                   for (t, p), (o, meta) in offsets.items()})
+    finally:
+        admin.close()
+    assert all(err is NoError for err in errors.values()), errors
 
 
 def transaction_state(bootstrap: Cluster, transactional_id: str) -> str:

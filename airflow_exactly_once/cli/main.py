@@ -5,7 +5,8 @@
     airflow-exactly-once show PIPELINE SEQ
     airflow-exactly-once positions PIPELINE
     airflow-exactly-once events PIPELINE
-    airflow-exactly-once check PIPELINE
+    airflow-exactly-once check PIPELINE [--without consumer-group|asset-events] [--kafka-conn-id ID]
+    airflow-exactly-once mirror PIPELINE [--kafka-conn-id ID] [--execute]
     airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
     airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
@@ -15,7 +16,7 @@
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
 options and --json go before or after the command.
-`rewind` and `prune` only print what they would do unless --execute is given.
+`rewind`, `prune` and `mirror` only print what they would do unless --execute is given.
 Reading commands never change the ledger's schema: a ledger older than this code asks for
 `db upgrade`, which brings it to this code's version (`db current` shows where it stands).
 On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
@@ -32,6 +33,7 @@ from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.drift import DriftReport, compare_asset_events, compare_group
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -41,6 +43,7 @@ from airflow_exactly_once.core.secrets import REDACTED
 from airflow_exactly_once.core.sink import Sink
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_sink
@@ -117,7 +120,17 @@ def _parser() -> argparse.ArgumentParser:
     command("positions", cmd_positions, "where each partition's next batch starts")
     command("events", cmd_events, "the pipeline's audit trail (skips, no-ops, rewinds)").add_argument(
         "--limit", type=int, default=50)
-    command("check", cmd_check, "verify that committed ranges tile each partition (exit 1 if not)")
+    check = command("check", cmd_check, "verify that committed ranges tile each partition, and that the mirrored "
+                                        "consumer group and Airflow's Asset events agree with the ledger (exit 1 "
+                                        "if not)")
+    check.add_argument("--without", action="append", choices=[GROUP, ASSET_EVENTS], default=[],
+                       help="leave one comparison out (asset-events needs Airflow's metadata database)")
+    _kafka_options(check)
+
+    mirror = command("mirror", cmd_mirror, "copy the ledger's committed positions to the pipeline's "
+                                           "mirror_consumer_group (repairs a group that drifted)")
+    _kafka_options(mirror)
+    mirror.add_argument("--execute", action="store_true", help="write the offsets (without: only print them)")
 
     rewind = command("rewind", cmd_rewind, "move a continuation pipeline back so a range is processed again")
     target = rewind.add_mutually_exclusive_group(required=True)
@@ -127,9 +140,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="retract: withdraw the committed output of the rewound batches (exactly once); "
                              "keep: leave it, the range is delivered again")
     rewind.add_argument("--reason", default="", help="recorded in the ledger with the rewind")
-    rewind.add_argument("--bootstrap-servers", help="Kafka to ask (default: the pipeline's own)")
-    rewind.add_argument("--kafka-conn-id", help="the kafka connection to ask with (needed when the pipeline's "
-                                                "Kafka settings hold secrets, which the ledger does not store)")
+    _kafka_options(rewind)
     rewind.add_argument("--execute", action="store_true", help="apply it (without: only print the plan)")
 
     pruning = command("prune", cmd_prune, "remove old final batches, keeping the committed floor (retention)")
@@ -155,6 +166,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _DEFAULT = object()  # --keep-batches / --keep-days not given: the pipeline's own setting
+GROUP, ASSET_EVENTS = "consumer-group", "asset-events"  # what `check --without` can leave out
+
+
+def _kafka_options(parser: argparse.ArgumentParser) -> None:
+    """Which Kafka a command asks, when it is not the one the ledger stored (or its secrets are needed)."""
+    parser.add_argument("--bootstrap-servers", help="Kafka to ask (default: the pipeline's own)")
+    parser.add_argument("--kafka-conn-id", help="the kafka connection to ask with (needed when the pipeline's "
+                                                "Kafka settings hold secrets, which the ledger does not store)")
 
 
 def _count_or_none(text: str) -> int | None:
@@ -295,10 +314,12 @@ def cmd_events(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
-
-    report = audit_pipeline(ledger, _known(ledger, args.pipeline))
+    pid = _known(ledger, args.pipeline)
+    report = audit_pipeline(ledger, pid)
+    drift = _drift(ledger, pid, args)
     if args.json:
-        print(json.dumps(report.__dict__, indent=1))
+        print(json.dumps({**report.__dict__, "drift_ok": drift.ok, "compared": drift.compared,
+                          "findings": [dataclasses.asdict(f) for f in drift.findings]}, indent=1))
     else:
         verdict = "OK" if report.ok else f"{len(report.problems)} PROBLEM(S)"
         print(f"{report.pipeline_id}: {report.committed_batches} committed batches; tiling {verdict}")
@@ -306,7 +327,62 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
             print(f"  recorded: {note}")
         for problem in report.problems:
             print(f"  PROBLEM: {problem}")
-    return 0 if report.ok else 1
+        print(f"drift {'OK' if drift.ok else f'{len(drift.drift)} DIFFERENCE(S)'}: compared with "
+              + "; ".join(drift.compared))
+        for finding in drift.findings:
+            print(f"  {finding.describe()}")
+    return 0 if report.ok and drift.ok else 1
+
+
+def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
+    """The ledger against the mirrored consumer group and Airflow's Asset events (core/drift.py)."""
+    report = DriftReport(pid)
+    stored = ledger.pipeline(pid)["config"]
+    group = stored.get("mirror_consumer_group")
+    if GROUP in args.without:
+        report.compared.append("consumer group: left out (--without)")
+    elif not group:
+        report.compared.append("consumer group: none (mirror_consumer_group is not set)")
+    else:
+        config = PipelineConfig.from_dict(stored)
+        offsets = read_group_offsets(_kafka_settings(config, args), group)
+        report.compared.append(f"consumer group {group!r}")
+        report.findings += compare_group(ledger, pid, group, config.topics, offsets, _mirror_command(pid, args))
+    if ASSET_EVENTS in args.without:
+        report.compared.append("Asset events: left out (--without)")
+    else:
+        from airflow_exactly_once.asset_history import (  # Airflow's database only when compared
+            pipeline_asset_uri,
+            recorded_batch_events,
+        )
+
+        events = recorded_batch_events(pid)
+        report.compared.append(f"{len(events)} Asset event(s) of {pipeline_asset_uri(pid)}")
+        report.findings += compare_asset_events(ledger, pid, events, pipeline_asset_uri(pid))
+    return report
+
+
+def _mirror_command(pipeline_id: str, args: argparse.Namespace) -> str:
+    where = (f" --kafka-conn-id {args.kafka_conn_id}" if args.kafka_conn_id else "") + (
+        f" --bootstrap-servers {args.bootstrap_servers}" if args.bootstrap_servers else "")
+    return f"airflow-exactly-once mirror {pipeline_id}{where} --execute"
+
+
+def cmd_mirror(ledger: Ledger, args: argparse.Namespace) -> int:
+    pid = _known(ledger, args.pipeline)
+    stored = ledger.pipeline(pid)["config"]
+    if not stored.get("mirror_consumer_group"):
+        raise ConfigurationError(f"{pid} has no mirror_consumer_group: there is no consumer group to mirror to")
+    config = PipelineConfig.from_dict(stored)
+    settings = _kafka_settings(config, args)
+    if not args.execute:
+        for (topic, partition), offset in sorted(ledger.committed_positions(pid).items()):
+            print(f"{config.mirror_consumer_group}: {topic}[{partition}] -> {offset}")
+        print("dry run: nothing changed; add --execute to write these offsets")
+        return 0
+    mirrored = mirror_committed_offsets(config, ledger, settings=settings)
+    print(mirrored.message)
+    return 0 if mirrored.ok else 1
 
 
 # -- rewinding -----------------------------------------------------------------------

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.drift import GroupOffset, mirror_metadata
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
@@ -35,15 +38,24 @@ def _alter(settings: KafkaSettings, group: str, offsets: dict) -> dict:
         return {"all partitions": exc}
 
 
-def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: float = 30.0) -> str:
-    """Write the ledger's committed positions to `config.mirror_consumer_group`; returns a log line."""
+@dataclass(frozen=True)
+class Mirrored:
+    ok: bool
+    message: str  # a log line
+
+
+def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: float = 30.0,
+                             settings: KafkaSettings | None = None) -> Mirrored:
+    """Write the ledger's committed positions to `config.mirror_consumer_group`.
+
+    `settings`: the Kafka to write to, when not the pipeline's own (the CLI's --kafka-conn-id)."""
     group = config.mirror_consumer_group
     if not group:
-        return "no mirror_consumer_group; consumer groups left alone"
+        return Mirrored(True, "no mirror_consumer_group; consumer groups left alone")
     positions = ledger.committed_positions(config.pipeline_id)
-    offsets = {TopicPartition(t, p): OffsetAndMetadata(o, f"airflow-exactly-once:{config.pipeline_id}", -1)
+    offsets = {TopicPartition(t, p): OffsetAndMetadata(o, mirror_metadata(config.pipeline_id), -1)
                for (t, p), o in sorted(positions.items())}
-    settings = KafkaSettings.of(config)
+    settings = settings or KafkaSettings.of(config)
     deadline = time.monotonic() + timeout_s
     while True:
         errors = _alter(settings, group, offsets)
@@ -58,5 +70,22 @@ def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: 
                    "notify_complete mirrors again)")
         log.warning(message)
         ledger.record_event(config.pipeline_id, None, "mirror-failed", message)
-        return message
-    return f"mirrored {len(offsets)} committed offsets to consumer group {group!r}"
+        return Mirrored(False, message)
+    return Mirrored(True, f"mirrored {len(offsets)} committed offsets to consumer group {group!r}")
+
+
+def read_group_offsets(settings: KafkaSettings, group: str) -> dict[tuple[str, int], GroupOffset]:
+    """Every offset `group` holds (the drift check compares them with the ledger)."""
+    try:
+        admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
+        try:
+            held = admin.list_group_offsets({group: None})[group]
+        finally:
+            admin.close()
+    except Exception as exc:
+        raise ConfigurationError(f"could not read the offsets of consumer group {group!r} from Kafka at "
+                                 f"{settings.bootstrap_servers} ({settings.origin}): {type(exc).__name__}: {exc}; "
+                                 "check that the broker is reachable with these settings (--kafka-conn-id, "
+                                 "--bootstrap-servers) and that they may DESCRIBE the group") from exc
+    return {(tp.topic, tp.partition): GroupOffset(meta.offset, meta.metadata or "")
+            for tp, meta in held.items() if meta.offset >= 0}

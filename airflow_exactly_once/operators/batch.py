@@ -336,7 +336,8 @@ class NotifyCompleteOperator(_BatchStepOperator):
         _log_ranges(self.log, batch)
         emit_batch_events(context, self.outlets, [batch_event_extra(batch, coordinator.ledger.batch_interval(batch_id))])
         if coordinator.config.mirror_consumer_group:
-            self.log.info("notify_complete: %s", mirror_committed_offsets(coordinator.config, coordinator.ledger))
+            self.log.info("notify_complete: %s",
+                          mirror_committed_offsets(coordinator.config, coordinator.ledger).message)
         pruned = coordinator.retain()
         if pruned:
             self.log.info("notify_complete: retention: %s", pruned)

@@ -74,7 +74,7 @@ def test_a_prune_killed_between_transactions_leaves_a_usable_ledger(pipe, ledger
     assert floor.offsets == {("t", p): 200 * RECORDS for p in range(PARTITIONS)}  # where batch 200 ended
     assert before == {("t", p): HISTORY * RECORDS for p in range(PARTITIONS)}
     assert pipe.ledger.committed_positions("p") == before
-    assert cli(["--ledger-url", ledger_url, "check", "p"]) == 0
+    assert cli(["--ledger-url", ledger_url, "check", "p", "--without", "asset-events"]) == 0
     # The next run plans exactly where the history ended, and its commit prunes on (bounded per call).
     run_batch(pipe, "after-the-crash")
     newest = pipe.ledger.list_batches("p", limit=1)[0]

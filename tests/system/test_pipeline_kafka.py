@@ -10,13 +10,15 @@ attempts really wrote to Kafka, i.e. that transactions, not luck, kept them out.
 from __future__ import annotations
 
 import json
+import sqlite3
 
+from airflow_exactly_once.core.drift import mirror_metadata
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from tests.conftest import K2K_INPUT, K2K_OUTPUT
-from tests.harness import airflow_ledger
+from tests.harness import airflow_ledger, operator_cli
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
-from tests.kafka_helpers import group_offsets, read_all, settled_ends, wait_transactions_ended
+from tests.kafka_helpers import alter_group, group_offsets, read_all, settled_ends, wait_transactions_ended
 
 TEST_DAG = "eo_kafka_test"
 
@@ -53,6 +55,47 @@ def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka,
     # The lag dashboards' view: the group's offsets are the ledger's committed positions.
     assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == {(K2K_INPUT, p): 200 for p in range(3)}
     assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == ledger.committed_positions("kafka_to_kafka")
+    check_drift_made_on_purpose_and_repaired(kafka, airflow, "kafka_to_kafka")
+
+
+def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> None:
+    """`airflow-exactly-once check` against the real group and Airflow's real Asset events: each kind of drift is
+    found with its cause, and the repairs it names work. The DAG (the Kafka example) is named as its pipeline."""
+    check = operator_cli(airflow, "check", pipeline)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "drift OK: compared with consumer group 'kafka_to_kafka'; 2 Asset event(s) of " in check.stdout
+    # The group: partition 0 moved back by hand, partition 1 committed by a consumer with auto-commit.
+    alter_group(kafka.bootstrap_servers, pipeline, {(K2K_INPUT, 0): (120, mirror_metadata(pipeline)),
+                                                    (K2K_INPUT, 1): (230, "")})
+    # Airflow: batch 2's event gone (Airflow never recorded it: the state a notify_complete leaves that failed
+    # after its commit and was marked success), and an event posted by hand for a batch the ledger never had.
+    with sqlite3.connect(airflow.home / "airflow.db", timeout=60) as db:
+        deleted = db.execute("DELETE FROM asset_event WHERE json_extract(extra, '$.batch_seq') = 2 AND asset_id IN "
+                             "(SELECT id FROM asset WHERE uri = ?)", (f"x-exactly-once://{pipeline}",)).rowcount
+    assert deleted == 1
+    [asset] = airflow.api("GET", f"/assets?uri_pattern=x-exactly-once://{pipeline}")["assets"]
+    airflow.api("POST", "/assets/events", {"asset_id": asset["id"], "extra": {"batch_seq": 7, "ranges": []}})
+    check = operator_cli(airflow, "--json", "check", pipeline)
+    assert check.returncode == 1, check.stdout + check.stderr
+    found = {(f["kind"], f["subject"]): f for f in json.loads(check.stdout)["findings"]}
+    assert sorted(found) == [("event-for-uncommitted-batch", "batch 7"), ("event-missing", "batches 2"),
+                             ("group-ahead", f"{K2K_INPUT}[1]"), ("group-behind", f"{K2K_INPUT}[0]")]
+    assert "the ledger has no such batch (its newest is 2)" in found[("event-for-uncommitted-batch", "batch 7")][
+        "detail"]
+    assert "120, the ledger's position is 200 (80 offsets behind)" in found[("group-behind", f"{K2K_INPUT}[0]")][
+        "detail"]
+    assert "a consumer other than this pipeline commits" in found[("group-ahead", f"{K2K_INPUT}[1]")]["cause"]
+    assert "clear notify_complete" in found[("event-missing", "batches 2")]["repair"]
+    # The repairs the check names: mirror the ledger to the group; clear notify_complete of batch 2's run.
+    mirrored = operator_cli(airflow, "mirror", pipeline, "--execute")
+    assert mirrored.returncode == 0 and "mirrored 3 committed offsets" in mirrored.stdout, mirrored.stderr
+    [notify] = [t for t in airflow.api("GET", f"/dags/{pipeline}/dagRuns/k2k_1/taskInstances")["task_instances"]
+                if t["task_id"].endswith("notify_complete")]
+    airflow.clear(pipeline, "k2k_1", task_ids=[notify["task_id"]])
+    assert airflow.wait_run(pipeline, "k2k_1") == "success"
+    check = operator_cli(airflow, "--json", "check", pipeline)
+    assert [(f["kind"], f["subject"]) for f in json.loads(check.stdout)["findings"]] == [
+        ("event-for-uncommitted-batch", "batch 7")]  # what was posted by hand stays in Airflow's history
 
 
 def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(kafka, airflow, faults, unique,

@@ -1,0 +1,44 @@
+"""The Asset events Airflow recorded for a pipeline, read from Airflow's metadata database.
+
+The drift check (core/drift.py) compares them with the ledger. It runs where that database is
+reachable anyway: the `airflow` CLI's machines and the api-server (the ledger page); task processes,
+which may not reach it on Airflow 3, never call this.
+"""
+
+from __future__ import annotations
+
+from airflow.models.asset import AssetEvent, AssetModel
+from airflow.utils.session import create_session
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from airflow_exactly_once.assets import pipeline_asset
+from airflow_exactly_once.core.drift import RecordedEvent
+from airflow_exactly_once.core.errors import ConfigurationError
+
+
+def pipeline_asset_uri(pipeline_id: str) -> str:
+    return pipeline_asset(pipeline_id).uri
+
+
+def recorded_batch_events(pipeline_id: str, session: Session | None = None) -> list[RecordedEvent]:
+    """Every event of the pipeline's Asset, oldest first (none when Airflow never recorded one)."""
+    query = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id, AssetEvent.source_task_id,
+                    AssetEvent.timestamp)
+             .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+             .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
+             .order_by(AssetEvent.id))
+    try:
+        if session is not None:
+            rows = session.execute(query).all()
+        else:
+            with create_session() as own:
+                rows = own.execute(query).all()
+    except Exception as exc:
+        raise ConfigurationError(f"could not read Airflow's Asset events of {pipeline_asset_uri(pipeline_id)} from "
+                                 f"Airflow's metadata database: {type(exc).__name__}: {exc}; run the check where "
+                                 "Airflow's [database] sql_alchemy_conn is set (where `airflow` commands work), or "
+                                 "leave the events out with --without asset-events") from exc
+    return [RecordedEvent.from_extra(extra, "/".join(filter(None, (dag, run, task))) or "Airflow's API",
+                                     at.isoformat() if at else "")
+            for extra, dag, run, task, at in rows]

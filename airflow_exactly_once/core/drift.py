@@ -1,0 +1,252 @@
+"""Drift: where the other accounts of a pipeline's committed offsets differ from the ledger.
+
+The ledger is the only truth (docs/protocol.md). Two others keep an account of it, and people read
+them as if they were: the mirrored consumer group (kafka/consumer_group.py, what lag dashboards read)
+and the Asset events Airflow recorded for committed batches (assets.py, what downstream DAGs run on).
+This compares them with the ledger and says, for each difference, what caused it and how to repair it.
+A difference that a recorded decision explains (a rewind, a re-run that re-announced a batch) is a
+note, not drift. Reading Kafka and Airflow is the caller's; this module only compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from airflow_exactly_once.core.errors import IllegalTransitionError
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import Batch, BatchId
+from airflow_exactly_once.core.states import BatchState
+
+TopicPartition = tuple[str, int]
+MIRROR_METADATA_PREFIX = "airflow-exactly-once:"  # what the mirror writes as each offset's metadata
+
+
+def mirror_metadata(pipeline_id: str) -> str:
+    """The metadata the mirror writes with each group offset: who committed it."""
+    return f"{MIRROR_METADATA_PREFIX}{pipeline_id}"
+
+
+@dataclass(frozen=True)
+class GroupOffset:
+    """One committed offset of the mirrored consumer group, as Kafka returns it."""
+
+    offset: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """One Asset event Airflow recorded for the pipeline, reduced to what the ledger can confirm."""
+
+    batch_seq: int | None
+    ranges: tuple[tuple[str, int, int, int], ...]  # (topic, partition, start, end)
+    source: str = ""  # "dag_id/run_id/task_id", or how it was made
+    at: str = ""
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None, source: str = "", at: str = "") -> RecordedEvent:
+        """From an event's extra as assets.batch_event_extra wrote it (anything else has no batch_seq)."""
+        extra = extra or {}
+        seq = extra.get("batch_seq")
+        ranges = tuple(sorted((str(r.get("topic")), int(r.get("partition", -1)), int(r.get("start", -1)),
+                               int(r.get("end", -1))) for r in extra.get("ranges") or () if isinstance(r, dict)))
+        return cls(seq if isinstance(seq, int) else None, ranges, source, at)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One difference: `drift` ones make the check fail; the others are explained by the ledger."""
+
+    kind: str
+    subject: str
+    detail: str
+    cause: str
+    repair: str = ""
+    drift: bool = True
+
+    def describe(self) -> str:
+        label = "DRIFT" if self.drift else "note"
+        text = f"{label} {self.kind} {self.subject}: {self.detail}. Cause: {self.cause}"
+        return text + (f". Repair: {self.repair}" if self.repair else "")
+
+
+@dataclass
+class DriftReport:
+    pipeline_id: str
+    compared: list[str] = field(default_factory=list)  # what was compared, for the reader
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def drift(self) -> list[Finding]:
+        return [f for f in self.findings if f.drift]
+
+    @property
+    def ok(self) -> bool:
+        return not self.drift
+
+
+def _tp(tp: TopicPartition) -> str:
+    return f"{tp[0]}[{tp[1]}]"
+
+
+def _last_event(ledger: Ledger, pipeline_id: str, kind: str) -> dict[str, Any] | None:
+    return next((e for e in ledger.list_events(pipeline_id, limit=10_000) if e["kind"] == kind), None)
+
+
+def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable[str],
+                  offsets: dict[TopicPartition, GroupOffset], mirror_command: str) -> list[Finding]:
+    """The mirrored group's offsets against the ledger's committed positions.
+
+    `offsets`: every offset the group holds; those of other topics are none of this pipeline's.
+    `mirror_command`: the command that copies the ledger's positions to the group again.
+    """
+    positions = ledger.committed_positions(pipeline_id)
+    ours = mirror_metadata(pipeline_id)
+    failed = _last_event(ledger, pipeline_id, "mirror-failed")
+    rewound = _last_event(ledger, pipeline_id, "rewind")
+    repair = f"run `{mirror_command}`"
+    findings = []
+    for tp, position in sorted(positions.items()):
+        held = offsets.get(tp)
+        if held is not None and held.offset == position:
+            continue
+        if held is None:
+            cause = (f"the last mirror failed ({failed['message']})" if failed else
+                     "no notify_complete has mirrored since the pipeline started reading this partition")
+            findings.append(Finding("group-missing", _tp(tp), f"group {group!r} holds no offset, the ledger's "
+                                    f"position is {position}", cause, repair))
+            continue
+        other = held.metadata != ours
+        if held.offset < position:
+            cause = (f"the last mirror failed ({failed['message']})" if failed else
+                     "a batch was committed and its notify_complete did not reach the mirror (it ends the task)")
+            kind = "group-behind"
+        else:
+            cause = ("a rewind moved the ledger back and no batch has committed since"
+                     if rewound and not other else "the offset was committed by someone else")
+            kind = "group-ahead"
+        if other:
+            cause = (f"a consumer other than this pipeline commits to the group (its metadata: "
+                     f"{held.metadata!r}, the mirror writes {ours!r}): " + cause)
+            repair = (f"stop that consumer (or give it its own group.id: the group is this pipeline's mirror), "
+                      f"then run `{mirror_command}`")
+        findings.append(Finding(kind, _tp(tp), f"group {group!r} is at {held.offset}, the ledger's position is "
+                                f"{position} ({abs(position - held.offset)} offsets "
+                                f"{'behind' if held.offset < position else 'ahead'})", cause, repair))
+    watched = set(topics)
+    for tp, held in sorted(offsets.items()):
+        if tp[0] in watched and tp not in positions:
+            findings.append(Finding("group-unknown-partition", _tp(tp), f"group {group!r} holds offset {held.offset} "
+                                    "for a partition the pipeline has never read",
+                                    "another consumer committed it (metadata " + repr(held.metadata) + ")",
+                                    f"kafka-consumer-groups.sh --delete-offsets --group {group} --topic "
+                                    f"{tp[0]}:{tp[1]}"))
+    return findings
+
+
+def compare_asset_events(ledger: Ledger, pipeline_id: str, events: list[RecordedEvent],
+                         asset_uri: str) -> list[Finding]:
+    """Airflow's Asset events of the pipeline against its committed batches: one per batch, the same ranges.
+
+    Batches retention pruned cannot be compared; events before the first one Airflow still holds may
+    have been cleaned by `airflow db clean`.
+    """
+    floor = ledger.retention_floor(pipeline_id).batch_seq
+    committed = {b.seq: b for b in ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False)
+                 if b.seq > floor}
+    by_seq: dict[int, list[RecordedEvent]] = {}
+    findings: list[Finding] = []
+    for event in events:
+        if event.batch_seq is None:
+            findings.append(Finding("event-without-batch", asset_uri, f"an event from {event.source or 'unknown'} "
+                                    f"at {event.at} names no batch_seq", "it was not made by this provider's "
+                                    "notify_complete or plan (e.g. posted through Airflow's API by hand)",
+                                    "downstream DAGs cannot tell which offsets it stands for; use the batch events"))
+            continue
+        if event.batch_seq > floor:
+            by_seq.setdefault(event.batch_seq, []).append(event)
+    for seq, recorded in sorted(by_seq.items()):
+        findings += _compare_batch_events(ledger, pipeline_id, seq, committed.get(seq), recorded)
+    missing = sorted(set(committed) - set(by_seq))
+    if missing:
+        findings += _missing_events(committed, missing, by_seq, asset_uri)
+    return findings
+
+
+def _ranges(batch: Batch) -> tuple[tuple[str, int, int, int], ...]:
+    return tuple(sorted((r.topic, r.partition, r.start, r.end) for r in batch.ranges))
+
+
+def _compare_batch_events(ledger: Ledger, pipeline_id: str, seq: int, batch: Batch | None,
+                          recorded: list[RecordedEvent]) -> list[Finding]:
+    subject = f"batch {seq}"
+    sources = ", ".join(sorted({e.source for e in recorded if e.source})) or "unknown"
+    if batch is None:
+        newest = next(iter(ledger.list_batches(pipeline_id, limit=1)), None)
+        state = _state_of(ledger, pipeline_id, seq)
+        if state is BatchState.RETRACTED:
+            return [Finding("event-for-retracted-batch", subject, f"Airflow announced it ({sources}); the ledger "
+                            "holds it RETRACTED", "its output was withdrawn on purpose (a rewind or a re-run of "
+                            "its interval, see `events`); downstream DAGs that ran on it saw output that is gone",
+                            "re-run the downstream runs of that event if they copied the output", drift=False)]
+        what = f"the ledger holds it {state.value}" if state else (
+            "the ledger has no such batch" + (f" (its newest is {newest.seq})" if newest else " (it holds none)"))
+        return [Finding("event-for-uncommitted-batch", subject, f"Airflow recorded it as committed ({sources}); "
+                        f"{what}", "the DAG wrote to another ledger than the one checked (compare ledger_conn_id / "
+                        "--ledger-url), the ledger was reset or restored from a backup, or the event was posted by "
+                        "hand", "check the ledger; if it was reset, downstream DAGs ran on output the ledger does "
+                        "not account for")]
+    findings = []
+    wrong = [e for e in recorded if e.ranges != _ranges(batch)]
+    if wrong:
+        findings.append(Finding("event-ranges-differ", subject, f"{len(wrong)} event(s) ({sources}) announce "
+                                f"{_show(wrong[0].ranges)}, the ledger committed {_show(_ranges(batch))}",
+                                "the ledger was reset or restored and its batch numbers were used again, or the "
+                                "event was posted by hand", "check the ledger the DAG uses; downstream DAGs ran on "
+                                "the event's ranges"))
+    if len(recorded) - len(wrong) > 1:
+        findings.append(Finding("event-repeated", subject, f"Airflow recorded {len(recorded)} events for it "
+                                f"({sources})", "its notify_complete ran again (a cleared task or run): the batch "
+                                "was committed once and each run announces it again; DAGs scheduled on the Asset "
+                                "ran once per event", "downstream tasks should key on the event's batch_seq",
+                                drift=False))
+    return findings
+
+
+def _missing_events(committed: dict[int, Batch], missing: list[int], by_seq: dict[int, list[RecordedEvent]],
+                    asset_uri: str) -> list[Finding]:
+    first_announced = min(by_seq) if by_seq else None
+    older = [s for s in missing if first_announced is not None and s < first_announced]
+    newer = [s for s in missing if first_announced is None or s > first_announced]
+    findings = []
+    if older:
+        findings.append(Finding("events-before-history", f"batches {_seqs(older)}", f"Airflow holds no event for "
+                                f"them; its oldest event of {asset_uri} is for batch {first_announced}",
+                                "Airflow's event history starts later (`airflow db clean`), or the DAG's "
+                                "notify_complete had no outlets then", drift=False))
+    if newer:
+        runs = ", ".join(sorted({committed[s].run_id for s in newer})[:5])
+        cause = ("the pipeline's notify_complete has no outlets (the task group gives it the AssetAlias "
+                 "exactly-once-batches), or its events were cleaned" if first_announced is None else
+                 "its notify_complete was marked success without running, or failed after committing and was "
+                 "not run again")
+        findings.append(Finding("event-missing", f"batches {_seqs(newer)}", f"committed in the ledger, no Asset "
+                                f"event of {asset_uri} (runs {runs})", cause, "clear notify_complete of those runs: "
+                                "it finds the batch committed, changes nothing and announces it"))
+    return findings
+
+
+def _state_of(ledger: Ledger, pipeline_id: str, seq: int) -> BatchState | None:
+    try:
+        return ledger.get_batch(BatchId(pipeline_id, seq)).state
+    except IllegalTransitionError:  # not in the ledger
+        return None
+
+
+def _show(ranges: tuple[tuple[str, int, int, int], ...]) -> str:
+    return ", ".join(f"{t}[{p}] {s}..{e}" for t, p, s, e in ranges) or "no ranges"
+
+
+def _seqs(seqs: list[int]) -> str:
+    return ", ".join(map(str, seqs[:10])) + (f" and {len(seqs) - 10} more" if len(seqs) > 10 else "")
