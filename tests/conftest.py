@@ -77,9 +77,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         tier = _tier(item)
         if tier in TIERS:
             item.add_marker(tier)
-    if getattr(config.option, "numprocesses", None):
-        # On several workers (`make test`: pytest-xdist, a file per unit of work, handed out in this order as
-        # workers free up) the longest files go first: the system tier, then integration, then the unit tier's
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker (`make test`: a file per unit of work, handed out in the workers' collection order
+        # as they free up): the longest files go first, the system tier, then integration, then the unit tier's
         # many short files, which even out the workers' ends. Every worker sorts alike, as xdist requires.
         rank = {"system": 0, "integration": 1, "unit": 2}
         items.sort(key=lambda item: rank.get(_tier(item), 1))
@@ -282,8 +282,22 @@ def statsd_env(port: int) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def openlineage_events(tmp_path_factory) -> Path:
+    """The file the session's Airflow writes its OpenLineage events to (one JSON event per line)."""
+    return tmp_path_factory.mktemp("openlineage") / "events.jsonl"
+
+
+def openlineage_env(events: Path) -> dict[str, str]:
+    """OpenLineage on, for the DAGs that call `enable_lineage` only (selective_enable), to a file: the DAGs of
+    tests/dags/eo_lineage_test_dag.py and eo_no_secret_test_dag.py; every other task's listener returns at once."""
+    return {"AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(events),
+                                                           "append": True}),
+            "AIRFLOW__OPENLINEAGE__SELECTIVE_ENABLE": "True", "AIRFLOW__OPENLINEAGE__NAMESPACE": "eo-tests"}
+
+
+@pytest.fixture(scope="session")
 def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
-            arrival_output, unreachable, hang_up_ledger, statsd, tmp_path_factory):
+            arrival_output, unreachable, hang_up_ledger, statsd, openlineage_events, tmp_path_factory):
     """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
     from devtools.airflow_stack import AirflowStack
     from tests.helpers import create_topic
@@ -336,6 +350,7 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
         **no_secret_env(NO_SECRET_MARKERS, postgres.port, PG_DATABASE),  # tests/dags/eo_no_secret_test_dag.py
         "EO_METRICS_PIPELINE": METRICS_PIPELINE,
         "EO_METRICS_SPARK_CONN_ID": SPARK_CONN_ID,  # the warm server (the `warm_spark` fixture creates it)
+        **openlineage_env(openlineage_events),
     }
     stack = AirflowStack(root, dag_files, env, triggerer=True, component_env={
         "scheduler": statsd_env(statsd.tasks.port),  # LocalExecutor: the tasks run in the scheduler's children
