@@ -11,6 +11,7 @@ api-server's own names that the ledger page needs (ui/plugin.py, ui/app.py: the 
 class, configuration, authentication, the DB session), which exist only where it runs.
 `Stats`, Airflow's metrics layer (airflow_exactly_once.metrics emits through it), comes from
 common-compat too (`airflow.stats` on 3.1, the SDK's observability module on later releases).
+`openlineage()` gives the OpenLineage provider's classes when the optional extra is installed.
 
 Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
 no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
@@ -23,6 +24,7 @@ run where Airflow may not be installed (a spark-submitted driver, the executors)
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import airflow
 
@@ -80,6 +82,25 @@ def legacy_metric_names() -> bool:
     return conf.getboolean("metrics", "legacy_names_on", fallback=True)
 
 
+def openlineage() -> SimpleNamespace | None:
+    """The OpenLineage provider's OperatorLineage, the client's dataset and facet classes and attrs (its facets
+    are attrs classes), or None when the
+    [openlineage] extra is not installed. Imported on first use: only the OpenLineage listener asks (through the
+    operators' get_openlineage_facets_on_* methods), and only in deployments where it is on."""
+    try:
+        import attr
+        from airflow.providers.openlineage.extractors import OperatorLineage
+        from openlineage.client.generated.base import InputDataset, OutputDataset, RunFacet
+        from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
+        from openlineage.client.generated.output_statistics_output_dataset import OutputStatisticsOutputDatasetFacet
+    except ImportError:
+        return None
+    return SimpleNamespace(attr=attr, OperatorLineage=OperatorLineage, InputDataset=InputDataset,
+                           OutputDataset=OutputDataset,
+                           RunFacet=RunFacet, InputStatistics=InputStatisticsInputDatasetFacet,
+                           OutputStatistics=OutputStatisticsOutputDatasetFacet)
+
+
 __all__ = [
     "AIRFLOW_FLOOR",
     "AirflowException",
@@ -98,4 +119,5 @@ __all__ = [
     "check_airflow_version",
     "legacy_metric_names",
     "mask_secret",
+    "openlineage",
 ]

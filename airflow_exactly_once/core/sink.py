@@ -24,6 +24,7 @@ from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
 
 Handles = dict[str, Any]
@@ -113,6 +114,11 @@ class Sink(ABC):
                                      f"choose one of {', '.join(self.guarantees)}")
         self.pipeline = config
         return self
+
+    def lineage_dataset(self) -> DatasetName | None:
+        """Where the sink writes, named as OpenLineage names datasets (the operators report it when the
+        OpenLineage provider is installed); None: the sink has no name there and lineage shows no output."""
+        return None
 
     def commit_deadline_ms(self) -> int | None:
         """How long staged output survives before the sink discards it; None: until aborted.

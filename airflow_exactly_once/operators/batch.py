@@ -34,6 +34,7 @@ from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.lineage import step_lineage
 from airflow_exactly_once.metrics import PipelineMetrics
 from airflow_exactly_once.monitor import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
@@ -110,6 +111,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
+        self._lineage_config = config
         return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
@@ -143,6 +145,24 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def run_step(self, context) -> Any:
         raise NotImplementedError
+
+    # -- OpenLineage: the provider's DefaultExtractor calls these, only where it is installed and on ------
+
+    def get_openlineage_facets_on_start(self) -> Any:
+        return step_lineage(self.pipeline_config(), None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        return self._step_lineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        return self._step_lineage()
+
+    def _step_lineage(self) -> Any:
+        """Lineage with the batch this step worked on, in the state the ledger holds it now."""
+        config = self.__dict__.get("_lineage_config") or self.pipeline_config()
+        batch_id: BatchId | None = self.__dict__.get("_lineage_batch_id")
+        batch = None if batch_id is None else self.ledger_hook().get_conn().get_batch(batch_id)
+        return step_lineage(config, batch, self.__dict__.get("_lineage_recovered"))
 
 
 ExactlyOnceBaseOperator.__doc__ = ExactlyOnceBaseOperator.__doc__.format(params=arguments.param_docs())
@@ -201,7 +221,8 @@ class _BatchStepOperator(ExactlyOnceBaseOperator):
 
     def resolved_batch_id(self) -> BatchId | None:
         text = (self.batch_id or "").strip()
-        return None if text in ("", "None") else BatchId.parse(text)
+        self._lineage_batch_id = None if text in ("", "None") else BatchId.parse(text)
+        return self._lineage_batch_id
 
 
 class PlanBatchOperator(ExactlyOnceBaseOperator):
@@ -235,6 +256,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
                                  _cleared_run_after(context))
         finally:  # what recovery did counts even when planning failed after it
             self._report_recovery(coordinator)
+            self._lineage_recovered = [str(batch_id) for batch_id in coordinator.recovered]
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)
@@ -244,6 +266,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         if outcome.batch is not None:
             _log_ranges(self.log, outcome.batch)
         self._report_plan(coordinator, outcome, time.monotonic() - started)
+        self._lineage_batch_id = outcome.batch.id if outcome.batch is not None else None
         if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
             if coordinator.recovered:
                 return None  # succeed, so that the recovered batches' Asset events are emitted
@@ -357,7 +380,7 @@ class AbortBatchOperator(_BatchStepOperator):
             batch = coordinator.ledger.latest_batch_for_run(coordinator.pipeline_id, context["run_id"])
             if batch is None:
                 raise AirflowSkipException("this run planned no batch; nothing to abort")
-            batch_id = batch.id
+            batch_id = self._lineage_batch_id = batch.id
         before = coordinator.ledger.get_batch(batch_id).state
         message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
         self.log.info("abort: %s", message)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+from airflow.providers.openlineage.utils.selective_enable import enable_lineage
 from airflow.sdk import DAG
 
 from airflow_exactly_once.task_group import exactly_once_batch
@@ -56,7 +57,7 @@ with DAG(
     params={"prefix": "nst", "topic": "sec-in-nst", "table": "nst", "warehouse": "/tmp/eo-nst-lake",
             "max_records": 100, "spark_conn_id": ""},
     default_args={"retries": 0},  # the failing run fails at once; its error is the one the test searches
-):
+) as dag:
     exactly_once_batch(
         group_id="pg",
         pipeline_id="{{ params.prefix }}-pg",
@@ -81,3 +82,4 @@ with DAG(
         transform="eo_test_transforms:rows",
         **COMMON,
     )
+enable_lineage(dag)  # its tasks' OpenLineage events are searched too

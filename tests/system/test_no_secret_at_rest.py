@@ -83,7 +83,8 @@ def cli_output(ledger_url: str, pipeline: str) -> list[Store]:
     return outputs
 
 
-def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow, warm_spark, tmp_path, unique):
+def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow, warm_spark, openlineage_events,
+                                              tmp_path, unique):
     admin = secured_kafka.client_config()
     prefix, table = f"nst-{unique}", f"nst_{unique}"
     topic = f"{SECURED_IN}nst-{unique}"
@@ -155,6 +156,8 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
         "Airflow REST API (task instances, rendered fields)": [
             (f"REST taskInstances of run {run}", http_get(airflow, f"/api/v2/dags/{DAG}/dagRuns/{run}/taskInstances"))
             for run in runs],
+        # the DAG has lineage on: every OpenLineage event of its tasks (facets, datasets, the provider's own)
+        "OpenLineage events": list(files(openlineage_events, "OpenLineage events")),
         "CLI output": [*cli_output(f"sqlite:///{embedded}", f"{prefix}-pg"), *cli_output(pg_ledger, f"{prefix}-ice")],
     }
     # Each group was read and holds this test's pipelines (else finding nothing there would prove nothing).

@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError, raise_explained
+from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
@@ -73,6 +74,11 @@ class IcebergSink(Sink):
     def spark_table(self) -> str:
         """The table as Spark names it: catalog.namespace.name."""
         return _quote(self.catalog.name, self.namespace, self.table_name)
+
+    def lineage_dataset(self) -> DatasetName:
+        """The table's files where its catalog puts a new table (`{warehouse}/{namespace}/{name}`), as
+        OpenLineage's Spark integration names Iceberg tables by their location."""
+        return file_dataset(f"{self.catalog.warehouse.rstrip('/')}/{self.namespace}/{self.table_name}")
 
     def spark_packages(self) -> list[str]:
         return [ICEBERG_SPARK_RUNTIME, self.catalog.jdbc_package()]

@@ -34,6 +34,7 @@ from airflow_exactly_once.core.errors import (
     TransactionLostError,
     TransformError,
 )
+from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
@@ -91,6 +92,9 @@ class KafkaSink(Sink):
                                      f"accept: {exc}") from None
 
     # -- settings ------------------------------------------------------------------
+
+    def lineage_dataset(self) -> DatasetName:
+        return kafka_dataset(self.client_settings().bootstrap_servers, self.topic)
 
     def client_settings(self, bootstrap_servers: str | None = None) -> KafkaSettings:
         """The output cluster: the sink's own servers and client settings, else the pipeline's."""

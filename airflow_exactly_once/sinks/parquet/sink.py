@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, TransactionLostError
+from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
@@ -66,6 +67,9 @@ class ParquetSink(Sink):
         self.root = _local_path(spec["path"])
 
     # -- names ---------------------------------------------------------------------
+
+    def lineage_dataset(self) -> DatasetName:
+        return file_dataset(str(self.root))
 
     def final_dir(self, batch: Batch) -> Path:
         return self.root / f"batch_seq={batch.seq}"

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
+from airflow_exactly_once.core.lineage_names import DatasetName, postgres_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters, Sink, column_names
 from airflow_exactly_once.sinks.postgres import transactions as pgx
@@ -99,6 +100,9 @@ class PostgresSink(Sink):
         if self._dsn is None:
             self._dsn = resolve_dsn(self.spec)
         return self._dsn
+
+    def lineage_dataset(self) -> DatasetName:
+        return postgres_dataset(self.dsn, self.table)
 
     # -- plan ----------------------------------------------------------------------
 

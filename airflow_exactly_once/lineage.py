@@ -1,0 +1,90 @@
+"""OpenLineage for a pipeline's tasks: which topics a batch reads, where it writes, which offsets.
+
+The operators' get_openlineage_facets_on_start / _on_complete / _on_failure (the OpenLineage
+provider's DefaultExtractor calls them, only where the provider is installed and on) return
+`step_lineage`: an input dataset per topic (`kafka://{bootstrap server}`, the topic), the output
+sink and, under bad_record_policy="dead_letter", the dead-letter destination as output datasets,
+named by the sinks (Sink.lineage_dataset), with record counts as the standard statistics facets;
+and the run facet `exactlyOnceBatch`: the batch, its offset range per partition, its counts, its
+state in the ledger, and the batches plan's recovery committed. Names and counts only: no setting of a sink or a connection reaches a
+facet, so no secret can.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_exactly_once.compat import openlineage
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.sinks import create_sink, dead_letter_spec
+
+FACET_NAME = "exactlyOnceBatch"
+
+
+def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: list[str]) -> dict[str, Any]:
+    """What the `exactlyOnceBatch` run facet says (before the batch is known: the pipeline only).
+
+    `recovered`: the batches plan's recovery committed (left PREPARED by an earlier run)."""
+    if batch is None:
+        return {"pipelineId": config.pipeline_id, "batchId": None, "batchSeq": None, "state": None, "ranges": [],
+                "inputRecords": None, "outputRecords": None, "badRecords": None, "recoveredBatches": recovered}
+    bad = batch.details.get("bad_records") or {}
+    return {"pipelineId": batch.pipeline_id, "batchId": str(batch.id), "batchSeq": batch.seq,
+            "state": batch.state.value,
+            "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+                       for r in batch.ranges],
+            "inputRecords": batch.input_records, "outputRecords": batch.output_records,
+            "badRecords": bad.get("count"), "recoveredBatches": recovered}
+
+
+def output_datasets(config: PipelineConfig) -> list[tuple[DatasetName, str]]:
+    """(where, role) of the sink and of the dead-letter destination when the pipeline keeps bad records there."""
+    found = []
+    output = create_sink(config.sink).bind(config).lineage_dataset()
+    if output is not None:
+        found.append((output, "output"))
+    if config.bad_record_policy == "dead_letter":
+        dead = create_sink(dead_letter_spec(config)).bind(config).lineage_dataset()
+        if dead is not None:
+            found.append((dead, "dead_letter"))
+    return found
+
+
+def step_lineage(config: PipelineConfig, batch: Batch | None, recovered: list[str] | None = None) -> Any:
+    """The OpenLineage provider's OperatorLineage of one step, or None without the [openlineage] extra."""
+    ol = openlineage()
+    if ol is None:
+        return None
+    single_topic = len(config.topics) == 1
+    inputs = []
+    for topic in config.topics:
+        name = kafka_dataset(config.bootstrap_servers, topic)
+        facets = {}
+        if batch is not None and batch.input_records is not None and single_topic:
+            facets["inputStatistics"] = ol.InputStatistics(rowCount=batch.input_records)
+        inputs.append(ol.InputDataset(name.namespace, name.name, inputFacets=facets))
+    outputs = []
+    for name, role in output_datasets(config):
+        count = None if batch is None else (batch.output_records if role == "output" else
+                                            (batch.details.get("bad_records") or {}).get("count"))
+        facets = {} if count is None else {"outputStatistics": ol.OutputStatistics(rowCount=count)}
+        outputs.append(ol.OutputDataset(name.namespace, name.name, outputFacets=facets))
+    facet = _facet_class(ol)(**batch_facet_fields(config, batch, list(recovered or ())))
+    return ol.OperatorLineage(inputs=inputs, outputs=outputs, run_facets={FACET_NAME: facet})
+
+
+_FACET_CLASSES: dict[type, type] = {}
+
+
+def _facet_class(ol: Any) -> type:
+    """The `exactlyOnceBatch` facet: a RunFacet of the installed OpenLineage client, made on first use (the
+    client is an optional extra, so the class cannot be defined when this module is imported)."""
+    if ol.RunFacet not in _FACET_CLASSES:
+        fields = {name: ol.attr.field(default=None) for name in
+                  ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords",
+                   "badRecords", "recoveredBatches")}
+        _FACET_CLASSES[ol.RunFacet] = ol.attr.make_class("ExactlyOnceBatchRunFacet", fields, bases=(ol.RunFacet,),
+                                                         kw_only=True)
+    return _FACET_CLASSES[ol.RunFacet]
