@@ -12,13 +12,9 @@ from airflow.utils.session import create_session
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from airflow_exactly_once.assets import pipeline_asset
 from airflow_exactly_once.core.drift import RecordedEvent
 from airflow_exactly_once.core.errors import ConfigurationError
-
-
-def pipeline_asset_uri(pipeline_id: str) -> str:
-    return pipeline_asset(pipeline_id).uri
+from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 
 
 def recorded_batch_events(pipeline_id: str, session: Session | None = None) -> list[RecordedEvent]:

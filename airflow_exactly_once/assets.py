@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from airflow_exactly_once.compat import Asset, AssetAlias, AssetWatcher
+from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.timestamps import iso
 
@@ -21,7 +22,7 @@ GROUP = "exactly-once"
 
 def pipeline_asset(pipeline_id: str) -> Asset:
     """The Asset a DAG can be scheduled on to run after each committed batch of `pipeline_id`."""
-    return Asset(name=f"exactly-once/{pipeline_id}", uri=f"x-exactly-once://{pipeline_id}", group=GROUP)
+    return Asset(name=f"exactly-once/{pipeline_id}", uri=pipeline_asset_uri(pipeline_id), group=GROUP)
 
 
 def pipeline_backlog_asset(pipeline_id: str, trigger: Any) -> Asset:

@@ -33,9 +33,10 @@ from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import DriftReport, compare_asset_events, compare_group
+from airflow_exactly_once.core.drift import DriftReport, check_drift
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
@@ -336,30 +337,18 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
 
 def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
     """The ledger against the mirrored consumer group and Airflow's Asset events (core/drift.py)."""
-    report = DriftReport(pid)
-    stored = ledger.pipeline(pid)["config"]
-    group = stored.get("mirror_consumer_group")
-    if GROUP in args.without:
-        report.compared.append("consumer group: left out (--without)")
-    elif not group:
-        report.compared.append("consumer group: none (mirror_consumer_group is not set)")
-    else:
-        config = PipelineConfig.from_dict(stored)
-        offsets = read_group_offsets(_kafka_settings(config, args), group)
-        report.compared.append(f"consumer group {group!r}")
-        report.findings += compare_group(ledger, pid, group, config.topics, offsets, _mirror_command(pid, args))
-    if ASSET_EVENTS in args.without:
-        report.compared.append("Asset events: left out (--without)")
-    else:
-        from airflow_exactly_once.asset_history import (  # Airflow's database only when compared
-            pipeline_asset_uri,
-            recorded_batch_events,
-        )
+    def read_group(group: str) -> dict:
+        return read_group_offsets(_kafka_settings(PipelineConfig.from_dict(ledger.pipeline(pid)["config"]), args),
+                                  group)
 
-        events = recorded_batch_events(pid)
-        report.compared.append(f"{len(events)} Asset event(s) of {pipeline_asset_uri(pid)}")
-        report.findings += compare_asset_events(ledger, pid, events, pipeline_asset_uri(pid))
-    return report
+    def read_events() -> list:
+        from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow's database only when read
+
+        return recorded_batch_events(pid)
+
+    return check_drift(ledger, pid, read_group=None if GROUP in args.without else read_group,
+                       read_events=None if ASSET_EVENTS in args.without else read_events,
+                       asset_uri=pipeline_asset_uri(pid), mirror_command=_mirror_command(pid, args))
 
 
 def _mirror_command(pipeline_id: str, args: argparse.Namespace) -> str:

@@ -11,7 +11,7 @@ note, not drift. Reading Kafka and Airflow is the caller's; this module only com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from airflow_exactly_once.core.errors import IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger
@@ -84,6 +84,38 @@ class DriftReport:
     @property
     def ok(self) -> bool:
         return not self.drift
+
+
+GroupReader = Callable[[str], "dict[TopicPartition, GroupOffset] | None"]
+EventReader = Callable[[], "list[RecordedEvent] | None"]
+
+
+def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | None, read_events: EventReader | None,
+                asset_uri: str, mirror_command: str) -> DriftReport:
+    """Both comparisons of one pipeline. A reader that is None is left out; one that returns None could not read
+    (its caller says why: the CLI raises instead, the ledger page shows the error)."""
+    report = DriftReport(pipeline_id)
+    stored = ledger.pipeline(pipeline_id)["config"]
+    group = stored.get("mirror_consumer_group")
+    if read_group is None:
+        report.compared.append("consumer group: left out")
+    elif not group:
+        report.compared.append("consumer group: none (mirror_consumer_group is not set)")
+    else:
+        offsets = read_group(group)
+        report.compared.append(f"consumer group {group!r}" + ("" if offsets is not None else ": could not be read"))
+        if offsets is not None:
+            report.findings += compare_group(ledger, pipeline_id, group, stored.get("topics") or [], offsets,
+                                             mirror_command)
+    if read_events is None:
+        report.compared.append("Asset events: left out")
+    else:
+        events = read_events()
+        report.compared.append(f"Asset events of {asset_uri}: could not be read" if events is None
+                               else f"{len(events)} Asset event(s) of {asset_uri}")
+        if events is not None:
+            report.findings += compare_asset_events(ledger, pipeline_id, events, asset_uri)
+    return report
 
 
 def _tp(tp: TopicPartition) -> str:

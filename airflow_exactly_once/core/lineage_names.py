@@ -1,4 +1,5 @@
-"""Where data lives, named as OpenLineage names datasets (https://openlineage.io/docs/spec/naming).
+"""Where data lives, named as OpenLineage names datasets (https://openlineage.io/docs/spec/naming), and the
+URI of a pipeline's own Airflow Asset.
 
 Each sink says where it writes (Sink.lineage_dataset) with these; the operators turn them into
 OpenLineage datasets when the OpenLineage provider is installed (airflow_exactly_once/lineage.py).
@@ -16,6 +17,11 @@ from urllib.parse import urlsplit
 class DatasetName:
     namespace: str  # the data source, e.g. "kafka://broker:9092", "postgres://db:5432", "file", "s3://bucket"
     name: str  # the dataset in it, e.g. a topic, "database.schema.table", a path
+
+
+def pipeline_asset_uri(pipeline_id: str) -> str:
+    """The URI of the Airflow Asset whose events announce a pipeline's committed batches (assets.py)."""
+    return f"x-exactly-once://{pipeline_id}"
 
 
 def kafka_dataset(bootstrap_servers: str, topic: str) -> DatasetName:

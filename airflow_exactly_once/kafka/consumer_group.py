@@ -74,10 +74,13 @@ def mirror_committed_offsets(config: PipelineConfig, ledger: Ledger, timeout_s: 
     return Mirrored(True, f"mirrored {len(offsets)} committed offsets to consumer group {group!r}")
 
 
-def read_group_offsets(settings: KafkaSettings, group: str) -> dict[tuple[str, int], GroupOffset]:
-    """Every offset `group` holds (the drift check compares them with the ledger)."""
+def read_group_offsets(settings: KafkaSettings, group: str,
+                       timeout_ms: int | None = None) -> dict[tuple[str, int], GroupOffset]:
+    """Every offset `group` holds (the drift check compares them with the ledger); `timeout_ms` bounds the wait
+    for the broker (the ledger page's)."""
+    quick = {} if timeout_ms is None else {"request_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms}
     try:
-        admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
+        admin = KafkaAdminClient(**{**settings.kafka_python(KafkaAdminClient), **quick})
         try:
             held = admin.list_group_offsets({group: None})[group]
         finally:

@@ -10,7 +10,7 @@ slow ledger or broker never blocks the api-server's event loop.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,10 +30,12 @@ from airflow_exactly_once.monitor import PipelineReport, utc
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from airflow_exactly_once.ui.loading import (
     DEFAULT_KAFKA_TIMEOUT_MS,
+    DriftResult,
     LagResult,
     LedgerReader,
     LedgerUnavailable,
     PipelineSummary,
+    read_drift,
     read_lag,
 )
 from airflow_exactly_once.ui.page import error_page, pipeline_page
@@ -79,7 +81,7 @@ def visible(reader: LedgerReader, user: Any, session: Any) -> list[PipelineSumma
     return [replace(s, dag_ids=dags_of[s.pipeline_id]) for s in summaries if s.pipeline_id in names]
 
 
-def report_json(report: PipelineReport, lag: LagResult) -> dict[str, Any]:
+def report_json(report: PipelineReport, lag: LagResult, drift: DriftResult) -> dict[str, Any]:
     """The page's content as JSON (GET /exactly-once/api/pipelines/<id>)."""
     def tp(key: tuple[str, int]) -> str:
         return f"{key[0]}:{key[1]}"
@@ -104,6 +106,9 @@ def report_json(report: PipelineReport, lag: LagResult) -> dict[str, Any]:
                                for r in lag.rows]},
         "events": [{"at": e["at"], "kind": e["kind"], "batch_seq": e.get("batch_seq"), "message": e["message"]}
                    for e in report.events],
+        "drift": {"errors": drift.errors, "ok": drift.report.ok if drift.report else None,
+                  "compared": drift.report.compared if drift.report else [],
+                  "findings": [asdict(f) for f in drift.report.findings] if drift.report else []},
     }
 
 
@@ -141,8 +146,9 @@ def create_app() -> FastAPI:
         if report is not None:
             report.dag_ids = next(p.dag_ids for p in pipelines if p.pipeline_id == chosen)
         lag = read_lag(report, kafka_timeout_ms()) if report is not None else None
+        drift = read_drift(reader, report, session, kafka_timeout_ms()) if report is not None else None
         return HTMLResponse(pipeline_page(ledger=description, now=now, pipelines=pipelines, report=report, lag=lag,
-                                          base=base, notice=notice))
+                                          base=base, notice=notice, drift=drift))
 
     @app.get("/api/pipelines")
     def list_pipelines(user: GetUserDep, session: SessionDep) -> JSONResponse:
@@ -167,6 +173,7 @@ def create_app() -> FastAPI:
         if report is None:  # unknown and not permitted look the same: the page does not tell which exist
             raise HTTPException(404, f"no pipeline {pipeline_id!r} that you may see")
         report.dag_ids = next(p.dag_ids for p in pipelines if p.pipeline_id == pipeline_id)
-        return JSONResponse(jsonable_encoder(report_json(report, read_lag(report, kafka_timeout_ms()))))
+        return JSONResponse(jsonable_encoder(report_json(report, read_lag(report, kafka_timeout_ms()),
+                                                         read_drift(reader, report, session, kafka_timeout_ms()))))
 
     return app

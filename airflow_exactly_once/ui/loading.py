@@ -1,4 +1,5 @@
-"""What the ledger page reads: the ledger (read-only) and Kafka's offsets, each failure kept as a message.
+"""What the ledger page reads: the ledger (read-only), Kafka's offsets and the drift check's sources, each failure
+kept as a message.
 
 A ledger or broker that does not answer must not break the page (nor the api-server that
 serves it): every read here turns the failure into text that the page shows in place of
@@ -15,8 +16,11 @@ import sqlalchemy as sa
 from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.drift import DriftReport, check_drift
 from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
+from airflow_exactly_once.kafka.consumer_group import read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.sinks import stored_commit_deadline_ms as commit_deadline_ms
@@ -119,6 +123,48 @@ class LedgerReader:
                 report.dag_ids = ledger.pipeline_dags().get(pipeline_id, set())
             return report
         return self.read(f"pipeline {pipeline_id}", read)
+
+
+@dataclass
+class DriftResult:
+    """The drift check's report, and why a part of it could not be read (shown in its place)."""
+
+    report: DriftReport | None
+    errors: list[str] = field(default_factory=list)
+
+
+def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
+               timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> DriftResult:
+    """The ledger against the mirrored consumer group (with the pipeline's Kafka settings, as the lag) and the
+    Asset events in Airflow's database (the api-server's session), as `airflow-exactly-once check` compares."""
+    from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow: its database
+    from airflow_exactly_once.hooks.kafka import stored_pipeline_kafka_settings  # Airflow: the connection
+
+    pid = report.pipeline_id
+    errors: list[str] = []
+
+    def read_group(group: str) -> dict | None:
+        try:
+            settings = stored_pipeline_kafka_settings(PipelineConfig.from_dict(report.config))
+            return read_group_offsets(settings, group, timeout_ms)
+        except (ExactlyOnceError, KafkaError, OSError, ValueError, TypeError) as exc:
+            errors.append(f"consumer group {group!r}: {_first_line(exc)}")
+            return None
+
+    def read_events() -> list | None:
+        try:
+            return recorded_batch_events(pid, session)
+        except ExactlyOnceError as exc:
+            errors.append(_first_line(exc))
+            return None
+
+    try:
+        found = reader.read(f"the drift of {pid}", lambda ledger: check_drift(
+            ledger, pid, read_group=read_group, read_events=read_events, asset_uri=pipeline_asset_uri(pid),
+            mirror_command=f"airflow-exactly-once mirror {pid} --execute"))
+    except LedgerUnavailable as exc:
+        return DriftResult(None, [str(exc)])
+    return DriftResult(found, errors)
 
 
 def read_lag(report: PipelineReport, timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> LagResult:

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.monitor import NOTABLE_EVENTS, ChartPoint, PipelineReport, utc
-from airflow_exactly_once.ui.loading import LagResult, PipelineSummary
+from airflow_exactly_once.ui.loading import DriftResult, LagResult, PipelineSummary
 
 STATE_COLOURS = {
     BatchState.PLANNED.value: "#1e6fd9", BatchState.PREPARED.value: "#b06f00", BatchState.COMMITTED.value: "#18794e",
@@ -133,6 +133,24 @@ def _lag_table(lag: LagResult) -> str:
     return "<h2>Lag per partition</h2>" + error + table + source
 
 
+def _drift(drift: DriftResult) -> str:
+    """What `airflow-exactly-once check` says about the mirrored group and Airflow's Asset events."""
+    errors = "".join(f'<div class="error drift-error"><b>Not compared.</b> {_e(e)}</div>' for e in drift.errors)
+    found = drift.report
+    if found is None:
+        return "<h2>Drift</h2>" + errors
+    verdict = ("<p id='drift-ok'>no drift: the accounts agree with the ledger</p>" if found.ok else
+               f"<p class='bad' id='drift-found'>{len(found.drift)} difference(s) from the ledger</p>")
+    rows = "".join(
+        f'<tr data-kind="{_e(f.kind)}" data-drift="{str(f.drift).lower()}"><td class="{"bad" if f.drift else "muted"}">'
+        f"{_e(f.kind)}</td><td>{_e(f.subject)}</td><td>{_e(f.detail)}</td><td>{_e(f.cause)}</td>"
+        f"<td>{_e(f.repair)}</td></tr>" for f in found.findings)
+    table = ("<table id='drift'><tr><th>kind</th><th>where</th><th>what differs</th><th>cause</th><th>repair</th>"
+             f"</tr>{rows}</table>") if rows else ""
+    compared = f"<div class='muted small' id='drift-compared'>compared with {_e('; '.join(found.compared))}</div>"
+    return "<h2>Drift</h2>" + errors + verdict + table + compared
+
+
 def _in_flight(report: PipelineReport) -> str:
     if not report.in_flight:
         return "<h2>In flight</h2><p class='muted' id='in-flight-none'>no batch in flight</p>"
@@ -233,7 +251,7 @@ def _charts(chart: list[ChartPoint]) -> str:
 
 
 def pipeline_page(*, ledger: str, now: datetime, pipelines: list[PipelineSummary], report: PipelineReport | None,
-                  lag: LagResult | None, base: str, notice: str | None = None) -> str:
+                  lag: LagResult | None, base: str, notice: str | None = None, drift: DriftResult | None = None) -> str:
     """The whole page: the pipelines this user may see, and the chosen one in detail."""
     body = _header(ledger, now, f"{base}?pipeline={quote(report.pipeline_id)}" if report else base)
     if notice:
@@ -248,5 +266,5 @@ def pipeline_page(*, ledger: str, now: datetime, pipelines: list[PipelineSummary
         body += (f"<section id='pipeline' data-pipeline='{_e(report.pipeline_id)}'><h2 style='font-size:18px'>"
                  f"{_e(report.pipeline_id)}</h2>" + _cards(report, lag))
         body += (_lag_table(lag) if lag is not None else "") + _in_flight(report) + _charts(report.chart)
-        body += _batches(report) + _events(report) + "</section>"
+        body += (_drift(drift) if drift is not None else "") + _batches(report) + _events(report) + "</section>"
     return _document(f"Exactly-once pipelines: {report.pipeline_id if report else ''}", body)

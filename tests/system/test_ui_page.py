@@ -236,6 +236,16 @@ def test_who_sees_which_pipeline(ledger_ui, pipelines, browser):
                             ledger_ui.token("bob"))
     [flying] = payments["in_flight"]
     assert payments["commit_deadline_ms"] == 60_000 and flying["deadline_s"] == 60 and flying["state"] == "PLANNED"
+    # its drift check (from the api-server: Airflow's database holds no event of it, and none is due: nothing
+    # committed yet) ...
+    assert payments["drift"]["ok"] is True and payments["drift"]["errors"] == [], payments["drift"]
+    assert payments["drift"]["compared"] == ["consumer group: none (mirror_consumer_group is not set)",
+                                             f"0 Asset event(s) of x-exactly-once://{pipelines['payments']}"]
+    # ... and refunds': committed outside Airflow's task group, so Airflow recorded no event of its batch
+    status, refunds = call(ledger_ui.base_url, f"/exactly-once/api/pipelines/{pipelines['refunds']}",
+                           ledger_ui.token("bob"))
+    assert [(f["kind"], f["subject"], f["drift"]) for f in refunds["drift"]["findings"]] == [
+        ("event-missing", "batches 1", True)] and refunds["drift"]["ok"] is False
 
     # In the browser, asking for a pipeline one may not see shows none of it.
     status, seen = open_page(browser, ledger_ui.base_url, ledger_ui.token("bob"),

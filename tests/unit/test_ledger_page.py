@@ -17,8 +17,16 @@ import pytest
 
 import airflow_exactly_once
 from airflow_exactly_once import provider_info
+from airflow_exactly_once.core.drift import DriftReport, Finding
 from airflow_exactly_once.monitor import PartitionLag, read_pipeline
-from airflow_exactly_once.ui.loading import LagResult, LedgerReader, PipelineSummary, commit_deadline_ms, redacted_url
+from airflow_exactly_once.ui.loading import (
+    DriftResult,
+    LagResult,
+    LedgerReader,
+    PipelineSummary,
+    commit_deadline_ms,
+    redacted_url,
+)
 from airflow_exactly_once.ui.page import error_page, pipeline_page, svg_chart
 from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
 
@@ -64,6 +72,23 @@ def test_kafka_that_does_not_answer_leaves_the_rest_of_the_page(report):
                          lag=lag, base="/b")
     assert {"kafka-error", "batches", "events"} <= ids(page) and "NoBrokersAvailable" in page
     assert lag.total is None and 'id="card-lag"><div class="v">?' in page
+
+
+def test_the_drift_section_shows_each_difference_and_what_could_not_be_compared(report):
+    found = DriftReport("p-x", ["consumer group 'g'", "2 Asset event(s) of x-exactly-once://p-x"], [
+        Finding("group-behind", "t[0]", "group 'g' is at 5, the ledger's position is 10", "the last mirror failed",
+                "run `airflow-exactly-once mirror p-x --execute`"),
+        Finding("event-repeated", "batch 1", "Airflow recorded 2 events <b>", "cleared", drift=False)])
+    page = pipeline_page(ledger="l", now=NOW, pipelines=[PipelineSummary("p-x", 1, {}, None)], report=report,
+                         lag=None, base="/b", drift=DriftResult(found, ["consumer group 'h': NoBrokersAvailable"]))
+    assert {"drift", "drift-found", "drift-compared"} <= ids(page) and "drift-ok" not in ids(page)
+    assert '<tr data-kind="group-behind" data-drift="true">' in page
+    assert '<tr data-kind="event-repeated" data-drift="false">' in page and "2 events &lt;b&gt;" in page
+    assert "1 difference(s) from the ledger" in page
+    assert "Not compared.</b> consumer group &#x27;h&#x27;: NoBrokersAvailable" in page
+    clean = pipeline_page(ledger="l", now=NOW, pipelines=[PipelineSummary("p-x", 1, {}, None)], report=report,
+                          lag=None, base="/b", drift=DriftResult(DriftReport("p-x", ["consumer group: none"])))
+    assert "drift-ok" in ids(clean) and "drift" not in ids(clean)
 
 
 def test_the_ledger_error_page_and_an_empty_ledger(tmp_path):
