@@ -30,11 +30,12 @@ SQLITE_CONNECT_ARGS = {"timeout": 60}
 class AirflowStack:
     """`triggerer=True` adds Airflow's triggerer (deferred tasks, Asset watchers: event-driven runs).
     `component_env`: environment of one component over `extra_env`, e.g. {"triggerer": {...}} (the scheduler's
-    reaches the tasks: LocalExecutor runs them in its children)."""
+    reaches the tasks: LocalExecutor runs them in its children). `reparse_seconds`: how often the dag-processor
+    parses each DAG file again (Airflow's min_file_process_interval); new files are found every 3 s either way."""
 
     def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
                  parallelism: int = 4, triggerer: bool = False,
-                 component_env: dict[str, dict[str, str]] | None = None) -> None:
+                 component_env: dict[str, dict[str, str]] | None = None, reparse_seconds: int = 30) -> None:
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
@@ -45,6 +46,7 @@ class AirflowStack:
         self.log_server_ports = (reserve_port(), reserve_port())
         self.extra_env = extra_env or {}
         self.component_env = component_env or {}
+        self.reparse_seconds = reparse_seconds
         self.parallelism = parallelism
         self.components = ("api-server", "scheduler", "dag-processor") + (("triggerer",) if triggerer else ())
         self.processes: dict[str, subprocess.Popen] = {}
@@ -75,7 +77,7 @@ class AirflowStack:
             "AIRFLOW__API_AUTH__JWT_SECRET": "exactly-once-local-stack-jwt-secret-0123456789",
             "AIRFLOW__API__SECRET_KEY": "exactly-once-local-stack",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(self.reparse_seconds),
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_SEC": "2",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
