@@ -130,10 +130,13 @@ def values_of(output: Path) -> list[str]:
     return [row["v"] for row in read_parquet(output)]
 
 
-def wait_for(predicate, what: str, timeout: float = 300.0, poll: float = 0.3):
-    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`."""
+def wait_for(predicate, what: str, timeout: float = 300.0, poll: float = 0.3, stack=None):
+    """Poll `predicate` until it returns something truthy (returned), or fail naming `what`; with an AirflowStack
+    `stack`, fail at once when one of its components died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if stack is not None:
+            stack._check_alive()
         value = predicate()
         if value:
             return value

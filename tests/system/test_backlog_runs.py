@@ -7,30 +7,21 @@ triggers a run here: records are produced and the runs start by themselves.
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timezone
 
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.monitor import utc
 from tests.conftest import ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS, ARRIVAL_TOPIC
 from tests.harness import airflow_ledger
-from tests.helpers import assert_exactly_once, assert_ranges_tile, produce, read_parquet
+from tests.helpers import assert_exactly_once, assert_ranges_tile, produce, read_parquet, wait_for
 
 DAG_ID = PIPELINE = "kafka_to_parquet_on_arrival"
 BELOW = ARRIVAL_MIN_RECORDS // 4  # records that must not start a run
 
 
 def wait_until(what: str, check, timeout: float, stack=None, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        if stack is not None:
-            stack._check_alive()
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f}s")
-        time.sleep(every)
+    """tests.helpers.wait_for, in this module's argument order, checking the stack's components are alive."""
+    return wait_for(check, what, timeout, poll=every, stack=stack)
 
 
 def parse(moment: str) -> datetime:
