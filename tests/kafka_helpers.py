@@ -94,6 +94,16 @@ def alter_group(bootstrap: Cluster, group: str, offsets: dict[tuple[str, int], t
     assert all(err is NoError for err in errors.values()), errors
 
 
+def delete_group_offset(bootstrap: Cluster, group: str, tp: tuple[str, int]) -> None:
+    """Delete one committed offset of a group that has no active member."""
+    admin = KafkaAdminClient(**client_args(bootstrap))
+    try:
+        admin.delete_group_offsets(group, [TopicPartition(*tp)])
+    finally:
+        admin.close()
+    assert tp not in group_offsets(bootstrap, group)
+
+
 def transaction_state(bootstrap: Cluster, transactional_id: str) -> str:
     admin = KafkaAdminClient(**client_args(bootstrap))
     try:

@@ -18,7 +18,7 @@ from airflow_exactly_once.core.states import BatchState
 from tests.conftest import K2K_INPUT, K2K_OUTPUT
 from tests.harness import airflow_ledger, operator_cli
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
-from tests.kafka_helpers import alter_group, group_offsets, read_all, settled_ends, wait_transactions_ended
+from tests.kafka_helpers import alter_group, delete_group_offset, group_offsets, read_all, settled_ends, wait_transactions_ended
 
 TEST_DAG = "eo_kafka_test"
 
@@ -64,22 +64,32 @@ def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> N
     check = operator_cli(airflow, "check", pipeline)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "drift OK: compared with consumer group 'kafka_to_kafka'; 2 Asset event(s) of " in check.stdout
-    # The group: partition 0 moved back by hand, partition 1 committed by a consumer with auto-commit.
+    # The group: partition 0 moved back by hand, partition 1 committed by a consumer with auto-commit, partition
+    # 2's offset deleted.
     alter_group(kafka.bootstrap_servers, pipeline, {(K2K_INPUT, 0): (120, mirror_metadata(pipeline)),
                                                     (K2K_INPUT, 1): (230, "")})
+    delete_group_offset(kafka.bootstrap_servers, pipeline, (K2K_INPUT, 2))
     # Airflow: batch 2's event gone (Airflow never recorded it: the state a notify_complete leaves that failed
-    # after its commit and was marked success), and an event posted by hand for a batch the ledger never had.
+    # after its commit and was marked success), and events posted by hand: for a batch the ledger never had,
+    # with other offsets than batch 1's, and naming no batch.
     with sqlite3.connect(airflow.home / "airflow.db", timeout=60) as db:
         [(asset_id,)] = db.execute("SELECT id FROM asset WHERE uri = ?", (f"x-exactly-once://{pipeline}",)).fetchall()
         deleted = db.execute("DELETE FROM asset_event WHERE json_extract(extra, '$.batch_seq') = 2 AND asset_id = ?",
                              (asset_id,)).rowcount
     assert deleted == 1
-    airflow.api("POST", "/assets/events", {"asset_id": asset_id, "extra": {"batch_seq": 7, "ranges": []}})
+    posted = ({"batch_seq": 7, "ranges": []}, {"note": "by hand"},
+              {"batch_seq": 1, "ranges": [{"topic": K2K_INPUT, "partition": 0, "start": 0, "end": 999}]})
+    for extra in posted:
+        airflow.api("POST", "/assets/events", {"asset_id": asset_id, "extra": extra})
     check = operator_cli(airflow, "--json", "check", pipeline)
     assert check.returncode == 1, check.stdout + check.stderr
     found = {(f["kind"], f["subject"]): f for f in json.loads(check.stdout)["findings"]}
-    assert sorted(found) == [("event-for-uncommitted-batch", "batch 7"), ("event-missing", "batches 2"),
-                             ("group-ahead", f"{K2K_INPUT}[1]"), ("group-behind", f"{K2K_INPUT}[0]")]
+    by_hand = [("event-for-uncommitted-batch", "batch 7"), ("event-ranges-differ", "batch 1"),
+               ("event-without-batch", f"x-exactly-once://{pipeline}")]
+    assert sorted(found) == sorted(by_hand + [
+        ("event-missing", "batches 2"), ("group-ahead", f"{K2K_INPUT}[1]"), ("group-behind", f"{K2K_INPUT}[0]"),
+        ("group-missing", f"{K2K_INPUT}[2]")])
+    assert f"{K2K_INPUT}[0] 0..999" in found[("event-ranges-differ", "batch 1")]["detail"]
     assert "the ledger has no such batch (its newest is 2)" in found[("event-for-uncommitted-batch", "batch 7")][
         "detail"]
     assert "120, the ledger's position is 200 (80 offsets behind)" in found[("group-behind", f"{K2K_INPUT}[0]")][
@@ -94,8 +104,8 @@ def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> N
     airflow.clear(pipeline, "k2k_1", task_ids=[notify["task_id"]])
     assert airflow.wait_run(pipeline, "k2k_1") == "success"
     check = operator_cli(airflow, "--json", "check", pipeline)
-    assert [(f["kind"], f["subject"]) for f in json.loads(check.stdout)["findings"]] == [
-        ("event-for-uncommitted-batch", "batch 7")]  # what was posted by hand stays in Airflow's history
+    # what was posted by hand stays in Airflow's history
+    assert sorted((f["kind"], f["subject"]) for f in json.loads(check.stdout)["findings"]) == by_hand
 
 
 def test_same_crash_duplicates_under_at_least_once_and_not_under_exactly_once(kafka, airflow, faults, unique,
