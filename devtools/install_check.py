@@ -82,6 +82,7 @@ def _check(args: argparse.Namespace, home: str) -> int:
     report["provider"] = check_provider(problems)
     report["cli"] = check_cli(home, problems)
     report["connector"] = check_connector(problems)
+    report["extras"] = check_extras(extras, problems)
     if args.spark:
         report["spark"] = check_spark(problems)
     Path(args.report).write_text(json.dumps(report, indent=1, default=str))
@@ -121,6 +122,33 @@ def check_modules(package: Any, extras: set[str], problems: list[str]) -> dict[s
         except Exception as exc:  # noqa: BLE001 - every failure is a finding
             results[name] = f"{type(exc).__name__}: {exc}"
             problems.append(f"{name} does not import: {type(exc).__name__}: {exc}")
+    return results
+
+
+def check_extras(extras: set[str], problems: list[str]) -> dict[str, str]:
+    """What an installed extra must make work beyond importing: [schema-registry] compiles a .proto (protoc from the
+    grpcio-tools wheel) and reads its message; [openlineage] gives a step's lineage with the batch facet."""
+    results = {}
+    if "schema-registry" in extras:
+        try:
+            from airflow_exactly_once.records.protobuf_schema import compile_proto, reader_message
+
+            message = reader_message(compile_proto('syntax = "proto3"; package shop; message Order { int64 id = 1; }',
+                                                   {}, "the install check's schema"), "the install check")
+            results["schema-registry"] = f"compiled a .proto, read its message {message.name}"
+        except Exception as exc:  # noqa: BLE001 - every failure is a finding
+            problems.append(f"[schema-registry]: a .proto does not compile: {type(exc).__name__}: {exc}")
+    if "openlineage" in extras:
+        try:
+            from airflow_exactly_once.core.config import PipelineConfig
+            from airflow_exactly_once.lineage import FACET_NAME, step_lineage
+
+            found = step_lineage(PipelineConfig(pipeline_id="p", topics=["t"], bootstrap_servers="k:9092",
+                                                sink={"type": "parquet", "path": "/data/p"}), None)
+            assert found is not None and FACET_NAME in found.run_facets, found
+            results["openlineage"] = f"{len(found.inputs)} input, {len(found.outputs)} output, {FACET_NAME}"
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"[openlineage]: no lineage: {type(exc).__name__}: {exc}")
     return results
 
 

@@ -6,8 +6,9 @@ Airflow and pyspark that setup.cfg allows, in fresh virtualenvs, as a platform t
 1. `python -m build`: an sdist and a wheel; the wheel must hold only the package (with its Ivy
    settings and the example DAGs) and the sdist what its tests need.
 2. One fresh virtualenv per stack, under a temporary folder, both at once (pip's cache is shared):
-     floor   apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit] and
-             [postgres] extras (the Spark provider 5.x beside pyspark 3.5, no pyspark-client);
+     floor   apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit], [postgres],
+             [schema-registry] and [openlineage] extras (the Spark provider 5.x beside pyspark 3.5, no
+             pyspark-client);
      newest  the pins of constraints-newest.txt (newest Airflow 3.x, newest pyspark 4.x with a
              connector on Maven Central), no extras.
    pip resolves them with nothing pinned but those two; the time of each install is printed.
@@ -82,7 +83,8 @@ def pinned_versions(constraints: Path) -> dict[str, str]:
 def stacks() -> list[Stack]:
     floor = floor_versions()
     newest = pinned_versions(REPO / "constraints-newest.txt")
-    return [Stack("floor", floor["apache-airflow"], floor["pyspark"], ("spark-submit", "postgres")),
+    return [Stack("floor", floor["apache-airflow"], floor["pyspark"],
+                  ("spark-submit", "postgres", "schema-registry", "openlineage")),
             Stack("newest", newest["apache-airflow"], newest["pyspark"])]
 
 
@@ -211,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         matrix = stacks()
         with ThreadPoolExecutor(len(matrix)) as pool:
             done = list(pool.map(lambda s: install_and_check(s, wheel, work), matrix))
-        print(f"{'stack':8} {'airflow':8} {'pyspark':8} {'extras':22} {'install':>8} {'checks':>8}  result")
+        print(f"{'stack':8} {'airflow':8} {'pyspark':8} {'extras':50} {'install':>8} {'checks':>8}  result")
         for s in done:
-            print(f"{s.name:8} {s.airflow:8} {s.pyspark:8} {','.join(s.extras) or '-':22} "
+            print(f"{s.name:8} {s.airflow:8} {s.pyspark:8} {','.join(s.extras) or '-':50} "
                   f"{s.install_seconds:7.0f}s {s.check_seconds:7.0f}s  {'OK' if not s.problems else 'FAILED'}")
             versions = s.report.get("versions", {})
             if versions:
