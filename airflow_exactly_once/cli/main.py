@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import DriftReport, check_drift
+from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
@@ -352,9 +352,9 @@ def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
 
 
 def _mirror_command(pipeline_id: str, args: argparse.Namespace) -> str:
-    where = (f" --kafka-conn-id {args.kafka_conn_id}" if args.kafka_conn_id else "") + (
-        f" --bootstrap-servers {args.bootstrap_servers}" if args.bootstrap_servers else "")
-    return f"airflow-exactly-once mirror {pipeline_id}{where} --execute"
+    """The repair command, with the Kafka options this check was given."""
+    return mirror_command(pipeline_id, (f" --kafka-conn-id {args.kafka_conn_id}" if args.kafka_conn_id else "") + (
+        f" --bootstrap-servers {args.bootstrap_servers}" if args.bootstrap_servers else ""))
 
 
 def cmd_mirror(ledger: Ledger, args: argparse.Namespace) -> int:

@@ -27,6 +27,11 @@ def mirror_metadata(pipeline_id: str) -> str:
     return f"{MIRROR_METADATA_PREFIX}{pipeline_id}"
 
 
+def mirror_command(pipeline_id: str, options: str = "") -> str:
+    """The command that copies the ledger's positions to the group again (the repair the check names)."""
+    return f"airflow-exactly-once mirror {pipeline_id}{options} --execute"
+
+
 @dataclass(frozen=True)
 class GroupOffset:
     """One committed offset of the mirrored consumer group, as Kafka returns it."""
@@ -122,8 +127,13 @@ def _tp(tp: TopicPartition) -> str:
     return f"{tp[0]}[{tp[1]}]"
 
 
-def _last_event(ledger: Ledger, pipeline_id: str, kind: str) -> dict[str, Any] | None:
-    return next((e for e in ledger.list_events(pipeline_id, limit=10_000) if e["kind"] == kind), None)
+def _last_events(ledger: Ledger, pipeline_id: str, *kinds: str) -> list[dict[str, Any] | None]:
+    """The newest event of each kind (None where there is none)."""
+    found: dict[str, dict[str, Any]] = {}
+    for event in ledger.list_events(pipeline_id, limit=10_000):  # newest first
+        if event["kind"] in kinds:
+            found.setdefault(event["kind"], event)
+    return [found.get(kind) for kind in kinds]
 
 
 def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable[str],
@@ -135,8 +145,7 @@ def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable
     """
     positions = ledger.committed_positions(pipeline_id)
     ours = mirror_metadata(pipeline_id)
-    failed = _last_event(ledger, pipeline_id, "mirror-failed")
-    rewound = _last_event(ledger, pipeline_id, "rewind")
+    failed, rewound = _last_events(ledger, pipeline_id, "mirror-failed", "rewind")
     repair = f"run `{mirror_command}`"
     findings = []
     for tp, position in sorted(positions.items()):

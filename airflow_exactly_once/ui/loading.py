@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import DriftReport, check_drift
+from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
@@ -161,7 +161,7 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
     try:
         found = reader.read(f"the drift of {pid}", lambda ledger: check_drift(
             ledger, pid, read_group=read_group, read_events=read_events, asset_uri=pipeline_asset_uri(pid),
-            mirror_command=f"airflow-exactly-once mirror {pid} --execute"))
+            mirror_command=mirror_command(pid)))
     except LedgerUnavailable as exc:
         return DriftResult(None, [str(exc)])
     return DriftResult(found, errors)
