@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from airflow_exactly_once.core.errors import IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.states import BatchState
@@ -279,10 +278,8 @@ def _missing_events(committed: dict[int, Batch], missing: list[int], by_seq: dic
 
 
 def _state_of(ledger: Ledger, pipeline_id: str, seq: int) -> BatchState | None:
-    try:
-        return ledger.get_batch(BatchId(pipeline_id, seq)).state
-    except IllegalTransitionError:  # not in the ledger
-        return None
+    found = ledger.find_batch(BatchId(pipeline_id, seq))
+    return None if found is None else found.state
 
 
 def _show(ranges: tuple[tuple[str, int, int, int], ...]) -> str:

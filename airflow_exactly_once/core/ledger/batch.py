@@ -31,6 +31,11 @@ class BatchLedger(LedgerBase):
         with self.engine.connect() as conn:
             return self._require(conn, batch_id)
 
+    def find_batch(self, batch_id: BatchId) -> Batch | None:
+        """The batch, or None when the ledger has no such batch (never had it, or retention pruned it)."""
+        with self.engine.connect() as conn:
+            return self._load(conn, batch_id)
+
     def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None,
                      limit: int | None = None, newest_first: bool = True) -> list[Batch]:
         query = sa.select(batches.c.batch_seq).where(batches.c.pipeline_id == pipeline_id)
