@@ -210,7 +210,8 @@ def _ledger_url(args: argparse.Namespace) -> str:
 
 
 def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
-    """The pipeline's Kafka settings from the ledger, or from --kafka-conn-id; --bootstrap-servers on top."""
+    """The pipeline's Kafka settings from the ledger (its secrets from the kafka connection its tasks used, as the
+    ledger page takes them), or from --kafka-conn-id; --bootstrap-servers on top."""
 
     if args.kafka_conn_id:
         from airflow_exactly_once.hooks.kafka import (
@@ -221,8 +222,11 @@ def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSe
     else:
         settings = KafkaSettings.of(config)
         if REDACTED in settings.properties.values():
-            raise ConfigurationError("the pipeline's Kafka settings hold secrets that the ledger does not store: "
-                                     "pass --kafka-conn-id <its kafka connection>")
+            from airflow_exactly_once.hooks.kafka import (
+                stored_pipeline_kafka_settings,  # Airflow only when the secrets are needed
+            )
+
+            settings = stored_pipeline_kafka_settings(config)
     if args.bootstrap_servers:
         settings = dataclasses.replace(settings, bootstrap_servers=args.bootstrap_servers,
                                        origin="--bootstrap-servers")

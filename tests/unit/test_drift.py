@@ -139,3 +139,26 @@ def test_check_prints_what_it_compared_and_fails_on_drift_only(ledger, capsys):
     assert json.loads(capsys.readouterr().out)["drift_ok"] is True
     assert cli(["--ledger-url", url, "mirror", "p"]) == 2
     assert "p has no mirror_consumer_group" in capsys.readouterr().err
+
+
+def test_the_cli_takes_stored_secrets_from_the_pipelines_kafka_connection(monkeypatch):
+    """The ledger keeps "***" for a secret; `check`, `mirror` and `rewind` take it back from the kafka connection the
+    pipeline's tasks used (recorded with it), as the ledger page does, instead of asking for --kafka-conn-id."""
+    import argparse
+
+    from airflow_exactly_once.cli.main import _kafka_settings
+    from airflow_exactly_once.core.config import PipelineConfig
+    from airflow_exactly_once.core.errors import ConfigurationError
+
+    secured = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "u",
+               "sasl.password": "the-password"}
+    monkeypatch.setenv("AIRFLOW_CONN_EO_DRIFT_KAFKA", json.dumps(
+        {"conn_type": "kafka", "extra": {"bootstrap.servers": "k:9092", **secured}}))
+    stored = {"pipeline_id": "p", "topics": ["t"], "sink": {"type": "parquet", "path": "/o"},
+              "bootstrap_servers": "k:9092", "kafka_config": {**secured, "sasl.password": "***"},
+              "kafka_conn_id": "eo_drift_kafka"}
+    no_options = argparse.Namespace(kafka_conn_id=None, bootstrap_servers=None)
+    settings = _kafka_settings(PipelineConfig.from_dict(stored), no_options)
+    assert settings.properties["sasl.password"] == "the-password" and settings.bootstrap_servers == "k:9092"
+    with pytest.raises(ConfigurationError, match="names no kafka connection to take them from"):
+        _kafka_settings(PipelineConfig.from_dict({**stored, "kafka_conn_id": None}), no_options)
