@@ -47,8 +47,7 @@ def batch_event_extra(batch: Batch, interval: tuple[int, int] | None = None) -> 
         "state": batch.state.value,
         "input_records": batch.input_records,
         "output_records": batch.output_records,
-        "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                   for r in batch.ranges],
+        "ranges": [r.as_dict() for r in batch.ranges],
     }
     if interval is not None:
         extra["interval"] = {"start": iso(interval[0]), "end": iso(interval[1])}

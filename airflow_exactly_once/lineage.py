@@ -6,8 +6,8 @@ provider's DefaultExtractor calls them, only where the provider is installed and
 sink and, under bad_record_policy="dead_letter", the dead-letter destination as output datasets,
 named by the sinks (Sink.lineage_dataset), with record counts as the standard statistics facets;
 and the run facet `exactlyOnceBatch`: the batch, its offset range per partition, its counts, its
-state in the ledger, and the batches plan's recovery committed. Names and counts only: no setting of a sink or a connection reaches a
-facet, so no secret can.
+state in the ledger, and the batches plan's recovery committed. Names and counts only: no setting of
+a sink or a connection reaches a facet, so no secret can.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from airflow_exactly_once.compat import openlineage
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.sinks import create_sink, dead_letter_spec
+from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
+from airflow_exactly_once.sinks import pipeline_sink
 
 FACET_NAME = "exactlyOnceBatch"
+FACET_FIELDS = ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords", "badRecords",
+                "recoveredBatches")
 
 
 def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: list[str]) -> dict[str, Any]:
@@ -28,28 +31,22 @@ def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: l
 
     `recovered`: the batches plan's recovery committed (left PREPARED by an earlier run)."""
     if batch is None:
-        return {"pipelineId": config.pipeline_id, "batchId": None, "batchSeq": None, "state": None, "ranges": [],
-                "inputRecords": None, "outputRecords": None, "badRecords": None, "recoveredBatches": recovered}
+        return {**dict.fromkeys(FACET_FIELDS), "pipelineId": config.pipeline_id, "ranges": [],
+                "recoveredBatches": recovered}
     bad = batch.details.get("bad_records") or {}
     return {"pipelineId": batch.pipeline_id, "batchId": str(batch.id), "batchSeq": batch.seq,
             "state": batch.state.value,
-            "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                       for r in batch.ranges],
+            "ranges": [r.as_dict() for r in batch.ranges],
             "inputRecords": batch.input_records, "outputRecords": batch.output_records,
             "badRecords": bad.get("count"), "recoveredBatches": recovered}
 
 
 def output_datasets(config: PipelineConfig) -> list[tuple[DatasetName, str]]:
     """(where, role) of the sink and of the dead-letter destination when the pipeline keeps bad records there."""
-    found = []
-    output = create_sink(config.sink).bind(config).lineage_dataset()
-    if output is not None:
-        found.append((output, "output"))
-    if config.bad_record_policy == "dead_letter":
-        dead = create_sink(dead_letter_spec(config)).bind(config).lineage_dataset()
-        if dead is not None:
-            found.append((dead, "dead_letter"))
-    return found
+    sink = pipeline_sink(config).bind(config)
+    parts = [(sink.output, "output"), (sink.dead, "dead_letter")] if isinstance(sink, SinkWithDeadLetters) else [
+        (sink, "output")]
+    return [(name, role) for part, role in parts if (name := part.lineage_dataset()) is not None]
 
 
 def step_lineage(config: PipelineConfig, batch: Batch | None, recovered: list[str] | None = None) -> Any:
@@ -82,9 +79,7 @@ def _facet_class(ol: Any) -> type:
     """The `exactlyOnceBatch` facet: a RunFacet of the installed OpenLineage client, made on first use (the
     client is an optional extra, so the class cannot be defined when this module is imported)."""
     if ol.RunFacet not in _FACET_CLASSES:
-        fields = {name: ol.attr.field(default=None) for name in
-                  ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords",
-                   "badRecords", "recoveredBatches")}
+        fields = {name: ol.attr.field(default=None) for name in FACET_FIELDS}
         _FACET_CLASSES[ol.RunFacet] = ol.attr.make_class("ExactlyOnceBatchRunFacet", fields, bases=(ol.RunFacet,),
                                                          kw_only=True)
     return _FACET_CLASSES[ol.RunFacet]

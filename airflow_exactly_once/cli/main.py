@@ -505,8 +505,7 @@ def _known(ledger: Ledger, pipeline_id: str) -> str:
 def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any]:
     return {"pipeline_id": batch.pipeline_id, "seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
             "epoch": batch.epoch, "interval": [iso(interval[0]), iso(interval[1])] if interval else None,
-            "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                       for r in batch.ranges],
+            "ranges": [r.as_dict() for r in batch.ranges],
             "input_records": batch.input_records, "output_records": batch.output_records,
             "handles": batch.handles, "details": batch.details, "error": batch.error,
             "created_at": _time(batch.created_at), "updated_at": _time(batch.updated_at)}

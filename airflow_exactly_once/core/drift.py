@@ -223,13 +223,14 @@ def _compare_batch_events(ledger: Ledger, pipeline_id: str, seq: int, batch: Bat
     subject = f"batch {seq}"
     sources = ", ".join(sorted({e.source for e in recorded if e.source})) or "unknown"
     if batch is None:
-        newest = next(iter(ledger.list_batches(pipeline_id, limit=1)), None)
-        state = _state_of(ledger, pipeline_id, seq)
+        found = ledger.find_batch(BatchId(pipeline_id, seq))
+        state = None if found is None else found.state
         if state is BatchState.RETRACTED:
             return [Finding("event-for-retracted-batch", subject, f"Airflow announced it ({sources}); the ledger "
                             "holds it RETRACTED", "its output was withdrawn on purpose (a rewind or a re-run of "
                             "its interval, see `events`); downstream DAGs that ran on it saw output that is gone",
                             "re-run the downstream runs of that event if they copied the output", drift=False)]
+        newest = None if state else next(iter(ledger.list_batches(pipeline_id, limit=1)), None)
         what = f"the ledger holds it {state.value}" if state else (
             "the ledger has no such batch" + (f" (its newest is {newest.seq})" if newest else " (it holds none)"))
         return [Finding("event-for-uncommitted-batch", subject, f"Airflow recorded it as committed ({sources}); "
@@ -275,11 +276,6 @@ def _missing_events(committed: dict[int, Batch], missing: list[int], by_seq: dic
                                 f"event of {asset_uri} (runs {runs})", cause, "clear notify_complete of those runs: "
                                 "it finds the batch committed, changes nothing and announces it"))
     return findings
-
-
-def _state_of(ledger: Ledger, pipeline_id: str, seq: int) -> BatchState | None:
-    found = ledger.find_batch(BatchId(pipeline_id, seq))
-    return None if found is None else found.state
 
 
 def _show(ranges: tuple[tuple[str, int, int, int], ...]) -> str:

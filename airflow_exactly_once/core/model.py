@@ -22,6 +22,10 @@ class OffsetRange:
     def size(self) -> int:
         return self.end - self.start
 
+    def as_dict(self) -> dict[str, Any]:
+        """As Asset events, lineage facets, the CLI's and the ledger page's JSON show a range."""
+        return {"topic": self.topic, "partition": self.partition, "start": self.start, "end": self.end}
+
 
 @dataclass(frozen=True)
 class BatchId:

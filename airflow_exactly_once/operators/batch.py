@@ -77,9 +77,20 @@ class ExactlyOnceBaseOperator(BaseOperator):
         """The secrets of this operator's arguments as they stand now (rendered, once the task runs)."""
         return arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
 
-    # -- building blocks (called from execute only) --------------------------------
+    # -- building blocks (called once the fields are rendered: from execute, and from the OpenLineage methods) ----
+
+    # What the OpenLineage methods report: the batch this step worked on, the batches plan's recovery committed.
+    _lineage_batch_id: BatchId | None = None
+    _lineage_recovered: tuple[str, ...] = ()
 
     def pipeline_config(self) -> PipelineConfig:
+        """The pipeline's settings with its connections resolved; built once per task attempt (the step and the
+        OpenLineage listener both ask)."""
+        if "_config" not in self.__dict__:
+            self._config = self._build_pipeline_config()
+        return self._config
+
+    def _build_pipeline_config(self) -> PipelineConfig:
         settings = source_kafka_settings(self.kafka_conn_id, self.kafka_config, self.bootstrap_servers)
         values = {a.name: getattr(self, a.name) for a in arguments.PIPELINE_ARGUMENTS}
         values.update(
@@ -111,7 +122,6 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        self._lineage_config = config
         return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
@@ -159,10 +169,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def _step_lineage(self) -> Any:
         """Lineage with the batch this step worked on, in the state the ledger holds it now."""
-        config = self.__dict__.get("_lineage_config") or self.pipeline_config()
-        batch_id: BatchId | None = self.__dict__.get("_lineage_batch_id")
+        batch_id = self._lineage_batch_id
         batch = None if batch_id is None else self.ledger_hook().get_conn().get_batch(batch_id)
-        return step_lineage(config, batch, self.__dict__.get("_lineage_recovered"))
+        return step_lineage(self.pipeline_config(), batch, list(self._lineage_recovered))
 
 
 ExactlyOnceBaseOperator.__doc__ = ExactlyOnceBaseOperator.__doc__.format(params=arguments.param_docs())
@@ -256,7 +265,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
                                  _cleared_run_after(context))
         finally:  # what recovery did counts even when planning failed after it
             self._report_recovery(coordinator)
-            self._lineage_recovered = [str(batch_id) for batch_id in coordinator.recovered]
+            self._lineage_recovered = tuple(str(batch_id) for batch_id in coordinator.recovered)
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)

@@ -96,8 +96,7 @@ def report_json(report: PipelineReport, lag: LagResult, drift: DriftResult) -> d
                      "input_records": b.input_records, "output_records": b.output_records,
                      "created_at": b.created_at, "updated_at": b.updated_at, "duration_s": b.duration_s,
                      "error": b.error,
-                     "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                                for r in b.ranges]} for b in report.batches],
+                     "ranges": [r.as_dict() for r in b.ranges]} for b in report.batches],
         "in_flight": [{"seq": b.seq, "run_id": b.run_id, "state": b.state.value, "age_s": b.age_s,
                        "deadline_s": b.deadline_s, "overdue": b.overdue} for b in report.in_flight],
         "lag": {"servers": lag.servers, "error": lag.error, "total": lag.total,
