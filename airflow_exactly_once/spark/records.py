@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.records.avro_schema import all_null_encoding, record_fields
+from airflow_exactly_once.records.avro_schema import END_MARK, END_MARK_BYTES, end_marked
 from airflow_exactly_once.records import protobuf_rows
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.records.json_schema import required_fields, spark_ddl, spark_type
@@ -113,27 +113,21 @@ def decode(frame: Any, config: PipelineConfig, schemas: dict[str, PartSchemas] |
             F.col("_aeo_parsed").isNull() | F.col(f"_aeo_parsed.{DECODE_ERROR}").isNotNull(), F.lit(reason)).when(
             ~_one_json_value(F.col("value").cast("string")),
             F.lit("not one JSON value: content follows the value (Spark's reader would stop before it)"))
-    else:  # avro
+    else:  # avro: one decode tells a good record, undecodable data and a record that is not the whole value
         from pyspark.sql.avro.functions import from_avro
 
-        parsed = from_avro(F.col("value"), config.value_schema, {"mode": "PERMISSIVE"})
-        # PERMISSIVE gives a record of nulls for a value it cannot decode (records.avro_schema)
-        all_null = F.lit(True)
-        for name in (f["name"] for f in record_fields(config.value_schema)):
-            all_null = all_null & F.col(f"_aeo_parsed.{name}").isNull()
-        real_all_null = all_null_encoding(config.value_schema)
-        undecoded = all_null if real_all_null is None else all_null & (F.col("value") != F.lit(real_all_null))
-        # Bytes after a complete record are not part of it: re-encoding what was read gives the value back.
-        from pyspark.sql.avro.functions import to_avro
-
-        trailing = F.length(to_avro(F.col("_aeo_parsed"), config.value_schema)) != F.length(F.col("value"))
+        parsed = from_avro(F.concat(F.col("value"), F.lit(END_MARK_BYTES)), end_marked(config.value_schema),
+                           {"mode": "PERMISSIVE"})
+        end = F.col("_aeo_parsed.end")
         error = F.when(F.col("value").isNull(), F.lit("a null value (a tombstone)")).when(
-            F.col("_aeo_parsed").isNull() | undecoded,
-            F.lit("not an Avro record of value_schema (malformed or truncated)")).when(
-            trailing, F.lit("not one Avro record of value_schema: bytes follow the record"))
+            end.isNull(), F.lit("not an Avro record of value_schema (malformed or truncated)")).when(
+            end != F.lit(END_MARK), F.lit("not an Avro record of value_schema: the record does not end where the "
+                                          "value does (truncated, or bytes following the record)"))
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
     decoded = frame.withColumn("_aeo_parsed", parsed).withColumn(DECODE_ERROR, error)
+    if fmt == "avro":
+        decoded = decoded.withColumn("_aeo_parsed", F.col("_aeo_parsed.record"))
     return _spread(decoded, frame.columns)
 
 
@@ -174,7 +168,9 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
     decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
-    if schemas.fmt in ("json_schema", "protobuf"):  # the error field is ours, not the transform's
+    if schemas.fmt == "avro":  # the record, without its end mark
+        decoded = decoded.withColumn(temp, F.col(temp)["record"])
+    else:  # the error field is ours, not the transform's
         decoded = decoded.withColumn(temp, F.col(temp).dropFields(DECODE_ERROR))
     if into is not None:
         return decoded.withColumn(into, F.col(temp)).drop(temp)
@@ -183,43 +179,30 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
 
 def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
     """Avro data decoded with its writer schema and resolved to the reader's (from_avro with `avroSchema`, one
-    branch per writer id: CASE evaluates only the branch of a record's id); and the problem of a record whose
-    decoded `result` shows the data was truncated or corrupt (null when it decoded)."""
+    branch per writer id: CASE evaluates only the branch of a record's id), the end mark after it
+    (records.avro_schema); and the problem of a record whose decoded `result` shows the data was truncated or
+    corrupt, or had bytes after the record (null when it decoded)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.avro.functions import from_avro, to_avro
+    from pyspark.sql.avro.functions import from_avro
 
-    parsed = trailing = None
-    real_all_null = F.lit(False)  # a record whose every field is null, really written so
+    marked = F.concat(payload, F.lit(END_MARK_BYTES))
+    reader = end_marked(schemas.reader)
+    parsed = None
     for writer_id, writer in sorted(schemas.writers.items()):
         options = {"mode": "PERMISSIVE"}
-        resolved = _canonical_json(writer) != _canonical_json(schemas.reader)
-        if resolved:
-            options["avroSchema"] = schemas.reader
+        if _canonical_json(writer) != _canonical_json(schemas.reader):
+            options["avroSchema"] = reader
+        branch = from_avro(marked, end_marked(writer), options)
         is_writer = schema_id == F.lit(writer_id)
-        branch = from_avro(payload, writer, options)
         parsed = F.when(is_writer, branch) if parsed is None else parsed.when(is_writer, branch)
-        # Bytes after a complete record are not part of it: re-encoding what the writer schema read gives the
-        # data back (read again without resolution only for the records of an older writer schema).
-        as_written = from_avro(payload, writer, {"mode": "PERMISSIVE"}) if resolved else result
-        longer = F.length(to_avro(as_written, writer)) != F.length(payload)
-        trailing = F.when(is_writer, longer) if trailing is None else trailing.when(is_writer, longer)
-        encoding = _all_null_encoding(writer)
-        if encoding is not None:
-            real_all_null = real_all_null | (is_writer & (payload == F.lit(encoding)))
     if parsed is None:  # no writer schema resolves: a null of the reader's type
-        parsed = from_avro(F.lit(None).cast("binary"), schemas.reader, {"mode": "PERMISSIVE"})
-        trailing = F.lit(False)
-    undecoded = result.isNull()
-    fields = _record_fields(schemas.reader)
-    if fields:  # PERMISSIVE from_avro gives a record of nulls for data it cannot decode
-        all_null = F.lit(True)
-        for name in fields:
-            all_null = all_null & result[name].isNull()
-        undecoded = undecoded | (all_null & ~real_all_null)
-    return parsed, F.when(undecoded, F.concat(F.lit("truncated or corrupt Avro data of schema id "),
-                                              schema_id.cast("string"))).when(
-        trailing, F.concat(F.lit("corrupt Avro data of schema id "), schema_id.cast("string"),
-                           F.lit(": bytes follow the record")))
+        parsed = from_avro(F.lit(None).cast("binary"), reader, {"mode": "PERMISSIVE"})
+    end = result["end"]
+    return parsed, F.when(end.isNull(), F.concat(F.lit("truncated or corrupt Avro data of schema id "),
+                                                 schema_id.cast("string"))).when(
+        end != F.lit(END_MARK), F.concat(F.lit("truncated or corrupt Avro data of schema id "), schema_id.cast("string"),
+                                         F.lit(": the record does not end where the data does (truncated, or "
+                                               "bytes following the record)")))
 
 
 def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
@@ -261,20 +244,6 @@ def _protobuf_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result
     known = sorted(schemas.writers)
     parsed = F.when(schema_id.isin(known) if known else F.lit(False), decoder(payload))  # else: _decode_registry
     return parsed, result[DECODE_ERROR]
-
-
-def _record_fields(schema: str) -> list[str]:
-    """The field names of a record schema (for the record-of-nulls test); none for another type."""
-    parsed = json.loads(schema)
-    return [f["name"] for f in parsed["fields"]] if isinstance(parsed, dict) and parsed.get("type") == "record" \
-        else []
-
-
-def _all_null_encoding(writer: str) -> bytes | None:
-    try:
-        return all_null_encoding(writer)
-    except ConfigurationError:  # not a record
-        return None
 
 
 def _canonical_json(text: str) -> str:

@@ -294,7 +294,7 @@ def test_avro_values_decode_and_truncated_ones_are_dead_letters(kafka, spark, tm
 
 
 def test_an_avro_record_of_nulls_is_good_only_when_encoded_as_one(spark):
-    """from_avro gives a record of nulls for garbage too: only the exact encoding of the all-null record is good."""
+    """from_avro gives a record of nulls for garbage too: the end mark tells the real all-null record from it."""
     from airflow_exactly_once.spark import records
 
     schema = json.dumps({"type": "record", "name": "R", "fields": [
@@ -332,7 +332,7 @@ def test_content_after_a_json_value_or_an_avro_record_makes_it_bad(spark):
               .select(to_avro(F.struct("id", "name"), avro)).collect()]
     frame = spark.createDataFrame([(good,), (good + b"\x00",), (good + good,)], "value BINARY")
     errors = [r[records.DECODE_ERROR] for r in records.decode(frame, config).collect()]
-    assert errors[0] is None and "bytes follow the record" in errors[1] and "bytes follow the record" in errors[2]
+    assert errors[0] is None and "bytes following the record" in errors[1] and "bytes following the record" in errors[2]
 
 
 def test_a_lost_output_releases_its_dead_letters_at_once(kafka, spark, tmp_path, source, request):

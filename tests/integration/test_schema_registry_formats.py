@@ -94,7 +94,7 @@ def avro_topic(kafka, schema_registry):
         15: (values[1][:-4], "truncated or corrupt Avro data of schema id"),
         16: (None, "a null value (a tombstone)"),
         17: (values[0] + b"\x02", "corrupt Avro data of schema id"),  # bytes after a v1 record (resolved to v2)
-        18: (values[1] + b"\x00\x02", ": bytes follow the record"),  # ... after a v2 record (the reader's)
+        18: (values[1] + b"\x00\x02", "bytes following the record"),  # ... after a v2 record (the reader's)
     }
     produce(kafka, topic, values + [value for value, _ in bad.values()])
     return topic, good, {offset: why for offset, (_, why) in bad.items()}

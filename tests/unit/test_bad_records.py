@@ -171,10 +171,8 @@ def test_a_failing_dead_letter_stage_takes_the_output_back(tmp_path):
 
 
 
-def test_avro_schema_is_checked_and_its_all_null_record_known(tmp_path):
+def test_avro_schema_is_checked(tmp_path):
     import json
-
-    from airflow_exactly_once.records.avro_schema import all_null_encoding
 
     record = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
     stored = config(tmp_path, value_format="avro", value_schema=record).value_schema
@@ -183,7 +181,37 @@ def test_avro_schema_is_checked_and_its_all_null_record_known(tmp_path):
         config(tmp_path, value_format="avro", value_schema="id BIGINT")
     with pytest.raises(ConfigurationError, match="an Avro record schema with fields"):
         config(tmp_path, value_format="avro", value_schema='"string"')
-    assert all_null_encoding(stored) is None  # id cannot be null: a record of nulls is never real
-    fields = [{"name": "a", "type": ["null", "string"]}, {"name": "b", "type": ["long", "null"]},
-              {"name": "c", "type": "null"}]
-    assert all_null_encoding(json.dumps({**record, "fields": fields})) == b"\x00\x02"
+
+
+def test_the_end_mark_reads_back_only_when_the_record_is_the_whole_data():
+    """spark.records reads data + END_MARK_BYTES with end_marked(schema): a cut record, bytes after it, or bytes
+    that are no record never give END_MARK back (checked here with another Avro implementation, fastavro)."""
+    import io
+    import json
+
+    import fastavro
+
+    from airflow_exactly_once.records.avro_schema import END_MARK, END_MARK_BYTES, end_marked
+
+    schema = json.dumps({"type": "record", "name": "R", "namespace": "shop", "fields": [
+        {"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"]}]})
+    marked = fastavro.parse_schema(json.loads(end_marked(schema)))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(json.loads(schema)), {"id": -5, "note": "a note"})
+    data = body.getvalue()
+
+    def end_of(value: bytes) -> int | None:
+        try:
+            return fastavro.schemaless_reader(io.BytesIO(value + END_MARK_BYTES), marked)["end"]
+        except Exception:  # what Spark's PERMISSIVE mode turns into nulls
+            return None
+
+    assert len(END_MARK_BYTES) == 10
+    assert end_of(data) == END_MARK
+    assert fastavro.schemaless_reader(io.BytesIO(data + END_MARK_BYTES), marked)["record"] == {"id": -5,
+                                                                                              "note": "a note"}
+    for cut in range(1, len(data)):
+        assert end_of(data[:-cut]) != END_MARK, cut
+    for extra in (b"\x00", b"\x02", b"\x7f", b"\xff" * 3, data):
+        assert end_of(data + extra) != END_MARK, extra
+    assert end_of(b"") != END_MARK and end_of(b"\xff\xff") != END_MARK
