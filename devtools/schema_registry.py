@@ -5,8 +5,11 @@ Maven Central jars into a Quarkus fast-jar in the cache folder (`python -m devto
 run by `make setup`), and started with the machine's Java. Clients speak Confluent's REST API at
 `<base>/apis/ccompat/v7` (confluent-kafka's SchemaRegistryClient, Spark's from_avro with a registry).
 
-* Authentication: HTTP basic auth against Quarkus' embedded users; every path needs a user, so a request
-  without one or with a wrong password gets 401.
+* Authentication: HTTP basic auth against Quarkus' embedded users (the registry's user and any `users=`
+  given), or a bearer token: an RS256 JWT that Quarkus' OIDC extension verifies against the public key of a
+  signing key made here (no OIDC server; `bearer_token()` mints one, the private key never leaves the data
+  folder). Every path needs one of them: a request without, with a wrong password, or with a token that is
+  expired, signed by another key or of another issuer gets 401.
 * TLS (tls=True): an HTTPS listener beside the HTTP one that requires a client certificate signed by the
   registry's own CA (devtools.tls makes both), as the secured broker does.
 * Storage: an H2 database file in the data folder, so `stop()` (or `kill()`) then `start()` (same port)
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -37,6 +41,7 @@ from devtools.processes import LocalServer, stop_session
 SOURCE = Path(__file__).resolve().parent / "registry"  # the Maven project that builds the registry
 CCOMPAT_PATH = "/apis/ccompat/v7"  # Confluent's API, as Apicurio serves it
 HEAP = "384m"
+TOKEN_ISSUER = "airflow-exactly-once-devtools"  # the `iss` the registry requires of a bearer token
 
 
 def apicurio_version() -> str:
@@ -74,6 +79,27 @@ def registry_app() -> Path:
     return built_once(target, ".build.lock", package) / "quarkus-app"
 
 
+def _new_signing_key() -> Any:
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def signed_jwt(private_key: Any, claims: dict[str, Any]) -> str:
+    """An RS256 JSON Web Token (RFC 7519) of `claims`, signed with an RSA private key (cryptography's)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    signing_input = (_b64url(json.dumps({"alg": "RS256", "typ": "JWT"}, separators=(",", ":")).encode()) + "."
+                     + _b64url(json.dumps(claims, separators=(",", ":")).encode()))
+    signature = private_key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return signing_input + "." + _b64url(signature)
+
+
 def _properties(values: dict[str, str]) -> str:
     """A Java properties file; values escaped as java.util.Properties reads them."""
     def escape(text: str) -> str:
@@ -87,13 +113,14 @@ class LocalSchemaRegistry(LocalServer):
 
     def __init__(self, data_dir: str | Path, port: int = 0, user: str = "registry",
                  password: str = "registry-secret", tls: bool = False, persistent: bool = True,
-                 heap: str = HEAP) -> None:
+                 heap: str = HEAP, users: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.port = port or reserve_port()
         self.tls = tls
         self.tls_port = reserve_port() if tls else None
         self.user = user
         self.password = password
+        self.users = {**(users or {}), user: password}  # login -> password; every one may read and write
         self.persistent = persistent
         self.heap = heap
         self.process: subprocess.Popen | None = None
@@ -135,6 +162,49 @@ class LocalSchemaRegistry(LocalServer):
                            "ssl.key.location": str(self.tls_dir / "client-key.pem")})
         return config
 
+    def bearer_client_config(self, token: str) -> dict[str, Any]:
+        """SchemaRegistryClient settings that present `token` as a bearer token (no basic auth)."""
+        return {"url": self.url, "bearer.auth.credentials.source": "STATIC_TOKEN", "bearer.auth.token": token,
+                "bearer.auth.logical.cluster": "default"}
+
+    @property
+    def _signing_key_file(self) -> Path:
+        return self.data_dir / "jwt" / "signing-key.pem"
+
+    def _signing_key(self) -> Any:
+        """The key bearer tokens are signed with: made on first use, kept across restarts (tokens stay valid)."""
+        from cryptography.hazmat.primitives import serialization
+
+        if not self._signing_key_file.exists():
+            self._signing_key_file.parent.mkdir(parents=True, exist_ok=True)
+            pem = _new_signing_key().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption())
+            self._signing_key_file.touch(mode=0o600)
+            self._signing_key_file.write_bytes(pem)
+        return serialization.load_pem_private_key(self._signing_key_file.read_bytes(), password=None)
+
+    def bearer_token(self, subject: str = "registry-client", expires_in: float = 3600.0,
+                     foreign_key: bool = False, issuer: str = TOKEN_ISSUER) -> str:
+        """A JWT the registry accepts as `Authorization: Bearer`; expires_in <= 0 gives an expired one,
+        foreign_key=True one signed by a key the registry does not know, another issuer one it refuses."""
+        now = int(time.time())
+        expires = now + int(expires_in)
+        claims = {"iss": issuer, "sub": subject, "upn": subject, "iat": min(now, expires - 60), "exp": expires}
+        return signed_jwt(_new_signing_key() if foreign_key else self._signing_key(), claims)
+
+    def _jwt_config(self) -> dict[str, str]:
+        """Quarkus OIDC as a bearer-token verifier with a local public key: no OIDC server is asked."""
+        from cryptography.hazmat.primitives import serialization
+
+        public = self._signing_key().public_key().public_bytes(serialization.Encoding.DER,
+                                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+        return {
+            "quarkus.oidc.tenant-enabled": "true",
+            "quarkus.oidc.application-type": "service",
+            "quarkus.oidc.public-key": base64.b64encode(public).decode(),
+            "quarkus.oidc.token.issuer": TOKEN_ISSUER,
+        }
+
     def _make_tls(self) -> dict[str, str]:
         """CA, server and client certificates (kept across restarts) and the settings of the HTTPS listener."""
         from devtools.tls import make_ca, make_server_certificate
@@ -172,10 +242,12 @@ class LocalSchemaRegistry(LocalServer):
             "quarkus.datasource.jdbc.min-size": "1",
             "quarkus.datasource.jdbc.initial-size": "1",
             "quarkus.datasource.jdbc.max-size": "10",
-            "quarkus.security.users.embedded.users." + self.user: self.password,
-            "quarkus.security.users.embedded.roles." + self.user: "sr-admin",
             "quarkus.http.insecure-requests": "enabled",
+            **self._jwt_config(),
         }
+        for login, password in self.users.items():
+            config["quarkus.security.users.embedded.users." + login] = password
+            config["quarkus.security.users.embedded.roles." + login] = "sr-admin"
         if self.tls:
             config.update(self._make_tls())
         return config
@@ -188,7 +260,7 @@ class LocalSchemaRegistry(LocalServer):
         (self.data_dir / "config").mkdir(parents=True, exist_ok=True)
         config_file = self.data_dir / "config" / "application.properties"  # Quarkus reads it from its cwd
         config_file.write_text(_properties(self._config()))
-        config_file.chmod(0o600)  # the password
+        config_file.chmod(0o600)  # the passwords
         log = open(self.log_file, "ab")
         began = time.monotonic()
         self.process = subprocess.Popen(

@@ -49,12 +49,12 @@ NO_TXN_USER = "no-txn"  # ... but none on transactional ids
 NO_WRITE_USER = "no-write"  # ... but may only DESCRIBE the output topics
 NO_READ_USER = "no-read"  # ... but may only DESCRIBE the input topics
 NO_SECRET_USER = "no-secret"  # every ACL; its password is one of NO_SECRET_MARKERS
-# tests/system/test_no_secret_at_rest.py: a distinct secret per place a user can give one, new each session, searched
-# for in every store afterwards. Two reach the test's Airflow before it starts: the secured broker's password of
-# NO_SECRET_USER and spark_conf's entry (tests/dags/eo_no_secret_test_dag.py reads it from the environment).
-NO_SECRET_MARKERS = {place: f"SECRET-{place}-{uuid.uuid4().hex}" for place in (
-    "kafka-conn-sasl-password", "kafka-config-ssl-key-password", "sink-url-password", "dead-letter-url-password",
-    "iceberg-catalog-url-password", "iceberg-catalog-s3-secret-access-key", "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key")}
+# tests/system/test_no_secret_at_rest.py: a distinct secret per place a user can give one (tests/no_secret.py PLACES),
+# new each session, searched for in every store afterwards. Three are real before the test's Airflow starts: the
+# secured broker's password of NO_SECRET_USER, the Schema Registry's password of NO_SECRET_REGISTRY_USER, and
+# spark_conf's entry (tests/dags/eo_no_secret_test_dag.py reads it from the environment).
+NO_SECRET_MARKERS = new_markers()
+NO_SECRET_REGISTRY_USER = "no-secret"  # a user of the session's Schema Registry; its password is a marker
 SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret", NO_WRITE_USER: "no-write-secret",
                  NO_READ_USER: "no-read-secret", NO_SECRET_USER: NO_SECRET_MARKERS["kafka-conn-sasl-password"]}
 ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
@@ -159,11 +159,12 @@ def secured_kafka(tmp_path_factory) -> SecuredKafkaBroker:
 
 @pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory) -> LocalSchemaRegistry:
-    """A Confluent-compatible Schema Registry (Apicurio) with basic auth on and an HTTPS listener that requires a
-    client certificate; `url`, `user`, `password`, `client_config()`, and `stop()`/`start()` on the same port
-    (its H2 file keeps the schemas and their ids)."""
+    """A Confluent-compatible Schema Registry (Apicurio) with basic auth (and bearer tokens: `bearer_token()`) on
+    and an HTTPS listener that requires a client certificate; `url`, `user`, `password`, `client_config()`, and
+    `stop()`/`start()` on the same port (its H2 file keeps the schemas and their ids)."""
     registry = LocalSchemaRegistry(tmp_path_factory.mktemp("schema-registry"), user="registry",
-                                   password="registry-secret", tls=True)
+                                   password="registry-secret", tls=True,
+                                   users={NO_SECRET_REGISTRY_USER: NO_SECRET_MARKERS["registry-conn-password"]})
     registry.start()
     yield registry
     registry.stop()

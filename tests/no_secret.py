@@ -12,7 +12,7 @@ import uuid
 
 PLACES = ("kafka-conn-sasl-password", "kafka-config-ssl-key-password", "sink-url-password",
           "dead-letter-url-password", "iceberg-catalog-url-password", "iceberg-catalog-s3-secret-access-key",
-          "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key")
+          "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key", "registry-conn-password")
 # Variable names without "secret", "password", "token", ...: Airflow masks none of their values by itself.
 SINK_URL_VAR, DEAD_LETTER_URL_VAR, CATALOG_URL_VAR, CATALOG_S3_VAR, KAFKA_CONFIG_VAR = (
     "eo_nst_sink_url", "eo_nst_dead_letter_url", "eo_nst_catalog_url", "eo_nst_catalog_s3", "eo_nst_kafka_tls")

@@ -6,11 +6,13 @@ Airflow does not take for secret ones (so only the provider can mask their value
 Airflow's environment, tests/no_secret.py), and `spark_conf`, which is not templated, from that
 environment when the file is parsed.
 
-* `pg` (the embedded ledger): JSON records from the secured broker (connection `eo_nst_kafka`,
-  SASL password in its extra) plus a secret in `kafka_config`, a PostgreSQL sink and a PostgreSQL
-  dead-letter table, both given as a `url` with a password;
+* `pg` (the embedded ledger): Avro records in the Schema Registry wire format from the secured broker
+  (connection `eo_nst_kafka`, SASL password in its extra) plus a secret in `kafka_config`, decoded through
+  the Schema Registry connection `eo_nst_registry` (basic auth with a password), into a PostgreSQL sink and
+  a PostgreSQL dead-letter table, both given as a `url` with a password;
 * `ice` (a PostgreSQL ledger through connection `eo_nst_ledger`, which has a password): the same
-  records into Iceberg, whose PostgreSQL catalog is given as a `url` with a password and a secret property.
+  records (their bytes) into Iceberg, whose PostgreSQL catalog is given as a `url` with a password and a
+  secret property.
 
 Both writes run on the Spark Connect server named by the run's `spark_conn_id`: the session's warm
 server, or a connection with a token that points at a port nobody listens on (the failing run).
@@ -36,6 +38,7 @@ from tests.no_secret import (
 
 KAFKA_CONN_ID = "eo_nst_kafka"
 LEDGER_CONN_ID = "eo_nst_ledger"
+REGISTRY_CONN_ID = "eo_nst_registry"
 
 COMMON = dict(
     topics="{{ params.topic }}",
@@ -62,8 +65,8 @@ with DAG(
         group_id="pg",
         pipeline_id="{{ params.prefix }}-pg",
         sink={"type": "postgres", "url": "{{ var.value.%s }}" % SINK_URL_VAR, "table": "{{ params.table }}"},
-        value_format="json",
-        value_schema="id BIGINT, amount BIGINT",
+        value_format="avro",  # the wire format: the reader schema is the subject <topic>-value's latest
+        schema_registry_conn_id=REGISTRY_CONN_ID,
         bad_record_policy="dead_letter",
         dead_letter={"type": "postgres", "url": "{{ var.value.%s }}" % DEAD_LETTER_URL_VAR,
                      "table": "{{ params.table }}_dead_letter"},

@@ -22,6 +22,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.wire_format import frame
@@ -57,10 +58,12 @@ def produce(kafka, topic: str, values: list[bytes | None], keys: list[bytes | No
 
 
 def pipe(kafka, schema_registry, tmp_path: Path, topic: str, sink: dict, name: str = "p", password=None,
-         tls=None, **settings) -> Pipe:
+         tls=None, registry: dict | None = None, registry_conn_id: str = "registry_test", **settings) -> Pipe:
+    """A pipeline over `topic`; its registry settings are `registry` (a connection's, as the hook makes them) or
+    the session registry's user (another `password`, or over HTTPS)."""
     config = pipeline_config(f"{topic}-{name}", [topic], sink, bootstrap=kafka.bootstrap_servers,
-                             schema_registry=registry_settings(schema_registry, password, tls),
-                             schema_registry_conn_id="registry_test", **settings)
+                             schema_registry=registry or registry_settings(schema_registry, password, tls),
+                             schema_registry_conn_id=registry_conn_id, **settings)
     made = Pipe(config, open_ledger(tmp_path / f"ledger-{name}.db"),
                 lambda: KafkaOffsetSource(KafkaSettings.of(config)), run_writers=run_partition_writers)
     made.sink.check(config.pipeline_id)
@@ -171,6 +174,48 @@ def test_an_unreachable_or_refusing_registry_is_a_configuration_error_and_the_re
     assert (summary["output_records"], summary["bad_records"]) == (12, 7)  # not one good record turned bad
     p.commit(batch_id)
     assert sorted((r["id"], r["item"], r["note"]) for r in read_parquet(out)) == good
+
+
+def bearer_connection(monkeypatch, schema_registry, conn_id: str, token: str) -> dict:
+    """A `schema_registry` connection as a deployment defines it (an AIRFLOW_CONN_ variable): Host the registry's
+    URL, the token as Password, no Login; returns the client settings the provider's hook makes of it."""
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(
+        {"conn_type": "schema_registry", "host": schema_registry.url, "password": token}))
+    settings = SchemaRegistryHook(conn_id).client_settings()
+    assert "basic.auth.user.info" not in settings and settings["bearer.auth.token"] == token
+    return settings
+
+
+def test_a_bearer_token_connection_reads_the_wire_format_and_a_refused_token_is_a_configuration_error(
+        kafka, spark, schema_registry, tmp_path, avro_topic, monkeypatch):
+    topic, good, bad = avro_topic
+    out = tmp_path / "out"
+    token = schema_registry.bearer_token()
+    p = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(out)}, name="bearer",
+             registry=bearer_connection(monkeypatch, schema_registry, "registry_bearer", token),
+             registry_conn_id="registry_bearer", value_format="avro", bad_record_policy="dead_letter")
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.select("id", "item", "note"))
+    assert (summary["output_records"], summary["bad_records"]) == (12, 7)
+    p.commit(batch_id)
+    assert sorted((r["id"], r["item"], r["note"]) for r in read_parquet(out)) == good
+    stored = p.ledger.pipeline(p.config.pipeline_id)["config"]
+    assert stored["schema_registry"]["bearer.auth.token"] == "***" and token not in json.dumps(stored, default=str)
+
+    # An expired token and one signed by a key the registry does not know: refused, not retried, no bad record.
+    for name, refused_token in (("expired", schema_registry.bearer_token(expires_in=-120)),
+                                ("stranger", schema_registry.bearer_token(foreign_key=True))):
+        conn_id = f"registry_{name}"
+        refused = pipe(kafka, schema_registry, tmp_path, topic, {"type": "parquet", "path": str(tmp_path / name)},
+                       name=name, registry=bearer_connection(monkeypatch, schema_registry, conn_id, refused_token),
+                       registry_conn_id=conn_id, value_format="avro", bad_record_policy="skip")
+        batch_id = refused.plan("run-1").batch.id
+        with pytest.raises(ConfigurationError) as caught:
+            run_write(spark, refused.coordinator, batch_id)
+        assert "refused the credentials (HTTP 401)" in str(caught.value) and f"'{conn_id}'" in str(caught.value)
+        assert "bearer token" in str(caught.value), str(caught.value)
+        assert caught.value.retriable is False and refused_token not in str(caught.value)
+        assert refused.state(batch_id) is BatchState.PLANNED and read_parquet(tmp_path / name) == []
 
 
 def test_json_schema_versions_decode_and_bad_records_say_why(kafka, spark, schema_registry, tmp_path):

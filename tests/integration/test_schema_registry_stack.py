@@ -68,6 +68,29 @@ def test_a_wrong_password_or_none_gets_401(schema_registry) -> None:
     assert httpx.get(f"{schema_registry.base_url}/health/ready").status_code == 401
 
 
+def test_a_token_signed_with_the_registrys_key_is_a_user_and_any_other_gets_401(schema_registry, unique) -> None:
+    subject = f"bearer-{unique}-value"
+    token = schema_registry.bearer_token()
+    schema_id = SchemaRegistryClient(schema_registry.bearer_client_config(token)).register_schema(
+        subject, Schema(json.dumps(AVRO_V1), "AVRO"))
+    assert SchemaRegistryClient(schema_registry.client_config()).get_latest_version(subject).schema_id == schema_id
+    refused = {"expired": schema_registry.bearer_token(expires_in=-120),
+               "another key": schema_registry.bearer_token(foreign_key=True),
+               "another issuer": schema_registry.bearer_token(issuer="someone-else"),
+               "tampered": token[:-8] + ("AAAAAAAA" if not token.endswith("AAAAAAAA") else "BBBBBBBB"),
+               "not a JWT": "not-a-token"}
+    for why, bad in refused.items():
+        answer = httpx.get(f"{schema_registry.url}/subjects", headers={"Authorization": f"Bearer {bad}"})
+        assert answer.status_code == 401, (why, answer.status_code, answer.text[:200])
+        assert answer.headers.get("www-authenticate", "").lower().startswith("bearer"), why
+    with pytest.raises(SchemaRegistryError) as caught:
+        SchemaRegistryClient(schema_registry.bearer_client_config(refused["expired"])).get_subjects()
+    assert caught.value.http_status_code == 401
+    # basic auth still answers beside it (the registry's user and the other users it was given)
+    for login, password in schema_registry.users.items():
+        assert httpx.get(f"{schema_registry.url}/subjects", auth=(login, password)).status_code == 200, login
+
+
 def test_https_requires_a_client_certificate(schema_registry, unique) -> None:
     subject = f"tls-{unique}-value"
     schema_id = SchemaRegistryClient(schema_registry.tls_client_config()).register_schema(

@@ -3,7 +3,9 @@ in every store and output of a real Airflow after two good runs and a failing on
 
 The places (tests/conftest.py NO_SECRET_MARKERS, given by tests/dags/eo_no_secret_test_dag.py): the Kafka
 connection's SASL password (the secured broker's login of NO_SECRET_USER, so the runs prove it was used),
-`kafka_config`, a PostgreSQL sink's and dead-letter table's `url`, an Iceberg PostgreSQL catalog's `url` and a
+`kafka_config`, the Schema Registry connection's password (the session registry's login of
+NO_SECRET_REGISTRY_USER: the `pg` pipeline decodes its Avro records through it), a PostgreSQL sink's and
+dead-letter table's `url`, an Iceberg PostgreSQL catalog's `url` and a
 secret catalog property (`s3.secret-access-key`), the
 PostgreSQL ledger connection's password, a Spark Connect connection's token and a `spark_conf` entry. The test
 PostgreSQL trusts local logins, so the passwords in URLs and connections are planted, not checked, by it.
@@ -29,14 +31,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from kafka import KafkaProducer
 
 from airflow_exactly_once.cli.main import main as cli_main
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from devtools.ports import reserve_port
-from tests.conftest import NO_SECRET_MARKERS, NO_SECRET_USER, PG_DATABASE, SECURED_IN
-from tests.dags.eo_no_secret_test_dag import KAFKA_CONN_ID, LEDGER_CONN_ID
+from tests.conftest import NO_SECRET_MARKERS, NO_SECRET_REGISTRY_USER, NO_SECRET_USER, PG_DATABASE, SECURED_IN
+from tests.dags.eo_no_secret_test_dag import KAFKA_CONN_ID, LEDGER_CONN_ID, REGISTRY_CONN_ID
 from tests.no_secret import SPARK_CONF_ENV
 from tests.no_secret import airflow_env as no_secret_env
 from tests.helpers import client_args, create_topic, pg_query
@@ -49,11 +54,18 @@ CLI_COMMANDS = (["pipelines"], ["batches", "{p}"], ["show", "{p}", "1"], ["show"
                 ["check", "{p}"])
 
 
-def produce_json(admin: dict, topic: str, start: int, count: int) -> None:
-    """Records {"id", "amount"}; amount 0 (every fourth) makes guarded_share mark the record bad: dead letters."""
+ORDER = {"type": "record", "name": "Order", "namespace": "nst",
+         "fields": [{"name": "id", "type": "long"}, {"name": "amount", "type": "long"}]}
+
+
+def produce_avro(admin: dict, registry, topic: str, start: int, count: int) -> None:
+    """Records {"id", "amount"} in the wire format (the schema registered by the registry's own user); amount 0
+    (every fourth) makes guarded_share mark the record bad: dead letters."""
+    serialize = AvroSerializer(SchemaRegistryClient(registry.client_config()), json.dumps(ORDER))
+    context = SerializationContext(topic, MessageField.VALUE)
     producer = KafkaProducer(**client_args(admin), acks="all")
     for i in range(start, start + count):
-        producer.send(topic, key=str(i).encode(), value=json.dumps({"id": i, "amount": i % 4}).encode(),
+        producer.send(topic, key=str(i).encode(), value=serialize({"id": i, "amount": i % 4}, context),
                       partition=i % 3)
     producer.flush()
     producer.close()
@@ -84,7 +96,7 @@ def cli_output(ledger_url: str, pipeline: str) -> list[Store]:
 
 
 def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow, warm_spark, openlineage_events,
-                                              tmp_path, unique):
+                                              schema_registry, tmp_path, unique):
     admin = secured_kafka.client_config()
     prefix, table = f"nst-{unique}", f"nst_{unique}"
     topic = f"{SECURED_IN}nst-{unique}"
@@ -95,6 +107,11 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
     # Where the DAG takes its secrets from: connections, and Variables (and spark_conf) in the stack's environment.
     airflow.put_connection(KAFKA_CONN_ID, {"conn_type": "kafka", "extra": json.dumps(
         secured_kafka.connection_extra(NO_SECRET_USER))})
+    # the registry's user NO_SECRET_REGISTRY_USER has this password (tests/conftest.py): a wrong one fails the runs
+    assert schema_registry.users[NO_SECRET_REGISTRY_USER] == NO_SECRET_MARKERS["registry-conn-password"]
+    airflow.put_connection(REGISTRY_CONN_ID, {
+        "conn_type": "schema_registry", "host": schema_registry.url, "login": NO_SECRET_REGISTRY_USER,
+        "password": NO_SECRET_MARKERS["registry-conn-password"]})
     airflow.put_connection(LEDGER_CONN_ID, {
         "conn_type": "postgres", "host": "127.0.0.1", "port": postgres.port, "login": "postgres",
         "password": NO_SECRET_MARKERS["ledger-conn-password"], "schema": PG_DATABASE})
@@ -109,17 +126,18 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
 
     conf = {"prefix": prefix, "topic": topic, "table": table, "warehouse": str(tmp_path / "lake"), **warm_spark}
     runs = [f"{prefix}-1", f"{prefix}-2", f"{prefix}-fail"]
-    produce_json(admin, topic, 0, 60)
+    produce_avro(admin, schema_registry, topic, 0, 60)
     assert airflow.run(DAG, runs[0], conf) == "success", airflow.task_states(DAG, runs[0])
-    produce_json(admin, topic, 60, 30)
+    produce_avro(admin, schema_registry, topic, 60, 30)
     assert airflow.run(DAG, runs[1], conf) == "success", airflow.task_states(DAG, runs[1])
-    produce_json(admin, topic, 90, 30)
+    produce_avro(admin, schema_registry, topic, 90, 30)
     assert airflow.run(DAG, runs[2], {**conf, "spark_conn_id": DEAD_CONNECT_CONN_ID}) == "failed"
     states = airflow.task_states(DAG, runs[2])
     assert states["write"][0] == "failed" and states["abort"][0] == "success", states
-    # The good runs wrote (ids 0..89: every fourth, amount 0, is a dead letter); the failing one's error is about
-    # its server.
+    # The good runs wrote (ids 0..89: every fourth, amount 0, is a dead letter), the `pg` pipeline's records decoded
+    # through the registry with the planted password; the failing one's error is about its server.
     assert pg_query(dsn, f'SELECT count(*) FROM "{table}"') == [(67,)]
+    assert pg_query(dsn, f'SELECT sum(id) FROM "{table}"') == [(sum(i for i in range(90) if i % 4),)]
     assert pg_query(dsn, f'SELECT count(*) FROM "{table}_dead_letter"') == [(23,)]
     failed_write_log = "\n".join(airflow.task_log(DAG, runs[2], f"{g}.write") for g in ("pg", "ice"))
     assert f"127.0.0.1:{dead_port}" in failed_write_log, failed_write_log[-3000:]
@@ -132,6 +150,7 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
     ice_config = Ledger(pg_ledger).pipeline(f"{prefix}-ice")["config"]
     for config in (pg_config, ice_config):
         assert config["kafka_config"]["sasl.password"] == config["kafka_config"]["ssl.key.password"] == "***", config
+    assert pg_config["schema_registry"]["basic.auth.user.info"] == "***", pg_config
     assert "postgres:***@" in pg_config["sink"]["url"] and "postgres:***@" in pg_config["dead_letter"]["url"], pg_config
     assert "postgres:***@" in ice_config["sink"]["catalog"]["url"], ice_config
     assert ice_config["sink"]["catalog"]["properties"]["s3.secret-access-key"] == "***", ice_config
