@@ -7,6 +7,8 @@ which may not reach it on Airflow 3, never call this.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from airflow.models.asset import AssetEvent, AssetModel
 from airflow.utils.session import create_session
 from sqlalchemy import select
@@ -17,13 +19,17 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 
 
-def recorded_batch_events(pipeline_id: str, session: Session | None = None) -> list[RecordedEvent]:
-    """Every event of the pipeline's Asset, oldest first (none when Airflow never recorded one)."""
+def recorded_batch_events(pipeline_id: str, session: Session | None = None,
+                          since: datetime | None = None) -> list[RecordedEvent]:
+    """The events of the pipeline's Asset recorded at or after `since` (None: all), oldest first (none when Airflow
+    never recorded one)."""
     query = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id, AssetEvent.source_task_id,
                     AssetEvent.timestamp)
              .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
              .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
              .order_by(AssetEvent.id))
+    if since is not None:
+        query = query.where(AssetEvent.timestamp >= since)
     try:
         if session is not None:
             rows = session.execute(query).all()

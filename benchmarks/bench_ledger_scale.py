@@ -15,7 +15,8 @@ plan = core.planning.plan_batch (recovery first, then the range) on a BatchCoord
 + prepare (not timed), notify_complete = BatchCoordinator.commit + BatchCoordinator.retain, as
 NotifyCompleteOperator runs them. `batches` is the CLI command in-process (stdout captured); the ledger page
 is what its endpoint does with the ledger: LedgerReader.pipelines(), LedgerReader.report() (a read-only engine
-per request, like the app), the JSON of the API and the HTML. Excluded, because they do not depend on the
+per request, like the app), the drift check's ledger side (core.drift.check_drift; Airflow's Asset events are
+left out: it reads those of its 50 newest committed batches only), the JSON of the API and the HTML. Excluded, because they do not depend on the
 ledger's size: Kafka's answers (an in-memory offset source answers partitions, log starts and ends), the
 sink's I/O (the Parquet marker sink of tests/harness.py writes one small file per batch), and Airflow's
 authentication and permission checks around the page.
@@ -42,12 +43,14 @@ from pathlib import Path
 from typing import Callable
 
 from airflow_exactly_once.cli.main import main as cli
+from airflow_exactly_once.core.drift import check_drift, mirror_command
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.monitor import partition_lags
 from airflow_exactly_once.ui.app import report_json
-from airflow_exactly_once.ui.loading import LagResult, LedgerReader
+from airflow_exactly_once.ui.loading import DRIFT_BATCHES, DriftResult, LagResult, LedgerReader
 from airflow_exactly_once.ui.page import pipeline_page
 from devtools.ledger_history import load_history
 from devtools.postgres import LocalPostgres
@@ -126,8 +129,12 @@ def ledger_page(url: str) -> None:
     pipelines = reader.pipelines()
     report = reader.report(PIPELINE, now=now)
     lag = LagResult(partition_lags(report.committed, report.claimed, {}, {}), servers="(not asked)")
-    report_json(report, lag)
-    pipeline_page(ledger=reader.description, now=now, pipelines=pipelines, report=report, lag=lag, base="/ui")
+    drift = DriftResult(reader.read("the drift", lambda ledger: check_drift(
+        ledger, PIPELINE, read_group=None, read_events=lambda since: [], asset_uri=pipeline_asset_uri(PIPELINE),
+        mirror_command=mirror_command(PIPELINE), newest_batches=DRIFT_BATCHES)))
+    report_json(report, lag, drift)
+    pipeline_page(ledger=reader.description, now=now, pipelines=pipelines, report=report, lag=lag, base="/ui",
+                  drift=drift)
     if reader._ledger is not None:
         reader._ledger.engine.dispose()
 

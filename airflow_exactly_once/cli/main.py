@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import sys
+from datetime import datetime
 from typing import Any, Sequence
 
 from airflow_exactly_once.core.audit import audit_pipeline
@@ -345,10 +346,10 @@ def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
         return read_group_offsets(_kafka_settings(PipelineConfig.from_dict(ledger.pipeline(pid)["config"]), args),
                                   group)
 
-    def read_events() -> list:
+    def read_events(since: datetime | None) -> list:
         from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow's database only when read
 
-        return recorded_batch_events(pid)
+        return recorded_batch_events(pid, since=since)
 
     return check_drift(ledger, pid, read_group=None if GROUP in args.without else read_group,
                        read_events=None if ASSET_EVENTS in args.without else read_events,

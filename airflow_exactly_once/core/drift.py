@@ -11,6 +11,7 @@ note, not drift. Reading Kafka and Airflow is the caller's; this module only com
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable
 
 from airflow_exactly_once.core.ledger import Ledger
@@ -91,13 +92,18 @@ class DriftReport:
 
 
 GroupReader = Callable[[str], "dict[TopicPartition, GroupOffset] | None"]
-EventReader = Callable[[], "list[RecordedEvent] | None"]
+# Reads the Asset events recorded at or after the given time (None: all of them).
+EventReader = Callable[["datetime | None"], "list[RecordedEvent] | None"]
+# How much earlier than the newest pruned batch's planning the events are read: the ledger's clock (the task that
+# planned) and Airflow's (the one that recorded the event) may disagree by this much.
+EVENT_CLOCK_SKEW = timedelta(hours=1)
 
 
 def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | None, read_events: EventReader | None,
-                asset_uri: str, mirror_command: str) -> DriftReport:
+                asset_uri: str, mirror_command: str, newest_batches: int | None = None) -> DriftReport:
     """Both comparisons of one pipeline. A reader that is None is left out; one that returns None could not read
-    (its caller says why: the CLI raises instead, the ledger page shows the error)."""
+    (its caller says why: the CLI raises instead, the ledger page shows the error). `newest_batches`: compare the
+    events of the newest committed batches only (the ledger page: the batches it shows); None: every kept one."""
     report = DriftReport(pipeline_id)
     stored = ledger.pipeline(pipeline_id)["config"]
     group = stored.get("mirror_consumer_group")
@@ -114,12 +120,52 @@ def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | N
     if read_events is None:
         report.compared.append("Asset events: left out")
     else:
-        events = read_events()
+        compared = compared_batches(ledger, pipeline_id, newest_batches)
+        events = read_events(compared.since)
+        window = f" for the newest {len(compared.committed)} committed batches" if compared.cut else ""
         report.compared.append(f"Asset events of {asset_uri}: could not be read" if events is None
-                               else f"{len(events)} Asset event(s) of {asset_uri}")
+                               else f"{len(events)} Asset event(s) of {asset_uri}{window}")
         if events is not None:
-            report.findings += compare_asset_events(ledger, pipeline_id, events, asset_uri)
+            report.findings += compare_asset_events(ledger, pipeline_id, events, asset_uri, compared)
     return report
+
+
+@dataclass
+class ComparedBatches:
+    """The committed batches the event comparison covers (by seq): every one above `above`. `since`: when the
+    events worth reading start (None: all); `cut`: a window of the newest batches, older ones kept but not
+    compared."""
+
+    above: int
+    committed: dict[int, Batch]
+    since: datetime | None
+    cut: bool = False
+
+
+def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None) -> ComparedBatches:
+    """The committed batches above retention's floor (the newest `newest` of them when given).
+
+    Events of batches below are not compared, and each event was recorded after its batch was planned: so only
+    events from a little before the first compared batch (or the newest pruned one) was planned are read. That
+    keeps the check, which the ledger page runs on every view, as bounded as the ledger or the window; an event
+    posted by hand before then is not seen.
+    """
+    floor = ledger.retention_floor(pipeline_id)
+    if newest is None:
+        found = ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False)
+    else:
+        found = list(reversed(ledger.list_batches(pipeline_id, [BatchState.COMMITTED], limit=newest)))
+    committed = {b.seq: b for b in found if b.seq > floor.batch_seq}
+    if newest is not None and len(committed) == newest:
+        first = committed[min(committed)]
+        return ComparedBatches(first.seq - 1, committed, _before(first.created_at), cut=True)
+    return ComparedBatches(floor.batch_seq, committed, _before(floor.batch_created_at))
+
+
+def _before(planned: datetime | None) -> datetime | None:
+    if planned is None:
+        return None
+    return (planned if planned.tzinfo else planned.replace(tzinfo=timezone.utc)) - EVENT_CLOCK_SKEW  # SQLite: naive
 
 
 def _tp(tp: TopicPartition) -> str:
@@ -129,9 +175,10 @@ def _tp(tp: TopicPartition) -> str:
 def _last_events(ledger: Ledger, pipeline_id: str, *kinds: str) -> list[dict[str, Any] | None]:
     """The newest event of each kind (None where there is none)."""
     found: dict[str, dict[str, Any]] = {}
-    for event in ledger.list_events(pipeline_id, limit=10_000):  # newest first
-        if event["kind"] in kinds:
-            found.setdefault(event["kind"], event)
+    for kind in kinds:
+        newest = ledger.list_events(pipeline_id, limit=1, kinds=[kind])
+        if newest:
+            found[kind] = newest[0]
     return [found.get(kind) for kind in kinds]
 
 
@@ -186,15 +233,14 @@ def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable
 
 
 def compare_asset_events(ledger: Ledger, pipeline_id: str, events: list[RecordedEvent],
-                         asset_uri: str) -> list[Finding]:
+                         asset_uri: str, compared: ComparedBatches | None = None) -> list[Finding]:
     """Airflow's Asset events of the pipeline against its committed batches: one per batch, the same ranges.
 
-    Batches retention pruned cannot be compared; events before the first one Airflow still holds may
-    have been cleaned by `airflow db clean`.
+    Batches retention pruned (or below the `compared` window) are not compared; events before the first one
+    Airflow still holds may have been cleaned by `airflow db clean`.
     """
-    floor = ledger.retention_floor(pipeline_id).batch_seq
-    committed = {b.seq: b for b in ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False)
-                 if b.seq > floor}
+    compared = compared or compared_batches(ledger, pipeline_id)
+    floor, committed = compared.above, compared.committed
     by_seq: dict[int, list[RecordedEvent]] = {}
     findings: list[Finding] = []
     for event in events:

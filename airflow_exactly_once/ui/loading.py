@@ -133,6 +133,11 @@ class DriftResult:
     errors: list[str] = field(default_factory=list)
 
 
+# The page compares the Asset events of the batches it shows (the report's 50 newest): a constant cost per view,
+# whatever the history's length; `airflow-exactly-once check` compares every kept batch.
+DRIFT_BATCHES = 50
+
+
 def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
                timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> DriftResult:
     """The ledger against the mirrored consumer group (with the pipeline's Kafka settings, as the lag) and the
@@ -151,9 +156,9 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
             errors.append(f"consumer group {group!r}: {_first_line(exc)}")
             return None
 
-    def read_events() -> list | None:
+    def read_events(since: datetime | None) -> list | None:
         try:
-            return recorded_batch_events(pid, session)
+            return recorded_batch_events(pid, session, since)
         except ExactlyOnceError as exc:
             errors.append(_first_line(exc))
             return None
@@ -161,7 +166,7 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
     try:
         found = reader.read(f"the drift of {pid}", lambda ledger: check_drift(
             ledger, pid, read_group=read_group, read_events=read_events, asset_uri=pipeline_asset_uri(pid),
-            mirror_command=mirror_command(pid)))
+            mirror_command=mirror_command(pid), newest_batches=DRIFT_BATCHES))
     except LedgerUnavailable as exc:
         return DriftResult(None, [str(exc)])
     return DriftResult(found, errors)

@@ -11,14 +11,17 @@ import pytest
 
 from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core.drift import (
+    EVENT_CLOCK_SKEW,
     GroupOffset,
     RecordedEvent,
     compare_asset_events,
+    check_drift,
     compare_group,
     mirror_metadata,
 )
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.states import BatchState
 from tests.harness import open_ledger
 
@@ -126,6 +129,47 @@ def test_an_event_of_a_retracted_batch_is_a_note(ledger):
     [note] = compare_asset_events(ledger, "p", [event(b1)], URI)
     assert (note.kind, note.drift) == ("event-for-retracted-batch", False)
     assert "RETRACTED" in note.detail
+
+
+def test_events_are_read_from_a_little_before_the_newest_pruned_batch_only(ledger):
+    """The ledger page runs the check on every view: with a pruned history, Airflow's events of pruned batches
+    (never compared) are not read at all."""
+    asked = []
+
+    def read_events(since):
+        asked.append(since)
+        return [event(b) for b in kept]
+
+    def check():
+        return check_drift(ledger, "p", read_group=None, read_events=read_events, asset_uri=URI, mirror_command=MIRROR)
+
+    kept = [commit(ledger, n) for n in range(3)]
+    assert check().ok and asked == [None]  # nothing pruned: every event
+    assert prune(ledger, "p", Retention(keep_batches=1, keep_days=None)).pruned.batches == 2
+    planned = ledger.retention_floor("p").batch_created_at
+    kept = kept[2:]
+    assert check().ok
+    since = asked[-1]
+    assert since.tzinfo is not None and since.replace(tzinfo=None) == planned.replace(tzinfo=None) - EVENT_CLOCK_SKEW
+
+
+def test_the_ledger_pages_window_compares_the_newest_batches_only(ledger):
+    """newest_batches (the page: the batches it shows) reads and compares the events of those batches only."""
+    batches = [commit(ledger, n) for n in range(5)]
+    asked = []
+
+    def read_events(since):
+        asked.append(since)
+        return [event(b) for b in batches[3:]]  # Airflow lost (or cleaned) the events of batches 1 to 3
+
+    report = check_drift(ledger, "p", read_group=None, read_events=read_events, asset_uri=URI,
+                         mirror_command=MIRROR, newest_batches=2)
+    assert report.ok and report.compared[-1] == f"2 Asset event(s) of {URI} for the newest 2 committed batches"
+    assert asked[-1].replace(tzinfo=None) == batches[3].created_at.replace(tzinfo=None) - EVENT_CLOCK_SKEW
+    everything = check_drift(ledger, "p", read_group=None, read_events=read_events, asset_uri=URI,
+                             mirror_command=MIRROR)
+    assert asked[-1] is None and kinds(everything.findings) == [
+        ("events-before-history", f"batches {batches[0].seq}, {batches[1].seq}, {batches[2].seq}", False)]
 
 
 def test_check_prints_what_it_compared_and_fails_on_drift_only(ledger, capsys):

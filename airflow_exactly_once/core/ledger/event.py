@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import sqlalchemy as sa
 
@@ -17,8 +17,11 @@ class EventLedger(LedgerBase):
         with self.engine.begin() as conn:
             self._event(conn, pipeline_id, batch_seq, kind, message)
 
-    def list_events(self, pipeline_id: str, limit: int = 100) -> list[dict[str, Any]]:
-        query = (sa.select(events).where(events.c.pipeline_id == pipeline_id)
-                 .order_by(events.c.event_id.desc()).limit(limit))
+    def list_events(self, pipeline_id: str, limit: int = 100, kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` events (of `kinds` only, when given), newest first."""
+        query = sa.select(events).where(events.c.pipeline_id == pipeline_id)
+        if kinds is not None:
+            query = query.where(events.c.kind.in_(list(kinds)))
+        query = query.order_by(events.c.event_id.desc()).limit(limit)
         with self.engine.connect() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
