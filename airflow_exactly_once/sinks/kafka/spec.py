@@ -35,20 +35,26 @@ class KafkaSpec(SinkSpec):
                                                             "`linger.ms`, `batch.size`, `compression.type`",
                                                       shown_default="`{}`")
 
-    value_format: str | None = argument(None, "Write the value in the Schema Registry wire format: `avro` or "
-                                              "`json_schema` (the pipeline's `schema_registry_conn_id` names the "
-                                              "registry); the value is the `value` column if it is a struct, else "
-                                              "every column but `key` and `headers`",
-                                        choices=(None, "avro", "json_schema"), shown_default="`value` as bytes")
-    key_format: str | None = argument(None, "Write the `key` column in the wire format: `avro` or `json_schema`",
-                                      choices=(None, "avro", "json_schema"), shown_default="`key` as bytes")
-    value_schema: Any = argument(None, "The value's writer schema (Avro or JSON Schema, as JSON)",
+    value_format: str | None = argument(None, "Write the value in the Schema Registry wire format: `avro`, "
+                                              "`json_schema` or `protobuf` (the pipeline's `schema_registry_conn_id` "
+                                              "names the registry); the value is the `value` column if it is a "
+                                              "struct, else every column but `key` and `headers`",
+                                        choices=(None, "avro", "json_schema", "protobuf"),
+                                        shown_default="`value` as bytes")
+    key_format: str | None = argument(None, "Write the `key` column in the wire format: `avro`, `json_schema` or "
+                                            "`protobuf`",
+                                      choices=(None, "avro", "json_schema", "protobuf"), shown_default="`key` as bytes")
+    value_schema: Any = argument(None, "The value's writer schema (Avro or JSON Schema as JSON, Protobuf as .proto "
+                                       "text)",
                                  shown_default="derived from the output's columns")
     key_schema: Any = argument(None, "The key's writer schema", shown_default="derived from the `key` column")
     subject_name_strategy: str = argument("topic", "`topic` (subject `<topic>-value`, TopicNameStrategy) or "
-                                                   "`record` (the record's full name, RecordNameStrategy)",
+                                                   "`record` (the record's or message's full name, "
+                                                   "RecordNameStrategy)",
                                           choices=("topic", "record"))
-    record_name: str | None = argument(None, "Name (`namespace.Name`) of a derived Avro record",
+    record_name: str | None = argument(None, "Name (`namespace.Name`) of a derived Avro record or Protobuf "
+                                             "message (`package.Message`); with a given .proto, the message written "
+                                             "(default its first)",
                                        shown_default="`<topic>_value` / `<topic>_key`")
     register_schemas: bool = argument(False, "Register a schema the subject lacks (the registry checks its "
                                              "compatibility); off: a schema must be registered beforehand")

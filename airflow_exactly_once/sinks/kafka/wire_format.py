@@ -5,8 +5,11 @@ Each part (value, key) gets a writer schema, given or derived from the output's 
 `<topic>-value`; RecordNameStrategy: the record's full name). The id is looked up, never
 registered unless `register_schemas` is on; a schema the subject lacks or refuses fails with
 the registry's reason before anything is written: at plan time for a given schema (check),
-before the first record for a derived one. Spark encodes (`to_avro` / `to_json`) and the
-5-byte header is prepended in the same expression: nothing per record happens in Python.
+before the first record for a derived one. Spark encodes Avro and JSON (`to_avro` / `to_json`)
+and the 5-byte header is prepended in the same expression: nothing per record happens in Python.
+Protobuf is the exception: Spark's `to_protobuf` is not to be had (records.protobuf_encode), so a
+Python UDF serializes each row with the protobuf runtime from the descriptor set compiled here
+on the driver; Spark prepends the header and the message indexes.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.records.registry import Registry
-from airflow_exactly_once.records.schema_from_spark import avro_name, avro_schema, json_schema
-from airflow_exactly_once.records.wire_format import SCHEMA_TYPES
+from airflow_exactly_once.records import protobuf_encode
+from airflow_exactly_once.records.protobuf_rows import ProtobufMessage
+from airflow_exactly_once.records.registry import Registry, protobuf_reader
+from airflow_exactly_once.records.schema_from_spark import avro_name, avro_schema, json_schema, proto_schema
+from airflow_exactly_once.records.wire_format import SCHEMA_TYPES, message_indexes
 
 PARTS = ("value", "key")
+WRITE_FORMATS = ("avro", "json_schema", "protobuf")
 
 
 @dataclass
@@ -42,11 +48,23 @@ class PartWriter:
             full = self.record_name or avro_name(f"{self.topic}_{self.part}")
             namespace, _, name = full.rpartition(".")
             return json.dumps(avro_schema(type_json, name, namespace or None))
+        if self.fmt == "protobuf":
+            full = self.record_name or avro_name(f"{self.topic}_{self.part}")
+            package, _, name = full.rpartition(".")
+            return proto_schema(type_json, name, package or None)
         return json.dumps(json_schema(type_json, self.record_name))
+
+    def message(self, schema: str) -> ProtobufMessage:
+        """Protobuf: the .proto compiled on the driver (cached per text), and the message written: the file's
+        first, or record_name's for a given schema."""
+        named = self.record_name if self.schema is not None else None
+        return protobuf_reader(schema, {}, f"the kafka sink's {self.part} schema", named)
 
     def subject(self, schema: str) -> str:
         if self.strategy == "topic":
             return f"{self.topic}-{self.part}"
+        if self.fmt == "protobuf":
+            return self.message(schema).name
         parsed = json.loads(schema)
         if self.fmt == "avro" and isinstance(parsed, dict) and parsed.get("name"):
             name = parsed["name"]
@@ -64,8 +82,9 @@ def part_writers(spec: Mapping[str, Any]) -> list[PartWriter]:
         fmt = spec.get(f"{part}_format")
         if fmt is None:
             continue
-        if fmt not in ("avro", "json_schema"):
-            raise ConfigurationError(f"kafka sink: {part}_format={fmt!r} is not supported; choose avro or json_schema")
+        if fmt not in WRITE_FORMATS:
+            raise ConfigurationError(f"kafka sink: {part}_format={fmt!r} is not supported; choose avro, json_schema "
+                                     "or protobuf")
         schema = spec.get(f"{part}_schema")
         writers.append(PartWriter(part, fmt, spec["topic"], json.dumps(schema) if isinstance(schema, dict) else schema,
                                   spec.get("subject_name_strategy") or "topic", spec.get("record_name"),
@@ -78,6 +97,8 @@ def schema_id(registry: Registry, writer: PartWriter, schema: str) -> int:
     from confluent_kafka.schema_registry import Schema
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    if writer.fmt == "protobuf":
+        writer.message(schema)  # a .proto that does not compile says so, not "the subject lacks it"
     subject = writer.subject(schema)
     candidate = Schema(schema, SCHEMA_TYPES[writer.fmt])
     client = registry.client()
@@ -148,9 +169,16 @@ def encoded(frame: Any, writers: list[PartWriter], config: PipelineConfig | None
             names = [n for n in types if n not in ("key", "headers")]
             column = F.struct(*(F.col(f"`{n}`") for n in names))
             spark_type = frame.select(column.alias("v")).schema["v"].dataType
+        present = column
+        if writer.fmt == "protobuf" and spark_type.typeName() != "struct":  # a message of one field, the part's
+            column = F.struct(column.alias(writer.part))
+            spark_type = frame.select(column.alias("v")).schema["v"].dataType
         schema = writer.schema or writer.derived_schema(spark_type)
-        header = F.unhex(F.lit(f"00{schema_id(registry, writer, schema):08x}"))
-        if writer.fmt == "avro":
+        prefix = f"00{schema_id(registry, writer, schema):08x}"
+        if writer.fmt == "protobuf":
+            indexes, body = _protobuf_body(writer, schema, column, spark_type)
+            prefix += indexes
+        elif writer.fmt == "avro":
             from pyspark.sql.avro.functions import to_avro
 
             body = to_avro(column, schema)
@@ -158,9 +186,22 @@ def encoded(frame: Any, writers: list[PartWriter], config: PipelineConfig | None
             body = F.encode(F.to_json(column) if spark_type.typeName() in ("struct", "map", "array")
                             else F.to_json(F.array(column)).substr(F.lit(2), F.length(F.to_json(F.array(column))) - 2),
                             "UTF-8")
-        columns[writer.part] = F.when(column.isNull(), F.lit(None).cast("binary")).otherwise(F.concat(header, body))
+        columns[writer.part] = F.when(present.isNull(), F.lit(None).cast("binary")).otherwise(F.concat(F.unhex(F.lit(prefix)), body))
     kept = [c for c in ("key", "value", "headers") if c in types and c not in columns]
     return frame.select(*(F.col(c) for c in kept), *(v.alias(k) for k, v in columns.items()))
+
+
+def _protobuf_body(writer: PartWriter, schema: str, column: Any, spark_type: Any) -> tuple[str, Any]:
+    """The message indexes (hex) and the serialized message of each row, by the protobuf runtime in a Python UDF
+    from the descriptor set compiled here; the columns are checked against the message's fields first."""
+    from pyspark.sql import functions as F
+
+    message = writer.message(schema)
+    type_json = spark_type.jsonValue()
+    protobuf_encode.check_columns(type_json, message.descriptor_set, message.name, writer.part)
+    descriptor_set, name, type_text = message.descriptor_set, message.name, json.dumps(type_json)
+    serialize = F.udf(lambda row: protobuf_encode.encode(descriptor_set, name, type_text, row), "binary")
+    return message_indexes(list(message.indexes)).hex(), serialize(column)
 
 
 def check_given_schemas(spec: Mapping[str, Any], config: PipelineConfig | None) -> None:
