@@ -34,7 +34,7 @@ def compile_proto(text: str, imports: dict[str, str], where: str) -> bytes:
     try:
         import grpc_tools
     except ImportError as exc:
-        raise MissingExtraError("Reading Protobuf in the Schema Registry wire format", "schema-registry",
+        raise MissingExtraError("Protobuf in the Schema Registry wire format (reading or writing)", "schema-registry",
                                 getattr(exc, "name", None)) from exc
     bundled = Path(grpc_tools.__file__).parent / "_proto"
     with tempfile.TemporaryDirectory(prefix="aeo-proto-") as folder:
