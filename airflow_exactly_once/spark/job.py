@@ -55,6 +55,7 @@ LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 SECRETS_ENV = "AIRFLOW_EXACTLY_ONCE_SECRETS"
 EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 FIRST_BAD = 5  # bad records named in an error or kept in the ledger
+FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
 
 
 def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
@@ -68,6 +69,10 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end
     options = {
+        # Spark's Kafka reader waited the broker's full fetch.max.wait.ms (500 ms by default) on each partition's
+        # fetches of a range: 1.4 to 1.9 s of a 100-record batch, 0.3 to 0.7 s with this (benchmarks/
+        # bench_dag_run.py). A fetch with data returns at once either way; a kafka_config value wins.
+        "kafka.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
         **KafkaSettings.of(config).spark_source_options(),
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),

@@ -149,3 +149,20 @@ def test_failures_that_are_no_settings_problem_are_left_to_the_caller():
     settings = KafkaSettings.from_mapping(SCRAM)
     assert settings.explain("KafkaTimeoutError: Unable to bootstrap from b1:9093") is None
     assert settings.explain(ValueError("a transform bug")) is None
+
+
+def test_spark_reads_a_range_without_the_brokers_fetch_wait_unless_kafka_config_sets_one():
+    """Spark's Kafka reader waited fetch.max.wait.ms (500 ms) per partition of every batch; kafka_config still wins."""
+    from airflow_exactly_once.core.model import Batch, OffsetRange
+    from airflow_exactly_once.core.states import BatchState
+    from airflow_exactly_once.spark.job import kafka_read_options
+    from tests.harness import pipeline_config
+
+    batch = Batch("p", 1, "run", BatchState.PLANNED, 1, (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 3, 3)))
+    sink = {"type": "parquet", "path": "/tmp/unused"}
+    options = kafka_read_options(batch, pipeline_config("p", ["t"], sink))
+    assert options["kafka.fetch.max.wait.ms"] == "10"
+    assert (options["assign"], options["startingOffsets"], options["endingOffsets"]) == (
+        '{"t": [0]}', '{"t": {"0": 5}}', '{"t": {"0": 9}}')  # the empty range is not read
+    mine = kafka_read_options(batch, pipeline_config("p", ["t"], sink, kafka_config={"fetch.max.wait.ms": 200}))
+    assert mine["kafka.fetch.max.wait.ms"] == "200"
