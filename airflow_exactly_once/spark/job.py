@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -172,16 +173,20 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     marks = records.BAD_RECORD in output.columns
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
+            # Spark Connect returns only the outermost observation of a write command (Spark's own Parquet
+            # writer), or none (Iceberg's): the staged output may know its count; without a transform the
+            # input is the output record for record, else it is counted again, a second read of the range
+            # that runs beside the write.
+            input_count = _count_beside(spark, read_batch(spark, batch, config)) \
+                if _is_connect(spark) and transform is not None else None
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
             committable = sink.stage(staged, batch, run_writers)
             input_records, output_records = seen_in.get.get("records"), seen_out.get.get("records")
-            # Spark Connect returns only the outermost observation of a write command (Spark's own Parquet
-            # writer), or none (Iceberg's): the staged output may know its count; without a transform the
-            # input is the output record for record, else it is counted again (a second read of the range).
             if output_records is None:
                 output_records = committable.records
             if input_records is None:
-                input_records = output_records if transform is None else read_batch(spark, batch, config).count()
+                input_records = output_records if transform is None else (
+                    input_count.result() if input_count is not None else read_batch(spark, batch, config).count())
             return _Staged(committable, input_records, output_records)
         if marks:
             if records.SOURCE not in output.columns:
@@ -210,6 +215,23 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
             output.unpersist()
         if checks_decoding:
             decoded.unpersist()
+
+
+def _count_beside(spark, frame) -> Future:
+    """`frame.count()` in a thread of its own, beside the write (a Spark Connect session runs both at once). It
+    carries the write's operation tags: interrupting the attempt (`ConnectWrite.cancel`, a fence) stops it too."""
+    tags = spark.getTags()
+
+    def count() -> int:
+        for tag in tags:  # tags are the thread's own on Spark Connect
+            spark.addTag(tag)
+        return frame.count()
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exactly-once-input-count")
+    try:
+        return pool.submit(count)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _is_connect(spark) -> bool:

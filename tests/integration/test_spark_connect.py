@@ -63,6 +63,11 @@ def as_text(df):
     return df.selectExpr("CAST(key AS STRING) AS key", "CAST(value AS STRING) AS value")
 
 
+def every_third(df):
+    """The records whose key is a multiple of 3 (keys are 0, 1, 2, ...)."""
+    return as_text(df).where("CAST(key AS INT) % 3 = 0")
+
+
 def slow_text(df):
     """The same, slowly: a Python UDF sleeps per record, so a write can be caught in the middle."""
     from pyspark.sql import functions as F
@@ -94,6 +99,20 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
         pipe.commit(batch.id)
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, f"{name}-out"))
+
+
+def test_a_transform_that_filters_gets_its_input_counted_beside_the_write(kafka, spark_connect, tmp_path):
+    """Spark Connect reports one observation of a write command: the input is counted by a second read of the
+    range, run beside the write in a thread that carries the write's operation tag."""
+    name = f"connect-filter-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    sent = produce(kafka.bootstrap_servers, name, 90)
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")})
+    batch = pipe.plan("run-1").batch
+    summary = ConnectWrite(pipe.coordinator, spark_connect.url, every_third).run(batch.id)
+    assert (summary["input_records"], summary["output_records"]) == (90, 30)
+    pipe.commit(batch.id)
+    assert sorted(row["value"] for row in read_parquet(tmp_path / "out")) == sorted(sent[::3])
 
 
 def test_without_a_transform_the_input_count_on_spark_connect_needs_no_second_read(kafka, spark_connect, tmp_path):
