@@ -31,6 +31,7 @@ from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
 from airflow_exactly_once.records.json_schema import required_fields, spark_ddl, spark_type
 from airflow_exactly_once.records.registry import PartSchemas
 from airflow_exactly_once.records.wire_format import HEADER
+from airflow_exactly_once.records.wire_format import frame as wire_frame
 
 SOURCE = "_source"
 BAD_RECORD = "_bad_record"
@@ -151,19 +152,18 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     column = F.col(schemas.part)
     label = "" if schemas.part == "value" else "key: "
     framed = (F.length(column) >= F.lit(HEADER)) & (F.substring(column, 1, 1) == F.unhex(F.lit("00")))
-    schema_id = F.conv(F.hex(F.substring(column, 2, 4)), 16, 10).cast("long")
+    ids = _SchemaIds(column)
     payload = F.expr(f"substring(`{schemas.part}`, {HEADER + 1})")
     temp = f"_aeo_parsed_{schemas.part}"
     decoder = {"avro": _avro_payload, "json_schema": _json_payload, "protobuf": _protobuf_payload}[schemas.fmt]
-    parsed, problem = decoder(schemas, payload, schema_id, F.col(temp))
+    parsed, problem = decoder(schemas, payload, ids, F.col(temp))
     known = sorted(schemas.writers)
     error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
         ~framed, F.lit(f"{label}not in the Schema Registry wire format (no magic byte 0 and 4-byte schema id)"))
     for writer_id, reason in sorted(schemas.unresolvable.items()):
-        error = error.when(schema_id == F.lit(writer_id), F.lit(label + reason))
-    error = error.when(~schema_id.isin(known) if known else F.lit(True),
-                       F.concat(F.lit(f"{label}{UNKNOWN_ID}"), schema_id.cast("string"),
-                                F.lit(" (the registry does not know it)")))
+        error = error.when(ids.of(writer_id), F.lit(label + reason))
+    error = error.when(~ids.among(known), F.concat(F.lit(f"{label}{UNKNOWN_ID}"), ids.number(),
+                                                   F.lit(" (the registry does not know it)")))
     error = F.coalesce(error, F.concat(F.lit(label), problem))
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
@@ -177,7 +177,37 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     return _spread(decoded.withColumnRenamed(temp, "_aeo_parsed"), frame.columns)
 
 
-def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+class _SchemaIds:
+    """The writer schema id of a part in the wire format. Records are told apart by their 5-byte header compared as
+    bytes with each known id's; the id as a number (a hex string parsed per record, a sixth of a 1M-record
+    decode's time) is made only where a bad record's reason names it."""
+
+    def __init__(self, column: Any) -> None:
+        from pyspark.sql import functions as F
+
+        self.column = column
+        self.header = F.substring(column, 1, HEADER)
+
+    def of(self, writer_id: int) -> Any:
+        """Whether the record was written with schema `writer_id`."""
+        from pyspark.sql import functions as F
+
+        return self.header == F.lit(wire_frame(writer_id, b""))
+
+    def among(self, writer_ids: list[int]) -> Any:
+        """Whether the record was written with one of `writer_ids` (false for none)."""
+        from pyspark.sql import functions as F
+
+        return self.header.isin([F.lit(wire_frame(i, b"")) for i in writer_ids]) if writer_ids else F.lit(False)
+
+    def number(self) -> Any:
+        """The id, as a string for a reason."""
+        from pyspark.sql import functions as F
+
+        return F.conv(F.hex(F.substring(self.column, 2, 4)), 16, 10)
+
+
+def _avro_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
     """Avro data decoded with its writer schema and resolved to the reader's (from_avro with `avroSchema`, one
     branch per writer id: CASE evaluates only the branch of a record's id), the end mark after it
     (records.avro_schema); and the problem of a record whose decoded `result` shows the data was truncated or
@@ -193,19 +223,19 @@ def _avro_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
         if _canonical_json(writer) != _canonical_json(schemas.reader):
             options["avroSchema"] = reader
         branch = from_avro(marked, end_marked(writer), options)
-        is_writer = schema_id == F.lit(writer_id)
+        is_writer = ids.of(writer_id)
         parsed = F.when(is_writer, branch) if parsed is None else parsed.when(is_writer, branch)
     if parsed is None:  # no writer schema resolves: a null of the reader's type
         parsed = from_avro(F.lit(None).cast("binary"), reader, {"mode": "PERMISSIVE"})
     end = result["end"]
     return parsed, F.when(end.isNull(), F.concat(F.lit("truncated or corrupt Avro data of schema id "),
-                                                 schema_id.cast("string"))).when(
-        end != F.lit(END_MARK), F.concat(F.lit("truncated or corrupt Avro data of schema id "), schema_id.cast("string"),
+                                                 ids.number())).when(
+        end != F.lit(END_MARK), F.concat(F.lit("truncated or corrupt Avro data of schema id "), ids.number(),
                                          F.lit(": the record does not end where the data does (truncated, or "
                                                "bytes following the record)")))
 
 
-def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+def _json_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
     """JSON text read with the reader JSON Schema's Spark type (records.json_schema), as strictly as
     value_format="json": malformed JSON, a property of another type, content after the value, or a required
     property missing make the record bad."""
@@ -227,7 +257,7 @@ def _json_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: An
     return parsed, problem
 
 
-def _protobuf_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result: Any) -> tuple[Any, Any]:
+def _protobuf_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
     """Protobuf data (message indexes, then the message) decoded with the reader's message for every known writer
     id (Protobuf evolves by field numbers: fields the reader lacks are skipped), by the protobuf runtime in a
     Python UDF (records.protobuf_rows: Spark's from_protobuf is not to be had from the package index). Message
@@ -242,7 +272,7 @@ def _protobuf_payload(schemas: PartSchemas, payload: Any, schema_id: Any, result
     decoder = F.udf(lambda data: protobuf_rows.decode(message, data, DECODE_ERROR),
                     f"{ddl}, {DECODE_ERROR} STRING" if ddl else f"{DECODE_ERROR} STRING")
     known = sorted(schemas.writers)
-    parsed = F.when(schema_id.isin(known) if known else F.lit(False), decoder(payload))  # else: _decode_registry
+    parsed = F.when(ids.among(known), decoder(payload))  # else: _decode_registry
     return parsed, result[DECODE_ERROR]
 
 
