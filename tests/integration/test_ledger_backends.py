@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +20,7 @@ import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.ledger import engine as engine_module
 from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from tests.harness import FakeSource, MarkerSink, Pipe, pipeline_config
@@ -156,6 +158,55 @@ def test_a_partition_last_covered_long_ago_keeps_its_position(ledger, pid):
     for n in range(70):  # past 1 + 4 + 16 + 32 batches: several pages
         epoch = commit(ledger, pid, [OffsetRange("t", 0, 5 + n, 6 + n)], epoch)
     assert ledger.committed_positions(pid) == {("t", 0): 75, ("t", 1): 3}
+
+
+def counted_pings(ledger: Ledger) -> list[int]:
+    """The pings the ledger's pool sends from now on (one entry each)."""
+    pings: list[int] = []
+    ping = ledger.engine.dialect.do_ping
+
+    def counting(dbapi_conn):
+        pings.append(1)
+        return ping(dbapi_conn)
+
+    ledger.engine.dialect.do_ping = counting
+    return pings
+
+
+def test_a_busy_ledger_connection_is_reused_without_a_ping_and_an_idle_dropped_one_replaced(pg_ledger_url, pid):
+    """PostgreSQL: a plan checks a connection out a dozen times in milliseconds; only one idle for a while is
+    tested (core.ledger.engine._ping_when_idle), and one the server closed meanwhile is replaced, not failed on."""
+    ledger = Ledger(pg_ledger_url)
+    try:
+        ledger.ensure_pipeline(pid, "fp", {})
+        pings = counted_pings(ledger)
+        for _ in range(5):
+            assert ledger.pipeline(pid)["epoch"] == 0
+        assert pings == []
+        with ledger.engine.connect() as conn:
+            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with Ledger(pg_ledger_url).engine.connect() as other:  # what a server restart or an idle timeout does
+            assert other.exec_driver_sql(f"SELECT pg_terminate_backend({backend})").scalar() is True
+        time.sleep(engine_module.PING_AFTER_IDLE_S + 0.2)
+        assert ledger.pipeline(pid)["epoch"] == 0
+        assert pings == [1]
+        with ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != backend
+    finally:
+        ledger.engine.dispose()
+
+
+def test_a_ledger_at_head_is_checked_in_one_statement(ledger, ledger_url):
+    """Every task opens its own engine and checks the schema first: one read of the version row, not the catalog."""
+    for check in ("create_schema", "has_schema"):
+        fresh = Ledger(ledger_url)
+        try:
+            sent = statements_on(fresh)
+            getattr(fresh, check)()
+            queries = [statement for statement, _ in sent if statement != "BEGIN IMMEDIATE"]  # SQLite's lock
+            assert queries == ["SELECT version_num FROM aeo_alembic_version"]
+        finally:
+            fresh.engine.dispose()
 
 
 def test_config_change_is_recorded(ledger, pid):
