@@ -16,8 +16,9 @@ partitions   one pipeline reading one topic of N partitions (default 12, 100, 30
 concurrent   --pipelines pipelines (default 100), each its own topic of 2 partitions, on one PostgreSQL ledger;
              --concurrent processes (default 20) plan at the same moment (a barrier), write, then commit at the
              same moment, each round on the next 20 pipelines. p50 / p99 of plan and notify_complete over every
-             step of every round, and every error that reached the caller (none is expected: a serialization
-             failure or a lock wait that surfaced would fail a task).
+             step of every round, beside the same steps one pipeline at a time (the ratio), and every error
+             that reached the caller (none is expected: a serialization failure or a lock wait that surfaced
+             would fail a task).
 
 Prints each figure, the medians, the ratios to the smallest topic, and the load average (2 shared cores: read the
 ratios and the shape of the curve more than the milliseconds).
@@ -274,7 +275,7 @@ def run_concurrent(url: str, bootstrap: str, work: Path, args: argparse.Namespac
     for topic, count in topics.items():
         create_topic(bootstrap, topic, count)
     uses = -(-args.concurrent * args.concurrent_rounds // args.pipelines)  # batches per pipeline, at most
-    fill(bootstrap, topics, args.records * (uses + 2))
+    fill(bootstrap, topics, args.records * (uses + 3))
     pipelines = [(config_for(f"many-{i:03d}", topic, bootstrap, work, args.records), url)
                  for i, topic in enumerate(topics)]
     started = time.perf_counter()
@@ -282,6 +283,12 @@ def run_concurrent(url: str, bootstrap: str, work: Path, args: argparse.Namespac
         Task(config, url).batch()
     print(f"{args.pipelines} pipelines set up (a first batch each) in {time.perf_counter() - started:.1f} s",
           flush=True)
+    # The reference: the same steps one at a time (a second batch of the first --concurrent pipelines).
+    alone = []
+    for config, _ in pipelines[:args.concurrent]:
+        task = Task(config, url)
+        task.runs = 500  # run ids of their own
+        alone.append(task.batch())
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(args.concurrent), context.Queue()
     workers = [context.Process(target=_worker, args=(i, args.concurrent_rounds, args.concurrent, pipelines,
@@ -293,11 +300,17 @@ def run_concurrent(url: str, bootstrap: str, work: Path, args: argparse.Namespac
         worker.join(timeout=60)
     errors = [s for s in samples if "error" in s]
     figures: dict[str, Any] = {"errors": errors, "steps": len(samples)}
-    print(f"{'step':<16} {'p50':>12} {'p99':>12} {'max':>12} {'steps':>6}")
+    print(f"{'step':<16} {'p50':>12} {'p99':>12} {'max':>12} {'steps':>6} {'alone p50':>12} {'p50 ratio':>10}")
     for op in STEP_FIGURES:
         values = [s[op] for s in samples if op in s]
         figures[op] = (percentile(values, 50), percentile(values, 99), max(values))
-        print(f"{op:<16} {ms(figures[op][0]):>12} {ms(figures[op][1]):>12} {ms(figures[op][2]):>12} {len(values):>6}")
+        reference = statistics.median(a[op] for a in alone)
+        print(f"{op:<16} {ms(figures[op][0]):>12} {ms(figures[op][1]):>12} {ms(figures[op][2]):>12} {len(values):>6} "
+              f"{ms(reference):>12} {figures[op][0] / reference:>9.2f}x")
+    cpu = statistics.median(a["plan cpu"] + a["notify cpu"] for a in alone)
+    print(f"CPU of one plan + notify_complete in this process alone: {ms(cpu)}; {args.concurrent} at once need "
+          f"{ms(cpu * args.concurrent / (os.cpu_count() or 1))} of all {os.cpu_count()} cores, before PostgreSQL's "
+          "and Kafka's share")
     print(f"errors that reached a task: {len(errors)}")
     for sample in errors[:5]:
         print(f"-- {sample['pipeline']}:\n{sample['error']}")
