@@ -26,7 +26,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
 	clean
 
 setup: system-deps python-deps jars registry
@@ -165,6 +165,12 @@ clean:
 # pruning, vs 10 batches, on SQLite and PostgreSQL (docs/benchmarks.md). Smoke run: ARGS="--batches 20000 --rounds 5".
 benchmark-ledger: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_ledger_scale.py $(ARGS)
+
+# Scale: plan / notify_complete / ledger rows per batch at 12, 100, 300 and 1,000 partitions (SQLite and PostgreSQL),
+# and 100 pipelines on one PostgreSQL ledger with 20 planning and committing at once (p50 / p99), against the real
+# broker (docs/benchmarks.md). Smoke run: ARGS="--rounds 2 --history 2 --concurrent-rounds 2".
+benchmark-scale: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_scale.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

@@ -21,6 +21,9 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
 
+# The shortest gap kafka-python keeps between two metadata requests of the planner's consumer (see prompt_metadata).
+METADATA_REFRESH_GAP_MS = 10
+
 
 def start_of_waiting(tp: TopicPartition, positions: Mapping[TopicPartition, int],
                      log_start: Mapping[TopicPartition, int]) -> int:
@@ -50,6 +53,7 @@ class KafkaOffsetSource:
                                               "enable_auto_commit": False, "isolation_level": "read_committed"})
         except KafkaError as exc:
             raise self._failure(exc, "connecting to Kafka to plan the batch") from exc
+        prompt_metadata(self._consumer)
 
     def _failure(self, exc: Exception, doing: str) -> ExactlyOnceError:
         return explain_failure(self.settings, exc, doing, SourceUnavailableError, topics=self._topics)
@@ -116,6 +120,23 @@ class KafkaOffsetSource:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def prompt_metadata(consumer: KafkaConsumer) -> bool:
+    """Let the consumer ask for topic metadata right after its bootstrap; False when kafka-python has changed.
+
+    kafka-python 3.0 builds a client's ClusterMetadata without the client's retry_backoff_ms, so the refresh that
+    `topics()` asks for waits the default 100 ms after the bootstrap's (which asks for no topic): half of a plan
+    of 12 partitions, for nothing. Planning is one short-lived consumer, a handful of requests; the gap only
+    spaces out refreshes (KIP-580's backoff for an unreachable broker is kept apart, in the connection delay).
+    setup.cfg pins kafka-python to 3.0.x; tests/integration/test_planning_kafka.py fails when this no longer
+    applies.
+    """
+    config = getattr(getattr(consumer, "_cluster", None), "config", None)
+    if not isinstance(config, dict) or "retry_backoff_ms" not in config:
+        return False
+    config["retry_backoff_ms"] = min(config["retry_backoff_ms"], METADATA_REFRESH_GAP_MS)
+    return True
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,16 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.ledger import engine as engine_module
 from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from tests.harness import FakeSource, MarkerSink, Pipe, pipeline_config
@@ -102,6 +105,108 @@ def test_batch_lifecycle_and_positions(ledger, pid):
     kinds = [e["kind"] for e in ledger.list_events(pid)]
     assert kinds.count("partition-added") == 2 and "aborted" in kinds
     assert ledger.get_batch(batch.id).created_at is not None
+
+
+def statements_on(ledger: Ledger) -> list[tuple[str, object]]:
+    """Every statement the ledger's engine sends from now on, with its parameters (a batch of rows counts once)."""
+    sent: list[tuple[str, object]] = []
+    sa.event.listen(ledger.engine, "before_cursor_execute",
+                    lambda _conn, _cursor, statement, parameters, *_: sent.append((statement, parameters)))
+    return sent
+
+
+def commit(ledger: Ledger, pid: str, seq_ranges: list[OffsetRange], epoch: int) -> int:
+    """Plan, claim, prepare and commit one batch of `seq_ranges`; return the pipeline's epoch after it."""
+    batch = ledger.create_batch(pid, f"run-{uuid.uuid4().hex[:6]}", seq_ranges, expected_epoch=epoch)
+    claimed = ledger.claim(batch.id)
+    ledger.mark_prepared(batch.id, claimed.epoch, {}, 1, 1)
+    ledger.mark_committed(batch.id)
+    return claimed.epoch
+
+
+def test_a_thousand_partitions_register_in_a_few_statements(ledger, pid):
+    ledger.ensure_pipeline(pid, "fp", {})
+    ledger.register_partitions(pid, {("t", 0): (7, "startup mode earliest")})
+    sent = statements_on(ledger)
+    ledger.register_partitions(pid, {("t", p): (p, "startup mode earliest") for p in range(1000)})
+    assert len(sent) <= 10, f"{len(sent)} statements to register 1,000 partitions (one per row is too many)"
+    starts = ledger.initial_offsets(pid)
+    assert len(starts) == 1000 and starts[("t", 0)] == 7 and starts[("t", 999)] == 999  # known ones keep theirs
+    added = [e["message"] for e in ledger.list_events(pid, limit=2000) if e["kind"] == "partition-added"]
+    assert len(added) == 1000 and "t[999] starts at offset 999 (startup mode earliest)" in added
+
+
+def test_positions_of_many_partitions_read_the_newest_batch_only(ledger, pid):
+    wide = 300
+    ledger.ensure_pipeline(pid, "fp", {})
+    ledger.register_partitions(pid, {("t", p): (0, "startup mode earliest") for p in range(wide)})
+    epoch = 0
+    for n in range(40):  # more than one page of committed batches (base._NEWEST_PAGE)
+        epoch = commit(ledger, pid, [OffsetRange("t", p, n * 10, n * 10 + 10) for p in range(wide)], epoch)
+    sent = statements_on(ledger)
+    assert ledger.committed_positions(pid) == {("t", p): 400 for p in range(wide)}
+    offset_reads = [params for statement, params in sent if "aeo_batch_offset" in statement]
+    # pipeline_id and the batch numbers asked for: the newest batch covers every partition, so one number.
+    assert [len(params) for params in offset_reads] == [2]
+
+
+def test_a_partition_last_covered_long_ago_keeps_its_position(ledger, pid):
+    """Pages of committed batches grow from the newest one; a partition only an old batch covers is still found."""
+    ledger.ensure_pipeline(pid, "fp", {})
+    ledger.register_partitions(pid, {("t", 0): (0, "earliest"), ("t", 1): (0, "earliest")})
+    epoch = commit(ledger, pid, [OffsetRange("t", 0, 0, 5), OffsetRange("t", 1, 0, 3)], 0)
+    for n in range(70):  # past 1 + 4 + 16 + 32 batches: several pages
+        epoch = commit(ledger, pid, [OffsetRange("t", 0, 5 + n, 6 + n)], epoch)
+    assert ledger.committed_positions(pid) == {("t", 0): 75, ("t", 1): 3}
+
+
+def counted_pings(ledger: Ledger) -> list[int]:
+    """The pings the ledger's pool sends from now on (one entry each)."""
+    pings: list[int] = []
+    ping = ledger.engine.dialect.do_ping
+
+    def counting(dbapi_conn):
+        pings.append(1)
+        return ping(dbapi_conn)
+
+    ledger.engine.dialect.do_ping = counting
+    return pings
+
+
+def test_a_busy_ledger_connection_is_reused_without_a_ping_and_an_idle_dropped_one_replaced(pg_ledger_url, pid):
+    """PostgreSQL: a plan checks a connection out a dozen times in milliseconds; only one idle for a while is
+    tested (core.ledger.engine._ping_when_idle), and one the server closed meanwhile is replaced, not failed on."""
+    ledger = Ledger(pg_ledger_url)
+    try:
+        ledger.ensure_pipeline(pid, "fp", {})
+        pings = counted_pings(ledger)
+        for _ in range(5):
+            assert ledger.pipeline(pid)["epoch"] == 0
+        assert pings == []
+        with ledger.engine.connect() as conn:
+            backend = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        with Ledger(pg_ledger_url).engine.connect() as other:  # what a server restart or an idle timeout does
+            assert other.exec_driver_sql(f"SELECT pg_terminate_backend({backend})").scalar() is True
+        time.sleep(engine_module.PING_AFTER_IDLE_S + 0.2)
+        assert ledger.pipeline(pid)["epoch"] == 0
+        assert pings == [1]
+        with ledger.engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar() != backend
+    finally:
+        ledger.engine.dispose()
+
+
+def test_a_ledger_at_head_is_checked_in_one_statement(ledger, ledger_url):
+    """Every task opens its own engine and checks the schema first: one read of the version row, not the catalog."""
+    for check in ("create_schema", "has_schema"):
+        fresh = Ledger(ledger_url)
+        try:
+            sent = statements_on(fresh)
+            getattr(fresh, check)()
+            queries = [statement for statement, _ in sent if statement != "BEGIN IMMEDIATE"]  # SQLite's lock
+            assert queries == ["SELECT version_num FROM aeo_alembic_version"]
+        finally:
+            fresh.engine.dispose()
 
 
 def test_config_change_is_recorded(ledger, pid):

@@ -18,7 +18,7 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import now_ms
-from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.offsets import METADATA_REFRESH_GAP_MS, KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from tests.harness import Pipe, open_ledger, pipeline_config
 
@@ -109,6 +109,25 @@ def test_startup_modes_and_the_ledger_wins(kafka, tmp_path, unique, mode):
     send(kafka, name, [(0, T0 + 2 * HOUR)] * 3)
     later = coordinator(kafka, tmp_path, name, c.ledger, startup_mode="earliest").plan("run-2")
     assert spans(later.batch) == {0: (expected[0][1], 23), 1: (expected[1][1], 20)}
+
+
+def test_a_fresh_source_lists_partitions_without_waiting_out_the_metadata_backoff(kafka, tmp_path, unique):
+    """kafka-python 3.0 keeps 100 ms between metadata refreshes whatever the client's retry_backoff_ms, and a new
+    consumer's bootstrap asks for no topic: listing them then waited 100 ms, half of a plan (kafka.offsets)."""
+    name = f"prompt-{unique}"
+    make_topic(kafka, name, partitions=3)
+    config = pipeline_config(name, [name], {"type": "parquet", "path": str(tmp_path / "out")}, kafka.bootstrap_servers)
+    took = []
+    for _ in range(3):
+        source = KafkaOffsetSource(KafkaSettings.of(config))
+        try:
+            assert source._consumer._cluster.config["retry_backoff_ms"] == METADATA_REFRESH_GAP_MS
+            started = time.perf_counter()
+            assert source.partitions([name]) == [(name, 0), (name, 1), (name, 2)]
+            took.append(time.perf_counter() - started)
+        finally:
+            source.close()
+    assert min(took) < 0.075, f"listing partitions took {[round(t * 1000) for t in took]} ms (the 100 ms wait?)"
 
 
 def test_partition_added_between_runs_starts_per_policy(kafka, tmp_path, unique):

@@ -34,7 +34,7 @@ from airflow_exactly_once.core.secrets import scrub
 from airflow_exactly_once.core.states import BatchState, check_transition
 
 _L = TypeVar("_L", bound="LedgerBase")
-# How many committed batches one read of the newest ones takes (committed positions).
+# How many committed batches one read of the newest ones takes at most (committed positions).
 _NEWEST_PAGE = 32
 
 
@@ -108,16 +108,30 @@ class LedgerBase:
             return versioning.schema_version(conn)
 
     def _event(self, conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
-        conn.execute(events.insert().values(pipeline_id=pipeline_id, batch_seq=batch_seq, kind=kind,
-                                            message=self.scrubbed(message), at=utc_now()))
+        self._events(conn, pipeline_id, kind, [(batch_seq, message)])
+
+    def _events(self, conn: Connection, pipeline_id: str, kind: str,
+                messages: list[tuple[int | None, str]]) -> None:
+        """Events of one kind, in this order, in one statement (one per partition of a 1,000-partition topic
+        would be as many round trips)."""
+        if not messages:
+            return
+        at = utc_now()
+        conn.execute(events.insert(), [dict(pipeline_id=pipeline_id, batch_seq=batch_seq, kind=kind,
+                                            message=self.scrubbed(message), at=at) for batch_seq, message in messages])
 
     def _insert_resets(self, conn: Connection, pipeline_id: str, resets: dict[TopicPartition, Reset],
                        after_seq: int, kind: str) -> None:
-        for (topic, partition), (offset, reason) in sorted(resets.items()):
-            conn.execute(position_resets.insert().values(
-                pipeline_id=pipeline_id, topic=topic, partition=partition, new_offset=offset,
-                after_batch_seq=after_seq, kind=kind, reason=self.scrubbed(reason)[:4000], at=utc_now()))
-            self._event(conn, pipeline_id, None, kind, f"{topic}[{partition}] continues at offset {offset}: {reason}")
+        """Position resets and their events, each in one statement however many partitions they move."""
+        if not resets:
+            return
+        at = utc_now()
+        ordered = sorted(resets.items())
+        conn.execute(position_resets.insert(), [dict(
+            pipeline_id=pipeline_id, topic=topic, partition=partition, new_offset=offset, after_batch_seq=after_seq,
+            kind=kind, reason=self.scrubbed(reason)[:4000], at=at) for (topic, partition), (offset, reason) in ordered])
+        self._events(conn, pipeline_id, kind, [(None, f"{topic}[{partition}] continues at offset {offset}: {reason}")
+                                               for (topic, partition), (offset, reason) in ordered])
 
     @staticmethod
     def _bump_epoch(conn: Connection, pipeline_id: str, expected_epoch: int) -> int:
@@ -176,11 +190,15 @@ class LedgerBase:
         wanted = set(positions) | set(latest)
         found: dict[TopicPartition, tuple[float, int]] = {}
         below = through + 1 if through is not None else None
+        # The newest batch alone first: it covers every partition when each batch has a range for each (the steady
+        # state), and a page of 32 would read 32 rows per partition (32,000 of a 1,000-partition topic). Pages grow
+        # from there, so a partition last covered long ago costs a few more queries, not a row per batch.
+        page = 1
         while True:
             query = (sa.select(batches.c.batch_seq)
                      .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.COMMITTED.value,
                             batches.c.batch_seq > floor.batch_seq)
-                     .order_by(batches.c.batch_seq.desc()).limit(_NEWEST_PAGE))
+                     .order_by(batches.c.batch_seq.desc()).limit(page))
             if below is not None:
                 query = query.where(batches.c.batch_seq < below)
             seqs = [r[0] for r in conn.execute(query)]
@@ -193,9 +211,10 @@ class LedgerBase:
                 found.setdefault((row.topic, row.partition), (row.batch_seq, row.end_offset))
             if not wanted:  # partitions never registered (batches recorded directly): the newest batch names them
                 wanted = set(found)
-            if wanted <= set(found) or len(seqs) < _NEWEST_PAGE:
+            if wanted <= set(found) or len(seqs) < page:
                 break
             below = seqs[-1]
+            page = min(page * 4, _NEWEST_PAGE)
         latest.update(found)
         resets = sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
         if through is not None:

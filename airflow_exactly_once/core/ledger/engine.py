@@ -7,6 +7,7 @@ refuse to write for the ledger page and the trigger) is a concern of its own.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -76,8 +77,38 @@ def _read_only_engine(url: str) -> Engine:
 def _server_engine(url: str, **options: Any) -> Engine:
     """An engine on a database server (PostgreSQL); a driver missing for want of the extra says which extra."""
     try:
-        return sa.create_engine(url, pool_pre_ping=True, **options)
+        engine = sa.create_engine(url, **options)
     except ModuleNotFoundError as exc:  # the URL's driver, e.g. psycopg2 without the [postgres] extra
         if exc.name != "psycopg2":
             raise
         raise MissingExtraError("a PostgreSQL ledger", "postgres", exc.name) from exc
+    _ping_when_idle(engine)
+    return engine
+
+
+# A pooled connection unused for this long is tested before it is handed out again (see _ping_when_idle).
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Test a pooled connection before reuse only when it sat idle, and replace it when the server dropped it.
+
+    What pool_pre_ping does, without its round trip on every checkout: a plan checks a connection out a dozen
+    times within milliseconds, and with 20 plans at once on a busy server those pings were a quarter of the
+    plan's round trips (benchmarks/bench_scale.py). A connection the server closed (a restart, an idle timeout)
+    has been idle for longer than that, so it is still found and replaced before a statement fails on it.
+    """
+
+    @sa.event.listens_for(engine, "checkin")
+    def _idle_from(_dbapi_conn, record):  # pragma: no cover - pool hook
+        record.info["aeo_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _ping_if_idle(dbapi_conn, record, _proxy):  # pragma: no cover - pool hook
+        since = record.info.pop("aeo_idle_since", None)
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as exc:  # the pool discards it and connects anew
+            raise sa.exc.DisconnectionError(f"the ledger connection was closed while idle: {exc}") from exc

@@ -38,14 +38,16 @@ class PositionLedger(LedgerBase):
                 for r in conn.execute(sa.select(partitions.c.topic, partitions.c.partition)
                                       .where(partitions.c.pipeline_id == pipeline_id))
             }
-            for (topic, partition), (offset, origin) in sorted(starts.items()):
-                if (topic, partition) in known:
-                    continue
-                conn.execute(partitions.insert().values(
-                    pipeline_id=pipeline_id, topic=topic, partition=partition, initial_offset=offset,
-                    origin=origin, created_at=utc_now()))
-                self._event(conn, pipeline_id, None, "partition-added",
-                            f"{topic}[{partition}] starts at offset {offset} ({origin})")
+            new = [(tp, start) for tp, start in sorted(starts.items()) if tp not in known]
+            if not new:
+                return
+            now = utc_now()  # one statement each for the rows and their events: a topic may have 1,000 partitions
+            conn.execute(partitions.insert(), [dict(pipeline_id=pipeline_id, topic=topic, partition=partition,
+                                                    initial_offset=offset, origin=origin, created_at=now)
+                                               for (topic, partition), (offset, origin) in new])
+            self._events(conn, pipeline_id, "partition-added",
+                         [(None, f"{topic}[{partition}] starts at offset {offset} ({origin})")
+                          for (topic, partition), (offset, origin) in new])
 
     def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
         """Per partition: where the next batch starts (see LedgerBase._positions)."""

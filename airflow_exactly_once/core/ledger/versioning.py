@@ -165,7 +165,8 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> None:
 
     Checked once per engine: planning calls this for every batch.
     """
-    if engine in _current_engines:
+    if engine in _current_engines or _at_head(engine):
+        _current_engines.add(engine)
         return
     with engine.connect() as conn:
         version = schema_version(conn)
@@ -180,7 +181,8 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> None:
 
 def check_readable(engine: Engine) -> bool:
     """For readers (which never migrate): False on an empty database, True at head, otherwise a clear error."""
-    if engine in _current_engines:
+    if engine in _current_engines or _at_head(engine):
+        _current_engines.add(engine)
         return True
     with engine.connect() as conn:
         version = schema_version(conn)
@@ -192,6 +194,17 @@ def check_readable(engine: Engine) -> bool:
                                  f"run `{UPGRADE_COMMAND}` (or one batch of a pipeline, which upgrades it)")
     _current_engines.add(engine)
     return True
+
+
+def _at_head(engine: Engine) -> bool:
+    """The common case, in one query: the version row names this code's head (schema_version's catalog lookups
+    cost each task two more round trips and most of its first statements' compile time). False when it does not,
+    or when there is no version table yet: schema_version tells those apart."""
+    try:
+        with engine.connect() as conn:
+            return conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == head_revision()
+    except sa.exc.DBAPIError:  # no version table (an empty or unversioned ledger)
+        return False
 
 
 def schema_differences(conn: Connection) -> list:
