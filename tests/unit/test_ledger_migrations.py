@@ -30,6 +30,24 @@ def test_the_head_of_the_migrations_is_exactly_schema_py(url):
         assert [d[0] for d in versioning.schema_differences(conn)] == ["remove_column"]
 
 
+def test_head_names_the_newest_migration_and_a_ledger_at_it_is_used_without_alembic(url):
+    """HEAD is bumped with every migration; a task on a current ledger does not import Alembic."""
+    import subprocess
+    import sys
+
+    assert versioning.HEAD == versioning.head_revision()
+    ledger = Ledger(url)
+    ledger.create_schema()
+    code = ("import sys\n"
+            "from airflow_exactly_once.core.ledger import Ledger\n"
+            f"ledger = Ledger({url!r})\n"
+            "ledger.ensure_pipeline('p', 'fp', {'topics': ['t']})\n"
+            "print(ledger.pipeline('p')['pipeline_id'], 'alembic' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["p", "False"]
+
+
 def test_one_line_of_history_and_a_version_per_engine(url):
     assert versioning.known_revisions()[0] == "0001" and versioning.known_revisions()[-1] == versioning.head_revision()
     ledger = Ledger(url)

@@ -23,11 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.config import Config
-from alembic.operations import Operations
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import LedgerVersionError
@@ -37,8 +32,14 @@ from airflow_exactly_once.core.ledger.schema import metadata, pipelines
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
+    from alembic.script import ScriptDirectory
+
 log = logging.getLogger(__name__)
 
+# The newest migration's revision, as a constant: a ledger at it is used without importing Alembic (about 90 ms
+# of every task process) or reading the scripts. Bump it with every migration (tests/unit/test_ledger_migrations.py
+# compares it with the scripts' head).
+HEAD = "0002"
 VERSION_TABLE = "aeo_alembic_version"  # the ledger's own: Airflow's metadata database has `alembic_version`
 AUTO_UPGRADE_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_AUTO_UPGRADE"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -76,6 +77,9 @@ class SchemaVersion:
 @lru_cache(maxsize=1)
 def script_directory() -> ScriptDirectory:
     """The migration scripts shipped in the package (no alembic.ini: the location is set in code); read once."""
+    from alembic.config import Config  # Alembic only for a ledger that is not at HEAD (see HEAD)
+    from alembic.script import ScriptDirectory
+
     config = Config()
     config.set_main_option("script_location", str(_migrations_folder()))
     return ScriptDirectory.from_config(config)
@@ -135,6 +139,9 @@ def upgrade(engine: Engine) -> tuple[SchemaVersion, SchemaVersion]:
 
     A ledger newer than this code raises LedgerVersionError and is left untouched.
     """
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
     script = script_directory()
     with engine.begin() as conn:  # on SQLite: BEGIN IMMEDIATE, the write lock for the whole upgrade
         if conn.dialect.name == "postgresql":
@@ -202,7 +209,7 @@ def _at_head(engine: Engine) -> bool:
     or when there is no version table yet: schema_version tells those apart."""
     try:
         with engine.connect() as conn:
-            return conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == head_revision()
+            return conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == HEAD
     except sa.exc.DBAPIError:  # no version table (an empty or unversioned ledger)
         return False
 
@@ -213,6 +220,9 @@ def schema_differences(conn: Connection) -> list:
     On a database migrated to head this must be empty: a schema change without its migration shows here.
     Tables that are not the ledger's (Airflow's, in a shared database) are left out.
     """
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
     context = MigrationContext.configure(conn, opts={
         "version_table": VERSION_TABLE, "compare_type": True,
         "include_name": lambda name, kind, _parent: kind != "table" or name in metadata.tables,
