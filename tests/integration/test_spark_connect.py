@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -267,7 +268,8 @@ def test_abort_stops_a_killed_writes_job_on_the_server_before_releasing_its_outp
     aborting = pipe.new_coordinator()
     aborting.stop_attempts = partial(stop_batch_attempts, spark_connect.url)  # what the abort task is given
     message = aborting.abort(first.id, "the write's last try was killed")
-    assert "stopped 1 operation(s)" in message, message
+    # the write, and its input count unless that ended first (it runs beside the write: spark.job._count_beside)
+    assert re.search(r"stopped [12] operation\(s\)", message), message
     (faults / HOLD).unlink()  # a job that outlived the abort would finish its write now
     time.sleep(5)  # (proving an absence) what it would stage takes a second or two
     assert staged_leftovers(kind, pipe, kafka, name, first.seq, tmp_path) == []
