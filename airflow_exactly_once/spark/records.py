@@ -21,12 +21,10 @@ records keeps `_source` in its output (`select("*", ...)` does). The sink never 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.records.avro_projection import FieldSource, projection
 from airflow_exactly_once.records.avro_schema import END_MARK, END_MARK_BYTES, end_marked
 from airflow_exactly_once.records import protobuf_rows
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
@@ -158,7 +156,7 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     payload = F.expr(f"substring(`{schemas.part}`, {HEADER + 1})")
     temp = f"_aeo_parsed_{schemas.part}"
     decoder = {"avro": _avro_payload, "json_schema": _json_payload, "protobuf": _protobuf_payload}[schemas.fmt]
-    decoding = decoder(schemas, payload, ids, F.col(temp))
+    parsed, problem = decoder(schemas, payload, ids, F.col(temp))
     known = sorted(schemas.writers)
     error = F.when(column.isNull(), F.lit(f"{label}a null {schemas.part} (a tombstone)")).when(
         ~framed, F.lit(f"{label}not in the Schema Registry wire format (no magic byte 0 and 4-byte schema id)"))
@@ -166,11 +164,10 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
         error = error.when(ids.of(writer_id), F.lit(label + reason))
     error = error.when(~ids.among(known), F.concat(F.lit(f"{label}{UNKNOWN_ID}"), ids.number(),
                                                    F.lit(" (the registry does not know it)")))
-    error = F.coalesce(error, F.concat(F.lit(label), decoding.problem))
+    error = F.coalesce(error, F.concat(F.lit(label), problem))
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
-    decoded = frame.withColumns(decoding.first) if decoding.first else frame
-    decoded = decoded.withColumn(temp, decoding.parsed).withColumn(DECODE_ERROR, error).drop(*decoding.first)
+    decoded = frame.withColumn(temp, parsed).withColumn(DECODE_ERROR, error)
     if schemas.fmt == "avro":  # the record, without its end mark
         decoded = decoded.withColumn(temp, F.col(temp)["record"])
     else:  # the error field is ours, not the transform's
@@ -178,16 +175,6 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     if into is not None:
         return decoded.withColumn(into, F.col(temp)).drop(temp)
     return _spread(decoded.withColumnRenamed(temp, "_aeo_parsed"), frame.columns)
-
-
-@dataclass
-class _Decoding:
-    """How a decoder reads one part: the decoded column, the problem of a record (null when it decoded: it may
-    use the decoded column as `result`), and columns to compute first (dropped after)."""
-
-    parsed: Any
-    problem: Any
-    first: dict[str, Any] = field(default_factory=dict)
 
 
 class _SchemaIds:
@@ -220,64 +207,35 @@ class _SchemaIds:
         return F.conv(F.hex(F.substring(self.column, 2, 4)), 16, 10)
 
 
-def _avro_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> _Decoding:
-    """Avro data decoded with its writer schema and resolved to the reader's, one branch per writer id (CASE
-    evaluates only the branch of a record's id), the end mark after it (records.avro_schema); and the problem of
-    a record whose decoded `result` shows the data was truncated or corrupt, or had bytes after the record.
-
-    A writer schema whose resolution is only top-level field work (records.avro_projection) is decoded with its
-    own schema into a column of its own, and the reader's record built from that column's fields: Avro's
-    resolving decoder (from_avro with `avroSchema`), for the other writers, takes more than twice as long."""
+def _avro_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
+    """Avro data decoded with its writer schema and resolved to the reader's (from_avro with `avroSchema`, one
+    branch per writer id: CASE evaluates only the branch of a record's id), the end mark after it
+    (records.avro_schema); and the problem of a record whose decoded `result` shows the data was truncated or
+    corrupt, or had bytes after the record (null when it decoded)."""
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
     marked = F.concat(payload, F.lit(END_MARK_BYTES))
     reader = end_marked(schemas.reader)
     parsed = None
-    own: dict[str, Any] = {}
     for writer_id, writer in sorted(schemas.writers.items()):
-        is_writer = ids.of(writer_id)
         options = {"mode": "PERMISSIVE"}
-        fields = None
         if _canonical_json(writer) != _canonical_json(schemas.reader):
-            fields = projection(writer, schemas.reader)
-            if fields is None:
-                options["avroSchema"] = reader
+            options["avroSchema"] = reader
         branch = from_avro(marked, end_marked(writer), options)
-        if fields is not None:
-            column = f"_aeo_{schemas.part}_writer_{writer_id}"
-            own[column] = F.when(is_writer, branch)
-            branch = F.struct(_projected(F.col(column)["record"], fields).alias("record"),
-                              F.col(column)["end"].alias("end"))
+        is_writer = ids.of(writer_id)
         parsed = F.when(is_writer, branch) if parsed is None else parsed.when(is_writer, branch)
     if parsed is None:  # no writer schema resolves: a null of the reader's type
         parsed = from_avro(F.lit(None).cast("binary"), reader, {"mode": "PERMISSIVE"})
     end = result["end"]
-    return _Decoding(parsed, F.when(end.isNull(), F.concat(F.lit("truncated or corrupt Avro data of schema id "),
-                                                           ids.number())).when(
+    return parsed, F.when(end.isNull(), F.concat(F.lit("truncated or corrupt Avro data of schema id "),
+                                                 ids.number())).when(
         end != F.lit(END_MARK), F.concat(F.lit("truncated or corrupt Avro data of schema id "), ids.number(),
                                          F.lit(": the record does not end where the data does (truncated, or "
-                                               "bytes following the record)"))), own)
+                                               "bytes following the record)")))
 
 
-def _projected(record: Any, fields: list[FieldSource]) -> Any:
-    """The reader's record from a record decoded with the writer schema (records.avro_projection); null when the
-    writer's record is (a value that did not decode)."""
-    from pyspark.sql import functions as F
-
-    columns = []
-    for source in fields:
-        if source.writer_field is None:
-            value = F.lit(source.default).cast(source.spark_type)
-        else:
-            value = record[source.writer_field]
-            if source.spark_type is not None:
-                value = value.cast(source.spark_type)
-        columns.append(value.alias(source.name))
-    return F.when(record.isNotNull(), F.struct(*columns))
-
-
-def _json_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> _Decoding:
+def _json_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
     """JSON text read with the reader JSON Schema's Spark type (records.json_schema), as strictly as
     value_format="json": malformed JSON, a property of another type, content after the value, or a required
     property missing make the record bad."""
@@ -288,18 +246,18 @@ def _json_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: A
     schema = f"{ddl}, {DECODE_ERROR} STRING" if ddl else spark_type(schemas.reader)
     if ddl is None:  # a key: one JSON value of any type
         parsed = F.from_json(F.concat(F.lit('{"k":'), text, F.lit("}")), f"k {schema}")["k"]
-        return _Decoding(parsed, F.when(~_one_json_value(text) | (result.isNull() & (F.trim(text) != F.lit("null"))),
-                                        F.lit("not one JSON value matching the key's JSON Schema")))
+        return parsed, F.when(~_one_json_value(text) | (result.isNull() & (F.trim(text) != F.lit("null"))),
+                              F.lit("not one JSON value matching the key's JSON Schema"))
     parsed = F.from_json(text, schema, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": DECODE_ERROR})
     problem = F.when(result.isNull() | result[DECODE_ERROR].isNotNull(),
                      F.lit("not JSON matching the reader's JSON Schema (malformed, or a property of another type)"))
     problem = problem.when(~_one_json_value(text), F.lit("not one JSON value: content follows the value"))
     for name in required_fields(schemas.reader):
         problem = problem.when(result[name].isNull(), F.lit(f"the required property {name!r} is missing or null"))
-    return _Decoding(parsed, problem)
+    return parsed, problem
 
 
-def _protobuf_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> _Decoding:
+def _protobuf_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, result: Any) -> tuple[Any, Any]:
     """Protobuf data (message indexes, then the message) decoded with the reader's message for every known writer
     id (Protobuf evolves by field numbers: fields the reader lacks are skipped), by the protobuf runtime in a
     Python UDF (records.protobuf_rows: Spark's from_protobuf is not to be had from the package index). Message
@@ -315,7 +273,7 @@ def _protobuf_payload(schemas: PartSchemas, payload: Any, ids: _SchemaIds, resul
                     f"{ddl}, {DECODE_ERROR} STRING" if ddl else f"{DECODE_ERROR} STRING")
     known = sorted(schemas.writers)
     parsed = F.when(ids.among(known), decoder(payload))  # else: _decode_registry
-    return _Decoding(parsed, result[DECODE_ERROR])
+    return parsed, result[DECODE_ERROR]
 
 
 def _canonical_json(text: str) -> str:
