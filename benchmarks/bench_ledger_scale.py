@@ -16,10 +16,10 @@ plan = core.planning.plan_batch (recovery first, then the range) on a BatchCoord
 NotifyCompleteOperator runs them. `batches` is the CLI command in-process (stdout captured); the ledger page
 is what its endpoint does with the ledger: LedgerReader.pipelines(), LedgerReader.report() (a read-only engine
 per request, like the app), the drift check's ledger side (core.drift.check_drift; Airflow's Asset events are
-left out: it reads those of its 50 newest committed batches only), the JSON of the API and the HTML. Excluded, because they do not depend on the
-ledger's size: Kafka's answers (an in-memory offset source answers partitions, log starts and ends), the
-sink's I/O (the Parquet marker sink of tests/harness.py writes one small file per batch), and Airflow's
-authentication and permission checks around the page.
+left out: it reads those of its 50 newest committed batches only), the JSON of the API and the HTML. Excluded,
+because they do not depend on the ledger's size: Kafka's answers (an in-memory offset source answers
+partitions, log starts and ends), the sink's I/O (the Parquet marker sink of tests/harness.py writes one
+small file per batch), and Airflow's authentication and permission checks around the page.
 
 Prints each figure (median of --rounds), the ratio to the small ledger, and the load average.
 

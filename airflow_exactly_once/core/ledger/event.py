@@ -17,7 +17,8 @@ class EventLedger(LedgerBase):
         with self.engine.begin() as conn:
             self._event(conn, pipeline_id, batch_seq, kind, message)
 
-    def list_events(self, pipeline_id: str, limit: int = 100, kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    def list_events(self, pipeline_id: str, limit: int = 100,
+                    kinds: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The newest `limit` events (of `kinds` only, when given), newest first."""
         query = sa.select(events).where(events.c.pipeline_id == pipeline_id)
         if kinds is not None:

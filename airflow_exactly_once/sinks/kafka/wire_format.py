@@ -186,7 +186,8 @@ def encoded(frame: Any, writers: list[PartWriter], config: PipelineConfig | None
             body = F.encode(F.to_json(column) if spark_type.typeName() in ("struct", "map", "array")
                             else F.to_json(F.array(column)).substr(F.lit(2), F.length(F.to_json(F.array(column))) - 2),
                             "UTF-8")
-        columns[writer.part] = F.when(present.isNull(), F.lit(None).cast("binary")).otherwise(F.concat(F.unhex(F.lit(prefix)), body))
+        columns[writer.part] = F.when(present.isNull(), F.lit(None).cast("binary")).otherwise(
+            F.concat(F.unhex(F.lit(prefix)), body))
     kept = [c for c in ("key", "value", "headers") if c in types and c not in columns]
     return frame.select(*(F.col(c) for c in kept), *(v.alias(k) for k, v in columns.items()))
 
