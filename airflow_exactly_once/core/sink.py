@@ -87,6 +87,10 @@ class Sink(ABC):
     guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
     # Whether committed output can be withdrawn again (rewinds, interval replacement).
     supports_retract: ClassVar[bool] = False
+    # Whether the write may read a batch split into more Spark partitions than it has Kafka partitions: a sink
+    # whose staged output is one thing however many partitions write it (a folder, a snapshot). A sink with a
+    # transaction per Spark partition (Kafka, PostgreSQL) keeps one partition per offset range.
+    splits_reads: ClassVar[bool] = False
     committable_type: ClassVar[type[Committable]]
 
     def __init__(self, spec: dict[str, Any]) -> None:

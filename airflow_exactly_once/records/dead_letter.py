@@ -56,6 +56,7 @@ class SinkWithDeadLetters(Sink):
         self.dead = dead
         self.guarantees = output.guarantees
         self.supports_retract = output.supports_retract and dead.supports_retract
+        self.splits_reads = output.splits_reads and dead.splits_reads
 
     @property
     def guarantee(self) -> str:

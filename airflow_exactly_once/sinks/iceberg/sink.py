@@ -50,6 +50,7 @@ def _quote(*parts: str) -> str:
 class IcebergSink(Sink):
     spec_type = IcebergSpec
     supports_retract = True
+    splits_reads = True  # one staged snapshot, however many Spark partitions wrote it
     committable_type = StagedSnapshot
 
     def __init__(self, spec: dict[str, Any]) -> None:

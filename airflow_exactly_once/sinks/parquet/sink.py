@@ -58,6 +58,7 @@ class ParquetSink(Sink):
 
     spec_type = ParquetSpec
     supports_retract = True
+    splits_reads = True  # one staged folder, however many Spark partitions wrote it
     committable_type = StagedFolder
 
     def __init__(self, spec: dict[str, Any]) -> None:

@@ -1,0 +1,64 @@
+"""A large batch read split into more Spark partitions than Kafka's (spark.job.read_partitions), on real Kafka
+and Spark: split points fall inside transactions, committed and aborted, and next to a bad record; the Parquet
+output still holds every committed record once and nothing aborted, and the bad record goes by its policy."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import confluent_kafka
+
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.spark import job
+from airflow_exactly_once.spark.runner import run_partition_writers
+from tests.harness import Pipe, open_ledger, pipeline_config
+from tests.helpers import create_topic, read_parquet
+
+PER_TRANSACTION = 30
+BAD_AT = 130  # in the fifth transaction, a committed one
+
+
+def produce_transactions(bootstrap: str, topic: str) -> list[int]:
+    """Six transactions over both partitions, every other one aborted, and a bad value in a committed one; the
+    ids of the good committed records."""
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": f"split-{topic}"})
+    producer.init_transactions(30)
+    committed, n = [], 0
+    for transaction in range(6):
+        producer.begin_transaction()
+        for _ in range(PER_TRANSACTION):
+            value = json.dumps({"id": n}).encode() if n != BAD_AT else b'{"id": '
+            producer.produce(topic, value, partition=n % 2)
+            if transaction % 2 == 0 and n != BAD_AT:
+                committed.append(n)
+            n += 1
+        producer.flush(30)
+        if transaction % 2 == 0:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    return committed
+
+
+def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: Path, monkeypatch):
+    topic = f"split-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka.bootstrap_servers, topic, partitions=2)
+    committed = produce_transactions(kafka.bootstrap_servers, topic)
+    monkeypatch.setattr(job, "SPLIT_PART_RECORDS", 10)  # this batch counts as large
+    out = tmp_path / "out"
+    config = pipeline_config(f"{topic}-p", [topic], {"type": "parquet", "path": str(out)},
+                             bootstrap=kafka.bootstrap_servers, value_format="json", value_schema="id BIGINT",
+                             bad_record_policy="skip")
+    p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
+             run_writers=run_partition_writers)
+    batch = p.plan("run-1").batch
+    assert job.read_partitions(spark, batch, p.sink) == 4  # 2 ranges on local[2]: 2 parts each
+    summary = job.run_write(spark, p.coordinator, batch.id, transform=lambda df: df.select("id"))
+    assert (summary["input_records"], summary["bad_records"]) == (len(committed) + 1, 1)
+    p.commit(batch.id)
+    assert sorted(r["id"] for r in read_parquet(out)) == committed
+    files = [f for f in out.rglob("*.parquet") if not any(part.startswith("_") for part in f.parts)]
+    assert len(files) > 2, f"one file per Kafka partition: the read was not split ({files})"
