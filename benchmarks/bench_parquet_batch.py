@@ -132,6 +132,8 @@ def main() -> None:
         print(f"{records:>10,} {m['plan']:>7.3f} {m['write']:>7.3f} {m['notify_complete']:>7.3f} {m['total']:>7.3f} "
               f"{m['spark']:>7.3f} {m['total'] / m['spark']:>5.2f}x")
     for label, key in (("exactly-once (plan + write + notify_complete)", "total"), ("Spark read + write", "spark")):
+        if len(medians) < 2:  # one size: nothing to fit
+            break
         fixed, per_record = fit([(r, m[key]) for r, m in medians.items()])
         print(f"{label:<46} fixed {fixed:6.3f} s, {per_record * 1e6:6.3f} s per million records")
     protocol = [m["plan"] + m["notify_complete"] for m in medians.values()]
