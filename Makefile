@@ -149,10 +149,16 @@ test-unit: python-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # Benchmarks print figures beside what a user would pick instead; run them alone (docs/benchmarks.md).
+# `make benchmark` runs every one of them, one after the other (about an hour); each target below runs one.
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
+	PYTHONPATH=. $(PY) benchmarks/bench_postgres_sink.py
+	PYTHONPATH=. $(PY) benchmarks/bench_registry_avro.py
 	PYTHONPATH=. $(PY) benchmarks/bench_dag_run.py
+	PYTHONPATH=. $(PY) benchmarks/bench_big_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_scale.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
