@@ -158,6 +158,8 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
                     f"concat({_sql_text(label + UNKNOWN_ID)}, {ids.number()}, ' (the registry does not know it)')"))
     error = F.coalesce(F.expr("CASE " + " ".join(f"WHEN {test} THEN {reason}" for test, reason in reasons) + " END"),
                        F.concat(F.lit(label), problem))
+    if schemas.fmt == "avro":  # a record read up to its end mark is whole: the other checks only for the rest
+        error = F.when(F.expr(f"`{temp}`.end IS NULL OR `{temp}`.end != {END_MARK}"), error)
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
     decoded = frame.withColumn(temp, parsed)
