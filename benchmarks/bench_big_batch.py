@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -48,7 +50,12 @@ MB = 1024 * 1024
 
 
 def produce(bootstrap: str, topic: str, records: int, size: int) -> None:
-    """`records` values of `size` bytes, round robin over the partitions (librdkafka: fast enough for 20M)."""
+    """`records` values of `size` bytes, round robin over the partitions, from a process of its own (librdkafka's
+    queue would stay in this one's resident memory, which is measured)."""
+    subprocess.run([sys.executable, __file__, "--produce", bootstrap, topic, str(records), str(size)], check=True)
+
+
+def produce_here(bootstrap: str, topic: str, records: int, size: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(60)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1_000_000,
@@ -133,6 +140,10 @@ def spark_read_write(spark, work: Path, batch, config, n: int) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--produce"]:
+        bootstrap, topic, records, size = sys.argv[2:6]
+        produce_here(bootstrap, topic, int(records), int(size))
+        return
     use_prefetched_connector()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[2_000_000, 20_000_000])
