@@ -433,28 +433,37 @@ def test_aborting_a_batch_ends_exactly_its_transactions(broker, topic, admin):
     assert visible(bootstrap, topic) == [b"x0"]
 
 
-def test_a_stopped_broker_is_waited_for_within_the_bound_then_reported_retriable(broker, topic):
+def test_a_stopped_broker_is_waited_for_within_the_bound_then_reported_retriable(tmp_path):
     """The client connected, then the broker went away: every handle gets a retriable answer naming the
     servers once timeout_ms has passed (not the 30 s request timeout), and the transactions stay open:
-    committing again once the broker is back commits them."""
-    bootstrap = broker.bootstrap_servers
-    handles = [write_and_pre_commit(bootstrap, txn_id(), topic, [b"s%d" % i], timeout_ms=60_000) for i in range(3)]
-    with coordinator_client(bootstrap) as client:
+    committing again once the broker is back commits them. (A broker of its own: stopping the module's
+    would leave its admin client backing off from it.)"""
+    broker = LocalKafkaBroker(tmp_path / "kafka", transaction_max_timeout_ms=60_000).start(timeout=90)
+    try:
+        bootstrap = broker.bootstrap_servers
+        topic = f"txn-{uuid.uuid4().hex[:10]}"
+        with coordinator_client(bootstrap) as client:
+            client.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        handles = [write_and_pre_commit(bootstrap, txn_id(), topic, [b"s%d" % i], timeout_ms=60_000)
+                   for i in range(3)]
+        with coordinator_client(bootstrap) as client:
+            broker.stop()
+            try:
+                started = time.monotonic()
+                results = end_transactions(client, handles, commit=True, timeout_ms=3000)
+                waited = time.monotonic() - started
+            finally:
+                broker.start(timeout=90)
+        assert 2.5 < waited < 15
+        for handle, error in results.items():
+            assert isinstance(error, TransactionCoordinatorUnavailable) and error.retriable, error
+            assert bootstrap in str(error) and handle.transactional_id in str(error)
+            assert "again with the same handle" in str(error)
+        with coordinator_client(bootstrap) as client:
+            assert list(end_transactions(client, handles, commit=True).values()) == [None] * 3
+        assert sorted(visible(bootstrap, topic)) == [b"s0", b"s1", b"s2"]
+    finally:
         broker.stop()
-        try:
-            started = time.monotonic()
-            results = end_transactions(client, handles, commit=True, timeout_ms=3000)
-            waited = time.monotonic() - started
-        finally:
-            broker.start(timeout=90)
-    assert 2.5 < waited < 15
-    for handle, error in results.items():
-        assert isinstance(error, TransactionCoordinatorUnavailable) and error.retriable, error
-        assert bootstrap in str(error) and handle.transactional_id in str(error)
-        assert "again with the same handle" in str(error)
-    with coordinator_client(bootstrap) as client:
-        assert list(end_transactions(client, handles, commit=True).values()) == [None] * 3
-    assert sorted(visible(bootstrap, topic)) == [b"s0", b"s1", b"s2"]
 
 
 def test_pre_committed_transaction_survives_a_broker_crash(broker, topic, admin):
