@@ -9,6 +9,7 @@ and under read_uncommitted (what was physically written, aborted attempts includ
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -27,6 +28,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
     TransactionLost,
@@ -38,7 +40,13 @@ from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, create_topic, produce
-from tests.kafka_helpers import read_all, settled_ends, transaction_state, wait_transactions_ended
+from tests.kafka_helpers import (
+    read_all,
+    settled_ends,
+    settled_transaction_state,
+    transaction_state,
+    wait_transactions_ended,
+)
 
 
 @pytest.fixture
@@ -228,6 +236,86 @@ def test_some_transactions_committed_others_timed_out_is_a_partial_commit_left_p
     abort_transaction(kafka.bootstrap_servers, still_open.reports[0].transaction)  # the operator's decision
     assert_exactly_once(values(10, "first"), read_all(kafka.bootstrap_servers, output))
     assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 30
+
+
+def twelve_partitions(seq: int) -> dict[int, list[str]]:
+    """A batch of twelve Spark partitions (the Kafka -> Kafka benchmark's), five records each."""
+    return {p: values(5, f"b{seq}p{p}") for p in range(12)}
+
+
+def test_a_batch_of_twelve_transactions_is_committed_in_one_call_and_again_as_a_no_op(kafka, topics):
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    sink = bound_sink(config)
+    parts = twelve_partitions(3)
+    handles = write_batch(config, 3, parts)
+    sent = [v for part in parts.values() for v in part]
+
+    assert sink.commit(fake_batch(config, 3), handles) == (
+        f"committed 12 Kafka transaction(s) of batch 3 (60 records) to {output!r}")
+    assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output))
+    assert {settled_transaction_state(kafka.bootstrap_servers, r.transactional_id)
+            for r in handles.transactions} == {"CompleteCommit"}
+    # notify_complete's retry after a success (and the next run's recovery): nothing changes.
+    assert "committed 12 Kafka transaction(s)" in sink.commit(fake_batch(config, 3), handles)
+    assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output, "read_uncommitted"))
+
+
+def test_one_fenced_transaction_of_twelve_makes_the_batch_lost_and_none_is_committed(kafka, topics):
+    """A newer attempt of partition 0 fenced its transaction before notify_complete: the batch's output is
+    not whole, so none of the twelve is committed, the eleven open ones are aborted, the range replays."""
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    handles = write_batch(config, 5, twelve_partitions(5))
+    fenced = handles.reports[0].transactional_id  # written first: its records come before the others' everywhere
+    librdkafka.fence({"bootstrap.servers": kafka.bootstrap_servers}, fenced, 60_000)
+
+    with pytest.raises(TransactionLostError) as lost:
+        bound_sink(config).commit(fake_batch(config, 5), handles)
+    assert f"({fenced}: timed out after" in str(lost.value) and "never saw their 5 records" in str(lost.value)
+    assert read_all(kafka.bootstrap_servers, output) == []  # settled: the open ones were aborted, none committed
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 60
+
+
+def test_a_fenced_transaction_after_a_partly_done_commit_is_a_partial_commit_and_commits_nothing_more(kafka, topics):
+    """A notify_complete committed two of the twelve and died; then partition 2's transaction was fenced. The
+    retry commits none of the nine still open (that would hide the loss) and fails naming both sides."""
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output)
+    sink = bound_sink(config)
+    parts = twelve_partitions(6)
+    handles = write_batch(config, 6, parts)
+    first, second, fenced = (r.transactional_id for r in handles.reports[:3])
+    for report in handles.reports[:2]:
+        commit_transaction(kafka.bootstrap_servers, report.transaction)
+    librdkafka.fence({"bootstrap.servers": kafka.bootstrap_servers}, fenced, 60_000)
+
+    with pytest.raises(SinkError) as partial:
+        sink.commit(fake_batch(config, 6), handles)
+    assert not isinstance(partial.value, TransactionLostError) and partial.value.retriable is False
+    assert (f"PARTIAL COMMIT of batch 6: transactions {first}, {second} are committed but {fenced} (5 records)"
+            in str(partial.value))
+    assert {transaction_state(kafka.bootstrap_servers, r.transactional_id)
+            for r in handles.reports[3:]} == {"Ongoing"}  # not committed, not aborted: decided by hand
+    assert sink.abort(fake_batch(config, 6), handles) == "aborted 9 open Kafka transaction(s) of batch 6"
+    assert_exactly_once(parts[0] + parts[1], read_all(kafka.bootstrap_servers, output))
+
+
+def test_a_commit_while_the_brokers_are_unreachable_is_retried_and_names_them(kafka, topics):
+    name, source, output = topics
+    config = pipeline(kafka, name, source, output, sink={"kafka_config": {"bootstrap.timeout.ms": 1500}})
+    handles = write_batch(config, 8, {0: values(3), 1: values(3, "w")})
+    unreachable = dataclasses.replace(handles, bootstrap_servers="127.0.0.1:1")
+
+    with pytest.raises(SinkError) as error:
+        bound_sink(config).commit(fake_batch(config, 8), unreachable)
+    assert error.value.retriable is True
+    assert "committing the Kafka transactions of batch 8 failed: no Kafka broker answered at '127.0.0.1:1'" in str(
+        error.value)
+    assert {transaction_state(kafka.bootstrap_servers, r.transactional_id)
+            for r in handles.transactions} == {"Ongoing"}  # untouched: the retry commits them
+    bound_sink(config).commit(fake_batch(config, 8), handles)
+    assert_exactly_once(values(3) + values(3, "w"), read_all(kafka.bootstrap_servers, output))
 
 
 def test_abort_ends_the_transactions_a_dead_attempt_left_open(kafka, topics):

@@ -10,6 +10,7 @@ real absence, not a slow broker.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from devtools.kafka_broker import LocalKafkaBroker
+from airflow_exactly_once.sinks.kafka import transactions
 from airflow_exactly_once.sinks.kafka.transactions import (
     END_TXN_TRANSACTIONS_V2,
     KafkaTransactionError,
@@ -33,6 +35,8 @@ from airflow_exactly_once.sinks.kafka.transactions import (
     abort_transaction,
     check_transaction_protocol,
     commit_transaction,
+    coordinator_client,
+    end_transactions,
     open_transaction,
     pre_commit,
 )
@@ -390,6 +394,76 @@ class socket_nobody_listens_on:
 
     def __exit__(self, *exc) -> None:
         self._socket.close()
+
+
+def test_a_batch_of_transactions_ends_in_one_call_and_a_fenced_one_is_reported_alone(broker, topic, caplog):
+    """Twelve transactions (a batch of twelve Spark partitions), one fenced by a newer attempt before: one call
+    commits the other eleven, at most two EndTxn in flight on the connection (max_in_flight below the batch:
+    the rest wait for answers instead of being refused and retried), and reports the fenced one lost."""
+    bootstrap = broker.bootstrap_servers
+    handles = [write_and_pre_commit(bootstrap, txn_id(), topic, [b"t%d-a" % i, b"t%d-b" % i]) for i in range(12)]
+    fenced = handles[4]
+    open_transaction(bootstrap, fenced.transactional_id, TXN_TIMEOUT_MS).close()  # aborts it, bumps the epoch
+
+    with coordinator_client(bootstrap, max_in_flight_requests_per_connection=2) as client:
+        with caplog.at_level(logging.INFO, logger=transactions.__name__):
+            results = end_transactions(client, handles, commit=True)
+        assert "Retrying" not in caplog.text  # every EndTxn was sent once: none refused by a full connection
+        again = end_transactions(client, handles, commit=True)  # at once, while markers may still be written
+
+    assert list(results) == handles
+    assert [h for h, error in results.items() if error is not None] == [fenced]
+    assert isinstance(results[fenced], TransactionLost) and "ProducerFencedError" in results[fenced].reason
+    assert [h for h, error in again.items() if error is not None] == [fenced]  # a no-op for the committed ones
+    committed = sorted(b"t%d-%s" % (i, part) for i in range(12) if i != 4 for part in (b"a", b"b"))
+    assert sorted(visible(bootstrap, topic)) == committed
+    assert len(visible(bootstrap, topic, "read_uncommitted")) == 24  # the fenced one's records, aborted
+
+
+def test_aborting_a_batch_ends_exactly_its_transactions(broker, topic, admin):
+    bootstrap = broker.bootstrap_servers
+    handles = [write_and_pre_commit(bootstrap, txn_id(), topic, [b"x%d" % i]) for i in range(6)]
+    empty = pre_commit(open_transaction(bootstrap, txn_id(), TXN_TIMEOUT_MS))
+    commit_transaction(bootstrap, handles[0])  # committed before: an abort cannot take it back
+    with coordinator_client(bootstrap) as client:
+        results = end_transactions(client, handles + [empty], commit=False)
+    assert isinstance(results[handles[0]], TransactionLost) and "InvalidTxnStateError" in results[handles[0]].reason
+    assert all(results[h] is None for h in handles[1:]) and results[empty] is None
+    assert [settled_transaction_state(bootstrap, h.transactional_id) for h in handles[1:]] == ["CompleteAbort"] * 5
+    assert visible(bootstrap, topic) == [b"x0"]
+
+
+def test_a_stopped_broker_is_waited_for_within_the_bound_then_reported_retriable(tmp_path):
+    """The client connected, then the broker went away: every handle gets a retriable answer naming the
+    servers once timeout_ms has passed (not the 30 s request timeout), and the transactions stay open:
+    committing again once the broker is back commits them. (A broker of its own: stopping the module's
+    would leave its admin client backing off from it.)"""
+    broker = LocalKafkaBroker(tmp_path / "kafka", transaction_max_timeout_ms=60_000).start(timeout=90)
+    try:
+        bootstrap = broker.bootstrap_servers
+        topic = f"txn-{uuid.uuid4().hex[:10]}"
+        with coordinator_client(bootstrap) as client:
+            client.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        handles = [write_and_pre_commit(bootstrap, txn_id(), topic, [b"s%d" % i], timeout_ms=60_000)
+                   for i in range(3)]
+        with coordinator_client(bootstrap) as client:
+            broker.stop()
+            try:
+                started = time.monotonic()
+                results = end_transactions(client, handles, commit=True, timeout_ms=3000)
+                waited = time.monotonic() - started
+            finally:
+                broker.start(timeout=90)
+        assert 2.5 < waited < 15
+        for handle, error in results.items():
+            assert isinstance(error, TransactionCoordinatorUnavailable) and error.retriable, error
+            assert bootstrap in str(error) and handle.transactional_id in str(error)
+            assert "again with the same handle" in str(error)
+        with coordinator_client(bootstrap) as client:
+            assert list(end_transactions(client, handles, commit=True).values()) == [None] * 3
+        assert sorted(visible(bootstrap, topic)) == [b"s0", b"s1", b"s2"]
+    finally:
+        broker.stop()
 
 
 def test_pre_committed_transaction_survives_a_broker_crash(broker, topic, admin):

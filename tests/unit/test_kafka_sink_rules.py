@@ -12,6 +12,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maximum, check_transaction_timeout
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.writer import transactional_id, transactional_id_pattern
 
 
@@ -116,3 +117,17 @@ def test_transactional_ids_of_a_batch_never_match_another_batch_or_pipeline():
     for other in (transactional_id("orders-1", 31, 2), transactional_id("orders", 1, 3),
                   transactional_id("orders-1-3", 1, 0), transactional_id("orders-1", 3, 1) + "-0"):
         assert not re.fullmatch(pattern, other), other
+
+
+def test_transactional_producers_connect_to_every_broker_unless_told_otherwise():
+    """With sparse connections librdkafka often waits 0.5 s for the transaction coordinator in init_transactions."""
+    servers = {"bootstrap.servers": "b:9092"}
+    exactly = librdkafka.producer_properties(servers, "EXACTLY_ONCE", "p-1-0", 60_000)
+    assert exactly["enable.sparse.connections"] is False
+    assert exactly["transactional.id"] == "p-1-0" and exactly["enable.idempotence"] is True
+    told = librdkafka.producer_properties({**servers, "enable.sparse.connections": True, "transactional.id": "x"},
+                                          "EXACTLY_ONCE", "p-1-0", 60_000)
+    assert told["enable.sparse.connections"] is True  # the user's producer_config wins over the default...
+    assert told["transactional.id"] == "p-1-0"  # ...never over what the guarantee needs
+    for guarantee in ("AT_LEAST_ONCE", "NONE"):
+        assert "enable.sparse.connections" not in librdkafka.producer_properties(servers, guarantee)

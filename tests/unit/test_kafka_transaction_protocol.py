@@ -1,4 +1,5 @@
-"""The transaction adapter refuses a client that would end transactions with transactions v2 (KIP-890).
+"""The transaction adapter refuses a client that would end transactions with transactions v2 (KIP-890),
+and names the kafka-python internals it misses.
 
 No broker: the producers are given the broker release (`api_version`), whose EndTxn versions
 kafka-python knows, so they negotiate as they would against that broker. The client's own cap is
@@ -12,12 +13,18 @@ from __future__ import annotations
 import pytest
 from kafka import KafkaProducer
 from kafka.producer import transaction_manager
+from kafka.protocol.broker_version_data import BrokerVersionData
 
+from airflow_exactly_once.sinks.kafka import transactions
 from airflow_exactly_once.sinks.kafka.transactions import (
     END_TXN_TRANSACTIONS_V2,
+    END_TXN_VERSION_CAP,
+    KafkaInternalsChanged,
     TransactionProtocolUnsupported,
     _new_producer,
+    check_kafka_python_internals,
     check_transaction_protocol,
+    end_txn_version,
 )
 
 KAFKA_3_9, KAFKA_4_0 = (3, 9), (4, 0)
@@ -78,3 +85,43 @@ def test_every_transactional_producer_of_the_adapter_is_checked(client_end_txn_c
     client_end_txn_cap(5)
     with pytest.raises(TransactionProtocolUnsupported):
         _new_producer("127.0.0.1:9", "t", 60_000, {"api_version": KAFKA_4_0})
+
+
+# --------------------------------------------------------------------------- phase 2: EndTxn sent by the adapter itself
+
+
+def test_the_adapters_own_end_txn_keeps_the_classic_protocol_against_both_brokers():
+    assert end_txn_version(BrokerVersionData(KAFKA_3_9)) == 3
+    assert end_txn_version(BrokerVersionData(KAFKA_4_0)) == 3
+    assert end_txn_version(None) == END_TXN_VERSION_CAP  # not bootstrapped: the cap is all there is
+
+
+def test_a_cap_at_transactions_v2_is_refused_against_kafka_4(monkeypatch):
+    monkeypatch.setattr(transactions, "END_TXN_VERSION_CAP", 5)
+    with pytest.raises(TransactionProtocolUnsupported) as refused:
+        end_txn_version(BrokerVersionData(KAFKA_4_0), "b:9092")
+    assert "EndTxn v5" in str(refused.value) and "b:9092" in str(refused.value) and not refused.value.retriable
+    assert end_txn_version(BrokerVersionData(KAFKA_3_9)) == 4  # Kafka 3.9 answers EndTxn up to v4
+
+
+def test_brokers_without_transactions_are_named():
+    with pytest.raises(TransactionProtocolUnsupported, match="b:9092 do not support EndTxn"):
+        end_txn_version(BrokerVersionData((0, 10, 0)), "b:9092")
+
+
+def test_missing_protocol_fields_and_admin_internals_are_named(monkeypatch):
+    monkeypatch.setitem(transactions._PROTOCOL_FIELDS,
+                        ("kafka.protocol.producer.transaction", "EndTxnRequest"), ("transactional_id", "no_such"))
+
+    class NotAnAdminClient:
+        config = {"bootstrap_servers": "b:9092"}
+
+    with pytest.raises(KafkaInternalsChanged) as changed:
+        check_kafka_python_internals(admin=NotAnAdminClient())
+    text = str(changed.value)
+    assert "EndTxnRequest.no_such" in text and "EndTxnRequest.transactional_id" not in text
+    assert "KafkaAdminClient._manager.run()" in text and "KafkaAdminClient._manager.send()" in text
+    assert "KafkaAdminClient.config['max_in_flight_requests_per_connection']" in text
+    assert "Install kafka-python==3.0.12" in text
+    monkeypatch.undo()
+    check_kafka_python_internals()  # the installed kafka-python has everything

@@ -24,10 +24,15 @@ from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 
+def new_admin_client(settings: KafkaSettings) -> KafkaAdminClient:
+    """An admin client of the output cluster (bootstrapped: raises when no broker answers in time)."""
+    return KafkaAdminClient(**{"bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
+                               **settings.kafka_python(KafkaAdminClient)})
+
+
 @contextlib.contextmanager
 def admin_client(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
-    admin = KafkaAdminClient(**{"bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
-                                **settings.kafka_python(KafkaAdminClient)})
+    admin = new_admin_client(settings)
     try:
         yield admin
     finally:
@@ -81,16 +86,23 @@ class TransactionState:
 
 
 def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict[str, TransactionState | None]:
-    """The coordinator's view of each id; None when it no longer knows the id."""
-    states: dict[str, TransactionState | None] = {}
-    for tid in transactional_ids:  # one at a time: an unknown id fails the whole request
-        try:
-            described = admin.describe_transactions([tid])[tid]
-        except Errors.TransactionalIdNotFoundError:
-            states[tid] = None
-            continue
-        states[tid] = TransactionState(described.state.value, described.producer_id, described.producer_epoch)
-    return states
+    """The coordinator's view of each id; None when it no longer knows the id.
+
+    All ids in one request per coordinator; kafka-python fails the whole answer when one id is
+    unknown, and then each id is asked alone.
+    """
+    try:
+        described = admin.describe_transactions(transactional_ids)
+    except Errors.TransactionalIdNotFoundError:
+        described = {}
+        for tid in transactional_ids:
+            try:
+                described[tid] = admin.describe_transactions([tid])[tid]
+            except Errors.TransactionalIdNotFoundError:
+                pass
+    return {tid: (TransactionState(described[tid].state.value, described[tid].producer_id,
+                                   described[tid].producer_epoch) if tid in described else None)
+            for tid in transactional_ids}
 
 
 def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ The transformed DataFrame must have a `value` column (STRING or BINARY) and may 
 `key` column; other columns are ignored. Under the sink's guarantee:
 
 - EXACTLY_ONCE: every Spark partition writes into its own transaction and pre-commits it
-  (writer.py); `commit` resumes and commits every transaction; a transaction the broker no
+  (writer.py); `commit` commits them all at once (EndTxn pipelined); a transaction the broker no
   longer has is judged by reading the output under read_committed, and a batch whose
   output was aborted is reported lost (the coordinator marks it ABORTED and the range is
   processed again).
@@ -21,11 +21,12 @@ The transformed DataFrame must have a `value` column (STRING or BINARY) and may 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Any
 
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
 
 from airflow_exactly_once.core.errors import (
     ConfigurationError,
@@ -45,10 +46,10 @@ from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaSpec
 from airflow_exactly_once.sinks.kafka.transactions import (
-    KafkaTransactionError,
+    END_TIMEOUT_MS,
+    TransactionHandle,
     TransactionLost,
-    abort_transaction,
-    commit_transaction,
+    end_transactions,
 )
 from airflow_exactly_once.sinks.kafka.wire_format import check_given_schemas, encoded, part_writers
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter, transactional_id_pattern
@@ -227,14 +228,15 @@ class KafkaSink(Sink):
                     f"{committable.guarantee}; nothing to commit")
         settings = self.client_settings(committable.bootstrap_servers)
         reports = {r.transactional_id: r for r in committable.transactions}
-        status = self._states_before_commit(settings, list(reports.values()))
-        for tid in [t for t, s in status.items() if s == _OPEN]:
-            if _ABORTED in status.values():  # commit nothing more: the batch is lost or partial
-                break
-            status[tid] = self._commit_one(settings, reports[tid])
-        aborted = sorted(t for t, s in status.items() if s == _ABORTED)
-        if aborted:
-            self._lost(batch, settings, reports, status, aborted)
+        admin = self._coordinator(settings, f"committing the Kafka transactions of batch {batch.seq}")
+        with contextlib.closing(admin):  # one client: its connections serve the describe, EndTxn and aborts
+            status = self._states_before_commit(settings, admin, list(reports.values()))
+            to_commit = [reports[t] for t, s in status.items() if s == _OPEN]
+            if to_commit and _ABORTED not in status.values():  # else commit nothing: the batch is lost or partial
+                status.update(self._commit_all(settings, admin, to_commit))
+            aborted = sorted(t for t, s in status.items() if s == _ABORTED)
+            if aborted:
+                self._lost(batch, settings, admin, reports, status, aborted)
         return (f"committed {len(reports)} Kafka transaction(s) of batch {batch.seq} ({committable.records} records) "
                 f"to {committable.topic!r}")
 
@@ -244,21 +246,38 @@ class KafkaSink(Sink):
             return
         settings = self.client_settings(committable.bootstrap_servers)
         reports = {r.transactional_id: r for r in committable.transactions}
-        status = self._states_before_commit(settings, list(reports.values()))
-        aborted = sorted(t for t, s in status.items() if s == _ABORTED)
-        if aborted:
-            self._lost(batch, settings, reports, status, aborted)
+        try:
+            admin = probe.new_admin_client(settings)
+        except Exception as exc:  # a cheap check only: the commit that follows finds out and says why
+            log.warning("cannot check the Kafka transactions of batch %s before committing (%s)", batch.seq, exc)
+            return
+        with contextlib.closing(admin):
+            status = self._states_before_commit(settings, admin, list(reports.values()))
+            aborted = sorted(t for t, s in status.items() if s == _ABORTED)
+            if aborted:
+                self._lost(batch, settings, admin, reports, status, aborted)
 
-    def _states_before_commit(self, settings: KafkaSettings, reports: list[PartitionReport]) -> dict[str, str]:
+    def _coordinator(self, settings: KafkaSettings, doing: str) -> KafkaAdminClient:
+        """An admin client of the output cluster, or the error that says why there is none."""
+        try:
+            return probe.new_admin_client(settings)
+        except Exception as exc:
+            raise self._failure(settings, exc, doing) from exc
+
+    def _end_timeout_ms(self, settings: KafkaSettings) -> int:
+        """How long EndTxn is retried when Kafka does not answer: the producer's max.block.ms, as before."""
+        return int(self._producer_settings(settings).get("max_block_ms", END_TIMEOUT_MS))
+
+    def _states_before_commit(self, settings: KafkaSettings, admin: KafkaAdminClient,
+                              reports: list[PartitionReport]) -> dict[str, str]:
         """Open / committed / aborted per transaction, before committing any: a batch whose
         transactions partly timed out is then aborted as a whole instead of half committed."""
         started = [r for r in reports if r.transaction.started]
         status = {r.transactional_id: _COMMITTED for r in reports if not r.transaction.started}
         try:
-            with probe.admin_client(settings) as admin:
-                seen = probe.transaction_states(admin, [r.transactional_id for r in started])
+            seen = probe.transaction_states(admin, [r.transactional_id for r in started])
         except Exception as exc:  # e.g. no DESCRIBE permission: fall back to committing and judging failures
-            log.warning("cannot describe the batch's transactions (%s); committing them one by one", exc)
+            log.warning("cannot describe the batch's transactions (%s); committing them without looking first", exc)
             seen = {}
         for report in started:
             handle = report.transaction
@@ -273,16 +292,26 @@ class KafkaSink(Sink):
                 status[handle.transactional_id] = self._judge(settings, report)
         return status
 
-    def _commit_one(self, settings: KafkaSettings, report: PartitionReport) -> str:
-        handle = report.transaction
-        try:
-            commit_transaction(settings.bootstrap_servers, handle, **self._producer_settings(settings))
-        except TransactionLost as lost:
-            log.warning("%s; reading the output to see whether it was committed", lost)
-            return self._judge(settings, report)
-        except KafkaTransactionError as exc:
-            raise self._failure(settings, exc, f"committing {handle.transactional_id!r}", exc.retriable) from exc
-        return _COMMITTED
+    def _commit_all(self, settings: KafkaSettings, admin: KafkaAdminClient,
+                    reports: list[PartitionReport]) -> dict[str, str]:
+        """Commit the open transactions together (EndTxn pipelined); committed or, for one the broker
+        lost meanwhile, what its output says. Raises when Kafka refused or did not answer for any."""
+        by_handle = {r.transaction: r for r in reports}
+        answers = end_transactions(admin, list(by_handle), commit=True, timeout_ms=self._end_timeout_ms(settings))
+        failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLost)]
+        if failed:  # their outcome is unknown: a retry describes the batch again and decides
+            handle, exc = failed[0]
+            others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            raise self._failure(settings, exc, f"committing {handle.transactional_id!r}{others}",
+                                exc.retriable) from exc
+        status = {}
+        for handle, error in answers.items():
+            if error is None:
+                status[handle.transactional_id] = _COMMITTED
+            else:
+                log.warning("%s; reading the output to see whether it was committed", error)
+                status[handle.transactional_id] = self._judge(settings, by_handle[handle])
+        return status
 
     def _judge(self, settings: KafkaSettings, report: PartitionReport) -> str:
         """Committed or aborted, from the first record the transaction wrote (read_committed)."""
@@ -300,8 +329,8 @@ class KafkaSink(Sink):
                             "transaction holds it back); retrying later decides it", retriable=True)
         return _COMMITTED if visible else _ABORTED
 
-    def _lost(self, batch: Batch, settings: KafkaSettings, reports: dict[str, PartitionReport],
-              status: dict[str, str], aborted: list[str]) -> None:
+    def _lost(self, batch: Batch, settings: KafkaSettings, admin: KafkaAdminClient,
+              reports: dict[str, PartitionReport], status: dict[str, str], aborted: list[str]) -> None:
         committed = sorted(t for t, s in status.items() if s == _COMMITTED and reports[t].transaction.started)
         lost_records = sum(reports[t].records for t in aborted)
         if committed:
@@ -311,12 +340,12 @@ class KafkaSink(Sink):
                 f"could commit them (transaction_timeout_ms={self.transaction_timeout_ms}). Processing the range "
                 "again would duplicate the committed part, so the batch is left PREPARED: decide by hand, and "
                 "raise transaction_timeout_ms so that notify_complete always comes in time.")
-        for tid in [t for t, s in status.items() if s == _OPEN]:
-            try:
-                abort_transaction(settings.bootstrap_servers, reports[tid].transaction,
-                                  **self._producer_settings(settings))
-            except KafkaTransactionError as exc:  # never committed: the broker's timeout aborts it
-                log.warning("could not abort %s now (%s); it times out on its own", tid, exc)
+        still_open = [reports[t].transaction for t, s in status.items() if s == _OPEN]
+        if still_open:
+            answers = end_transactions(admin, still_open, commit=False, timeout_ms=self._end_timeout_ms(settings))
+            for handle, exc in answers.items():
+                if exc is not None and not isinstance(exc, TransactionLost):  # never committed: it times out
+                    log.warning("could not abort %s now (%s); it times out on its own", handle.transactional_id, exc)
         raise TransactionLostError(
             f"the Kafka transactions of batch {batch.seq} were aborted before notify_complete committed them "
             f"({', '.join(aborted)}: timed out after transaction_timeout_ms={self.transaction_timeout_ms}, or "
@@ -338,9 +367,7 @@ class KafkaSink(Sink):
         try:
             settings = self.client_settings(committable.bootstrap_servers if committable is not None else None)
             if committable is not None:
-                aborted = sum(abort_transaction(settings.bootstrap_servers, r.transaction,
-                                                **self._producer_settings(settings))
-                              for r in committable.transactions)
+                aborted = self._abort_all(settings, [r.transaction for r in committable.transactions])
             else:
                 with probe.admin_client(settings) as admin:
                     known = probe.matching_transactions(admin, transactional_id_pattern(self.id_prefix, batch.seq))
@@ -353,3 +380,17 @@ class KafkaSink(Sink):
         except Exception as exc:
             raise self._failure(settings, exc, f"aborting the transactions of batch {batch.seq}") from exc
         return f"aborted {aborted} open Kafka transaction(s) of batch {batch.seq}"
+
+    def _abort_all(self, settings: KafkaSettings, handles: list[TransactionHandle]) -> int:
+        """Abort exactly these transactions (EndTxn pipelined); how many the broker confirmed. Raises the
+        first refusal or unanswered abort once all were tried (the caller keeps the release pending)."""
+        if not any(h.started for h in handles):
+            return 0
+        with probe.admin_client(settings) as admin:
+            answers = end_transactions(admin, handles, commit=False, timeout_ms=self._end_timeout_ms(settings))
+        for handle, exc in answers.items():
+            if isinstance(exc, TransactionLost):
+                log.info("Nothing to abort for %s: %s", handle, exc.reason)
+            elif exc is not None:
+                raise exc
+        return sum(1 for h, e in answers.items() if e is None and h.started)

@@ -4,59 +4,82 @@ Phase 1 (`open_transaction` + writes + `pre_commit`) runs in the task that
 writes a micro-batch. It flushes the records into an open Kafka transaction and
 closes its producer *without* ending the transaction, returning a small
 `TransactionHandle` (transactional id, producer id, epoch) that can be stored as
-JSON. Phase 2 (`commit_transaction` or `abort_transaction`) runs later, possibly
-in another process on another machine: it builds a fresh producer with the same
-transactional id, puts it into the stored transaction and sends EndTxn.
+JSON. (The Kafka sink's writers do phase 1 with librdkafka instead, librdkafka.py;
+their handles are the same.) Phase 2 (`end_transactions`, and `commit_transaction` /
+`abort_transaction` for one handle) runs later, possibly in another process on
+another machine: it sends the transaction coordinator EndTxn(transactional id,
+producer id, epoch, commit or abort) for the stored handle.
 
-This is the idea of Flink's ``FlinkKafkaInternalProducer.resumeTransaction``.
-The public kafka-python API cannot do it: a fresh producer must call
+That is the request a producer resumed into the stored transaction would send
+(Flink's ``FlinkKafkaInternalProducer.resumeTransaction`` and then commit). The
+public kafka-python API cannot send it: a fresh producer must call
 ``init_transactions()``, which makes the coordinator bump the epoch and abort
-exactly the transaction we want to commit. So this module reaches into
+exactly the transaction we want to commit. Resuming a kafka-python producer
+(setting its TransactionManager's producer id and epoch) worked, but cost a
+whole producer per transaction (bootstrap, ApiVersions, FindCoordinator, its
+sender loop): about 0.23 s each, one after the other. So phase 2 speaks the
+protocol itself, over one kafka-python admin client: one FindCoordinator for
+every transactional id of the batch, then every EndTxn pipelined on its
+coordinator's connection, then all the answers. This module reaches into
 kafka-python internals, and is the only module of the project that does.
 
-Internals used (read off kafka-python 3.0.12, ``kafka/producer/kafka.py`` and
-``kafka/producer/transaction_manager.py``):
+Internals used (read off kafka-python 3.0.12):
 
-* ``KafkaProducer._transaction_manager`` (a ``TransactionManager``) and
-  ``KafkaProducer._sender`` (its I/O thread, woken with ``wakeup()``).
-* ``TransactionManager._transition_to(state)``, ``TransactionState``,
-  ``set_producer_id_and_epoch(ProducerIdAndEpoch(...))``,
-  ``begin_commit()`` / ``begin_abort()`` (return a result with
-  ``wait(timeout_ms)``), ``has_error()``, ``last_error``, ``_lock``.
-* ``TransactionManager._partitions_in_transaction`` (partitions the broker has
-  acknowledged in AddPartitionsToTxn), ``_new_partitions_in_transaction`` /
+* Phase 1, ``kafka/producer/kafka.py`` and ``kafka/producer/transaction_manager.py``:
+  ``KafkaProducer._transaction_manager`` (a ``TransactionManager``) with
+  ``_lock``, ``_current_state`` (a ``TransactionState``), ``has_error()``,
+  ``last_error``, ``producer_id_and_epoch``, ``transactional_id``,
+  ``_partitions_in_transaction`` (partitions the broker has acknowledged in
+  AddPartitionsToTxn), ``_new_partitions_in_transaction`` /
   ``_pending_partitions_in_transaction`` (not yet acknowledged) and
-  ``_transaction_started``. kafka-python skips the EndTxn request when
-  ``_transaction_started`` is false ("no partitions or offsets were added"),
-  and in a resumed producer nothing was added *by that producer*, so we set it.
+  ``_transaction_started`` (false when no partitions or offsets were added).
+* Phase 2, ``kafka/admin/client.py``, ``kafka/net/manager.py`` and ``kafka/protocol``:
+  ``KafkaAdminClient._manager`` (its ``KafkaConnectionManager``): ``run(coroutine, *args)``
+  runs a coroutine on the admin client's I/O thread and returns its result,
+  ``send(request, node_id=, request_timeout_ms=)`` returns an awaitable
+  ``kafka.future.Future`` of the response (a failed one when the node cannot be
+  reached), ``cluster.add_coordinator(row, key_type, key, synthesize_node_id=False)``
+  makes a FindCoordinator answer's node addressable, and ``broker_version_data.api_version(request)``
+  negotiates a request's version. The protocol classes ``EndTxnRequest`` /
+  ``EndTxnResponse`` (``kafka.protocol.producer.transaction``) and
+  ``FindCoordinatorRequest`` / ``FindCoordinatorResponse`` / ``CoordinatorType``
+  (``kafka.protocol.metadata``), built from Kafka's JSON schemas (their ``fields``).
+  A connection carries at most ``max_in_flight_requests_per_connection`` requests
+  at once (it refuses more with NodeNotReadyError "paused"), so at most that many
+  EndTxn are in flight per coordinator.
 
-Facts about kafka-python 3.0.12 this relies on (checked in its source):
+Facts this relies on:
 
 * ``KafkaProducer.close()`` flushes and stops the sender thread; neither it nor
   the sender's shutdown path aborts an ongoing transaction (unlike the Java
   client, whose Sender aborts on close). The ``atexit``/``__del__`` cleanup
   also only calls ``close()``. So after ``pre_commit`` the transaction stays
   open on the broker until EndTxn or ``transaction_timeout_ms``.
-* ``EndTxnHandler`` turns INVALID_PRODUCER_EPOCH and PRODUCER_FENCED into
-  ``ProducerFencedError``, INVALID_TXN_STATE into ``InvalidTxnStateError``,
-  and any other non-retriable code into a plain ``KafkaError`` whose message
-  names the broker error (e.g. ``InvalidProducerIdMappingError``). Retriable
-  codes (coordinator loading / moved, concurrent transactions) and lost
-  connections are retried forever, so we bound the wait ourselves.
+* The coordinator answers EndTxn (classic protocol) with NONE also when the
+  transaction has already ended the same way at this epoch (so a repeated
+  commit or abort is a no-op), CONCURRENT_TRANSACTIONS while it is still
+  writing the markers of PrepareCommit/PrepareAbort, PRODUCER_FENCED or
+  INVALID_PRODUCER_EPOCH when a newer epoch exists (fenced, or aborted on
+  timeout), INVALID_TXN_STATE when the transaction of this epoch ended the
+  other way, and INVALID_PRODUCER_ID_MAPPING when the id is unknown or belongs
+  to another producer id. Retriable codes (coordinator loading or moved,
+  concurrent transactions) and lost connections are retried, within the
+  caller's bound, with a fresh FindCoordinator each round.
 
 `check_kafka_python_internals()` verifies all of this is still there and is
 called on every use; if kafka-python changed, you get `KafkaInternalsChanged`
 naming what is missing instead of a silently wrong commit.
 
-The protocol: resuming a transaction from a stored (producer id, epoch) holds
+The protocol: ending a transaction from a stored (producer id, epoch) holds
 only under the classic transaction protocol, where the epoch of a transaction
 is the epoch its producer got from InitProducerId. Transactions v2 (KIP-890,
 on by default from Kafka 4.0) bump the epoch on every commit and are used only
-by clients sending EndTxn version 5 or above; kafka-python 3.0.12 caps EndTxn at
-version 3, so Kafka 4.x brokers keep the classic protocol for it.
-`check_transaction_protocol()` checks, on every transactional producer this
-module makes, the EndTxn version that producer will send to its broker, and
-fails with `TransactionProtocolUnsupported` if it is 5 or above.
+by clients sending EndTxn version 5 or above. Phase 2 caps its EndTxn at
+version 3 (`END_TXN_VERSION_CAP`, kafka-python 3.0.12's own cap), so Kafka 4.x
+brokers keep the classic protocol for it; it checks the version it negotiates,
+and `check_transaction_protocol()` checks the EndTxn version of every
+transactional producer this module makes: either fails with
+`TransactionProtocolUnsupported` at 5 or above.
 
 No Airflow or PySpark imports here on purpose: this module must be importable
 in any worker (Spark executors, plain subprocesses) that has kafka-python.
@@ -64,13 +87,17 @@ in any worker (Spark executors, plain subprocesses) that has kafka-python.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import kafka
 import kafka.errors as Errors
-from kafka import KafkaProducer
+from kafka import KafkaAdminClient, KafkaProducer
+from kafka.future import Future
 
 from airflow_exactly_once.core.errors import SinkError
 
@@ -87,14 +114,21 @@ __all__ = [
     "TransactionHandle",
     "open_transaction",
     "pre_commit",
+    "coordinator_client",
+    "end_transactions",
     "commit_transaction",
     "abort_transaction",
     "check_kafka_python_internals",
     "check_transaction_protocol",
+    "end_txn_version",
 ]
 
 # EndTxn version 5 is transactions v2 (KIP-890 part 2): the epoch changes on every commit.
 END_TXN_TRANSACTIONS_V2 = 5
+# The highest EndTxn version phase 2 sends: kafka-python 3.0.12's own cap (v4 only adds an error code).
+END_TXN_VERSION_CAP = 3
+# How long phase 2 keeps trying when Kafka does not answer: KafkaProducer's max_block_ms default.
+END_TIMEOUT_MS = 60_000
 
 
 # --------------------------------------------------------------------------- errors
@@ -149,12 +183,22 @@ class TransactionProtocolUnsupported(KafkaTransactionError):
 
 # --------------------------------------------------------------------------- internals check
 
+# Fields of the protocol messages phase 2 builds and reads (kafka-python builds the classes from Kafka's schemas).
+_PROTOCOL_FIELDS = {
+    ("kafka.protocol.producer.transaction", "EndTxnRequest"): ("transactional_id", "producer_id", "producer_epoch",
+                                                              "committed"),
+    ("kafka.protocol.producer.transaction", "EndTxnResponse"): ("error_code",),
+    ("kafka.protocol.metadata", "FindCoordinatorRequest"): ("key", "key_type", "coordinator_keys"),
+    ("kafka.protocol.metadata", "FindCoordinatorResponse"): ("error_code", "node_id", "host", "port", "coordinators"),
+}
 
-def check_kafka_python_internals(producer: KafkaProducer | None = None) -> None:
+
+def check_kafka_python_internals(producer: KafkaProducer | None = None, admin: KafkaAdminClient | None = None) -> None:
     """Raise `KafkaInternalsChanged` unless the kafka-python internals we use exist.
 
-    Without `producer` only the classes are checked; with one, also the
-    instance attributes of its TransactionManager.
+    Without arguments only the classes are checked; with `producer`, also the
+    instance attributes of its TransactionManager (phase 1); with `admin`, the
+    connection manager phase 2 sends its requests through.
     """
     problems: list[str] = []
     try:
@@ -162,18 +206,16 @@ def check_kafka_python_internals(producer: KafkaProducer | None = None) -> None:
     except ImportError as exc:  # pragma: no cover - depends on the installed version
         raise KafkaInternalsChanged(_internals_message([f"kafka.producer.transaction_manager: {exc}"])) from exc
 
-    for name in ("TransactionManager", "TransactionState", "ProducerIdAndEpoch"):
+    for name in ("TransactionManager", "TransactionState"):
         if not hasattr(tm_module, name):
             problems.append(f"kafka.producer.transaction_manager.{name}")
     state = getattr(tm_module, "TransactionState", None)
-    for member in ("INITIALIZING", "READY", "IN_TRANSACTION"):
-        if state is not None and not hasattr(state, member):
-            problems.append(f"TransactionState.{member}")
+    if state is not None and not hasattr(state, "IN_TRANSACTION"):
+        problems.append("TransactionState.IN_TRANSACTION")
     manager_cls = getattr(tm_module, "TransactionManager", None)
-    for method in ("_transition_to", "set_producer_id_and_epoch", "begin_commit", "begin_abort",
-                   "has_error", "is_transactional"):
-        if manager_cls is not None and not callable(getattr(manager_cls, method, None)):
-            problems.append(f"TransactionManager.{method}()")
+    if manager_cls is not None and not callable(getattr(manager_cls, "has_error", None)):
+        problems.append("TransactionManager.has_error()")
+    problems += _protocol_problems()
 
     if producer is not None:
         manager = getattr(producer, "_transaction_manager", None)
@@ -182,14 +224,45 @@ def check_kafka_python_internals(producer: KafkaProducer | None = None) -> None:
         else:
             for attr in ("_lock", "_current_state", "_transaction_started", "_partitions_in_transaction",
                          "_new_partitions_in_transaction", "_pending_partitions_in_transaction",
-                         "producer_id_and_epoch", "transactional_id"):
+                         "producer_id_and_epoch", "transactional_id", "last_error"):
                 if not hasattr(manager, attr):
                     problems.append(f"TransactionManager.{attr}")
-        sender = getattr(producer, "_sender", None)
-        if sender is None or not callable(getattr(sender, "wakeup", None)):
-            problems.append("KafkaProducer._sender.wakeup()")
+    if admin is not None:
+        manager = getattr(admin, "_manager", None)
+        for method in ("run", "send"):
+            if not callable(getattr(manager, method, None)):
+                problems.append(f"KafkaAdminClient._manager.{method}()")
+        if not callable(getattr(getattr(manager, "cluster", None), "add_coordinator", None)):
+            problems.append("KafkaAdminClient._manager.cluster.add_coordinator()")
+        if not callable(getattr(getattr(manager, "broker_version_data", None), "api_version", None)):
+            problems.append("KafkaAdminClient._manager.broker_version_data.api_version()")
+        for key in ("bootstrap_servers", "max_in_flight_requests_per_connection", "retry_backoff_ms",
+                    "request_timeout_ms"):
+            if key not in getattr(admin, "config", {}):
+                problems.append(f"KafkaAdminClient.config[{key!r}]")
     if problems:
         raise KafkaInternalsChanged(_internals_message(problems))
+
+
+def _protocol_problems() -> list[str]:
+    import importlib
+
+    problems = []
+    for (module_name, name), fields in _PROTOCOL_FIELDS.items():
+        try:
+            cls = getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError):
+            problems.append(f"{module_name}.{name}")
+            continue
+        known = getattr(cls, "fields", None) or {}
+        problems += [f"{name}.{f}" for f in fields if f not in known]
+    try:
+        from kafka.protocol.metadata import CoordinatorType
+
+        CoordinatorType.TRANSACTION  # noqa: B018 - the attribute must exist
+    except (ImportError, AttributeError):
+        problems.append("kafka.protocol.metadata.CoordinatorType.TRANSACTION")
+    return problems
 
 
 def check_transaction_protocol(producer: KafkaProducer, bootstrap_servers: Any = "") -> int:
@@ -214,9 +287,12 @@ def check_transaction_protocol(producer: KafkaProducer, bootstrap_servers: Any =
     except Errors.IllegalStateError:  # not bootstrapped: the client's own cap is all we know
         version = cap
     except Errors.IncompatibleBrokerVersion as exc:
-        raise TransactionProtocolUnsupported(
-            f"the Kafka brokers at {bootstrap_servers} do not support EndTxn ({exc}); the Kafka sink's "
-            "EXACTLY_ONCE needs brokers with transactions (Kafka 0.11 or later)") from exc
+        raise _no_end_txn(bootstrap_servers, exc) from exc
+    return _classic_end_txn(version, bootstrap_servers)
+
+
+def _classic_end_txn(version: int, bootstrap_servers: Any) -> int:
+    """`version` if EndTxn at that version keeps the classic protocol, else TransactionProtocolUnsupported."""
     if version >= END_TXN_TRANSACTIONS_V2:
         raise TransactionProtocolUnsupported(
             f"the installed kafka-python {getattr(kafka, '__version__', '?')} would end transactions with EndTxn "
@@ -226,6 +302,31 @@ def check_transaction_protocol(producer: KafkaProducer, bootstrap_servers: Any =
             "EndTxn v3, which Kafka 4.x brokers serve with the classic protocol), or set the sink's guarantee to "
             "AT_LEAST_ONCE.")
     return version
+
+
+def _no_end_txn(bootstrap_servers: Any, exc: BaseException) -> TransactionProtocolUnsupported:
+    return TransactionProtocolUnsupported(
+        f"the Kafka brokers at {bootstrap_servers} do not support EndTxn ({exc}); the Kafka sink's "
+        "EXACTLY_ONCE needs brokers with transactions (Kafka 0.11 or later)")
+
+
+def end_txn_version(broker_version_data: Any, bootstrap_servers: Any = "") -> int:
+    """The EndTxn version phase 2 sends to brokers described by `broker_version_data` (kafka-python's
+    BrokerVersionData); raise unless it keeps the classic protocol (below 5).
+
+    Phase 2 caps its requests at END_TXN_VERSION_CAP; this checks that kafka-python honours the cap.
+    """
+    from kafka.protocol.producer.transaction import EndTxnRequest
+
+    request = EndTxnRequest(transactional_id="", producer_id=-1, producer_epoch=-1, committed=True,
+                            max_version=END_TXN_VERSION_CAP)
+    if broker_version_data is None:  # not bootstrapped: the cap is all we know
+        return _classic_end_txn(END_TXN_VERSION_CAP, bootstrap_servers)
+    try:
+        version = broker_version_data.api_version(request)
+    except Errors.IncompatibleBrokerVersion as exc:
+        raise _no_end_txn(bootstrap_servers, exc) from exc
+    return _classic_end_txn(version, bootstrap_servers)
 
 
 def _internals_message(problems: list[str]) -> str:
@@ -364,8 +465,179 @@ def pre_commit(producer: KafkaProducer, timeout_s: float | None = None) -> Trans
 # --------------------------------------------------------------------------- phase 2
 
 
-def commit_transaction(bootstrap_servers: str | list[str], handle: TransactionHandle, **producer_config: Any) -> None:
-    """Commit the pre-committed transaction `handle` from any process.
+@contextlib.contextmanager
+def coordinator_client(bootstrap_servers: str | list[str], **client_config: Any) -> Iterator[KafkaAdminClient]:
+    """A kafka-python admin client for `end_transactions`, closed on exit.
+
+    `client_config` takes KafkaProducer or KafkaAdminClient keywords (security, timeouts); those the
+    admin client does not know (max_block_ms, acks, ...) are left out. Raises
+    `TransactionCoordinatorUnavailable` when no broker answers within bootstrap_timeout_ms.
+    """
+    config = {k: v for k, v in client_config.items() if k in KafkaAdminClient.DEFAULT_CONFIG}
+    config["bootstrap_servers"] = bootstrap_servers
+    try:
+        admin = KafkaAdminClient(**config)
+    except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as exc:
+        raise TransactionCoordinatorUnavailable(
+            f"Cannot connect to Kafka at {bootstrap_servers} ({type(exc).__name__}: {exc}). Check that the "
+            f"brokers are running and bootstrap_servers is right, then retry with the same transactional id/handle."
+        ) from exc
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def end_transactions(admin: KafkaAdminClient, handles: Iterable[TransactionHandle], *, commit: bool,
+                     timeout_ms: int = END_TIMEOUT_MS) -> dict[TransactionHandle, KafkaTransactionError | None]:
+    """Commit (or abort) every pre-committed transaction of `handles` through `admin`'s connections.
+
+    One FindCoordinator asks for the coordinators of all their transactional ids, then every
+    EndTxn goes out pipelined on its coordinator's connection; the answers are awaited together.
+    Retriable answers (coordinator loading or moved, concurrent transactions, lost connections)
+    are retried, with a fresh FindCoordinator, until `timeout_ms` has passed. Returns, per handle:
+
+    * None: the broker ended it as asked, also if it already had at this epoch (so calling again
+      after a success is a no-op), or there was nothing to end (an empty transaction);
+    * `TransactionLost`: the broker will not end it so (fenced by a newer epoch, aborted on
+      timeout, ended the other way, unknown id);
+    * `TransactionCoordinatorUnavailable` (retriable): no answer within `timeout_ms`;
+    * another `KafkaTransactionError` (not retriable): refused, e.g. not authorized for the id.
+
+    Every handle gets its own answer: one lost transaction does not keep the others from ending.
+    """
+    check_kafka_python_internals(admin=admin)
+    handles = list(dict.fromkeys(handles))
+    verb = "commit" if commit else "abort"
+    servers = admin.config["bootstrap_servers"]
+    results: dict[TransactionHandle, KafkaTransactionError | None] = {}
+    for handle in handles:
+        if not handle.started:
+            log.info("Transaction %s is empty; nothing to %s.", handle, verb)
+            results[handle] = None
+    pending = [h for h in handles if h.started]
+    if not pending:
+        return results
+    manager = admin._manager
+    end_txn_version(manager.broker_version_data, servers)
+    window = max(1, int(admin.config["max_in_flight_requests_per_connection"]))
+    backoff_s = admin.config["retry_backoff_ms"] / 1000
+    deadline = time.monotonic() + timeout_ms / 1000
+    while pending:
+        # Bounded by what is left (at least a second: a request that times out closes its connection).
+        request_timeout_ms = min(admin.config["request_timeout_ms"],
+                                 max(1000, int((deadline - time.monotonic()) * 1000)))
+        answers = manager.run(_end_round, manager, pending, commit, window, request_timeout_ms)
+        retry: dict[TransactionHandle, BaseException] = {}
+        for handle in pending:
+            answer = answers[handle]
+            if answer is None:
+                results[handle] = None
+            elif (reason := _lost_reason(answer)) is not None:
+                results[handle] = TransactionLost(handle, reason)
+            elif getattr(answer, "retriable", False):
+                retry[handle] = answer
+            else:
+                results[handle] = KafkaTransactionError(
+                    f"Kafka refused to {verb} transaction {handle.transactional_id!r} (producer_id="
+                    f"{handle.producer_id}, epoch={handle.epoch}): {answer}. If this is an authorization error, "
+                    f"grant WRITE on the transactional id and retry before the transaction times out.")
+        pending = list(retry)
+        if pending and time.monotonic() + backoff_s >= deadline:
+            for handle, last in retry.items():
+                results[handle] = TransactionCoordinatorUnavailable(
+                    f"No answer from the Kafka transaction coordinator at {servers} within {timeout_ms} ms to "
+                    f"{verb} transaction {handle.transactional_id!r} (producer_id={handle.producer_id}, epoch="
+                    f"{handle.epoch}); the last attempt got {last}. Check that the brokers "
+                    f"are up and reachable (and the __transaction_state topic is online), then call "
+                    f"{verb}_transaction again with the same handle before transaction_timeout_ms expires.")
+            break
+        if pending:
+            log.info("Retrying to %s %d transaction(s) in %.0f ms: %s", verb, len(pending), backoff_s * 1000,
+                     "; ".join(f"{h.transactional_id}: {type(e).__name__}" for h, e in retry.items()))
+            time.sleep(backoff_s)
+    return {handle: results[handle] for handle in handles}
+
+
+async def _end_round(manager: Any, handles: list[TransactionHandle], commit: bool, window: int,
+                     request_timeout_ms: int) -> dict[TransactionHandle, BaseException | None]:
+    """One try at every handle, on the admin client's I/O thread: the broker's error (None for
+    success) or the client's exception, per handle."""
+    from kafka.protocol.producer.transaction import EndTxnRequest
+
+    answers: dict[TransactionHandle, BaseException | None] = {}
+    try:
+        nodes = await _find_coordinators(manager, sorted({h.transactional_id for h in handles}), request_timeout_ms)
+    except Errors.KafkaError as exc:  # no broker answered: every handle waits for the next round
+        return {handle: exc for handle in handles}
+    queues: dict[Any, deque[TransactionHandle]] = {}
+    for handle in handles:
+        node = nodes[handle.transactional_id]
+        if isinstance(node, BaseException):
+            answers[handle] = node
+        else:
+            queues.setdefault(node, deque()).append(handle)
+    # Up to `window` requests in flight per connection; a connection answers in the order it was asked.
+    flying: deque[tuple[Any, TransactionHandle, Future]] = deque()
+    in_flight: Counter = Counter()
+    while True:
+        for node, queue in queues.items():
+            while queue and in_flight[node] < window:
+                handle = queue.popleft()
+                request = EndTxnRequest(transactional_id=handle.transactional_id, producer_id=handle.producer_id,
+                                        producer_epoch=handle.epoch, committed=commit,
+                                        max_version=END_TXN_VERSION_CAP)
+                flying.append((node, handle, _send(manager, request, node, request_timeout_ms)))
+                in_flight[node] += 1
+        if not flying:
+            return answers
+        node, handle, future = flying.popleft()
+        try:
+            response = await future
+        except Errors.KafkaError as exc:
+            answers[handle] = exc
+        else:
+            error = Errors.for_code(response.error_code)
+            answers[handle] = None if error is Errors.NoError else error()
+        in_flight[node] -= 1
+
+
+async def _find_coordinators(manager: Any, transactional_ids: list[str],
+                             request_timeout_ms: int) -> dict[str, Any]:
+    """The coordinator node of each transactional id, or the error FindCoordinator gave for it."""
+    from kafka.protocol.metadata import CoordinatorType, FindCoordinatorRequest
+
+    key_type = CoordinatorType.TRANSACTION
+    if manager.broker_version_data.api_version(FindCoordinatorRequest) >= 4:  # KIP-699: all keys at once
+        request = FindCoordinatorRequest(key_type=key_type.value, coordinator_keys=transactional_ids, min_version=4)
+        response = await _send(manager, request, None, request_timeout_ms)
+        rows = [(row.key, row) for row in response.coordinators]
+    else:
+        rows = []
+        for tid in transactional_ids:
+            request = FindCoordinatorRequest(key=tid, key_type=key_type.value, max_version=3)
+            rows.append((tid, await _send(manager, request, None, request_timeout_ms)))
+    nodes: dict[str, Any] = {tid: Errors.CoordinatorNotAvailableError("no answer for this id")
+                             for tid in transactional_ids}
+    for tid, row in rows:
+        error = Errors.for_code(row.error_code)
+        if error is Errors.NoError:
+            nodes[tid] = manager.cluster.add_coordinator(row, key_type, tid, synthesize_node_id=False)
+        else:
+            nodes[tid] = error(getattr(row, "error_message", None) or "FindCoordinator")
+    return nodes
+
+
+def _send(manager: Any, request: Any, node_id: Any, request_timeout_ms: int) -> Future:
+    """The response's future; a failed one when the request cannot even be queued."""
+    try:
+        return manager.send(request, node_id=node_id, request_timeout_ms=request_timeout_ms)
+    except Errors.KafkaError as exc:  # e.g. a node that failed authentication, an unknown node id
+        return Future().failure(exc)
+
+
+def commit_transaction(bootstrap_servers: str | list[str], handle: TransactionHandle, **client_config: Any) -> None:
+    """Commit the pre-committed transaction `handle` from any process: `end_transactions` for one handle.
 
     Calling it again for a handle whose commit already succeeded is a no-op
     as long as nothing has reused the transactional id since (the broker
@@ -374,16 +646,18 @@ def commit_transaction(bootstrap_servers: str | list[str], handle: TransactionHa
     a newer producer, timed out and aborted, unknown id) and
     `TransactionCoordinatorUnavailable` when Kafka cannot be reached or does not
     answer within ``max_block_ms`` (default 60 s) - then retry with the same
-    handle.
+    handle. `client_config`: KafkaProducer or KafkaAdminClient keywords (see `coordinator_client`).
     """
-    _end_transaction(bootstrap_servers, handle, commit=True, producer_config=producer_config)
+    error = _end_one(bootstrap_servers, handle, commit=True, client_config=client_config)
+    if error is not None:
+        raise error
 
 
-def abort_transaction(bootstrap_servers: str | list[str], handle: TransactionHandle, **producer_config: Any) -> bool:
+def abort_transaction(bootstrap_servers: str | list[str], handle: TransactionHandle, **client_config: Any) -> bool:
     """Abort the pre-committed transaction `handle`; idempotent.
 
-    Resumes exactly this (producer id, epoch) and sends EndTxn(abort), so a
-    newer attempt using the same transactional id is left alone (fencing with
+    Sends EndTxn(abort) for exactly this (producer id, epoch), so a newer
+    attempt using the same transactional id is left alone (fencing with
     ``init_transactions`` would abort that one too). Returns True when the
     broker confirmed the abort (also if it had already been aborted at this
     epoch), False when there was nothing left to abort: the transaction was
@@ -393,68 +667,40 @@ def abort_transaction(bootstrap_servers: str | list[str], handle: TransactionHan
     reached, and a non-retriable `KafkaTransactionError` for anything else
     (e.g. not authorized for the transactional id, changed internals).
     """
-    try:
-        return _end_transaction(bootstrap_servers, handle, commit=False, producer_config=producer_config)
-    except TransactionLost as lost:
-        log.info("Nothing to abort for %s: %s", handle, lost.reason)
+    error = _end_one(bootstrap_servers, handle, commit=False, client_config=client_config)
+    if isinstance(error, TransactionLost):
+        log.info("Nothing to abort for %s: %s", handle, error.reason)
         return False
+    if error is not None:
+        raise error
+    return handle.started
 
 
-def _end_transaction(bootstrap_servers, handle: TransactionHandle, *, commit: bool, producer_config) -> bool:
+def _end_one(bootstrap_servers, handle: TransactionHandle, *, commit: bool,
+             client_config: dict[str, Any]) -> KafkaTransactionError | None:
     check_kafka_python_internals()
-    verb = "commit" if commit else "abort"
-    if not handle.started:
-        log.info("Transaction %s is empty; nothing to %s.", handle, verb)
-        return False
-    producer = _new_producer(bootstrap_servers, handle.transactional_id, None, producer_config)
-    try:
-        _resume(producer, handle)
-        manager = producer._transaction_manager
-        result = manager.begin_commit() if commit else manager.begin_abort()
-        producer._sender.wakeup()
-        wait_ms = producer.config["max_block_ms"]
-        try:
-            finished = result.wait(timeout_ms=wait_ms)
-        except Errors.KafkaError as exc:
-            lost_reason = _lost_reason(exc)
-            if lost_reason is not None:
-                raise TransactionLost(handle, lost_reason) from exc
-            raise KafkaTransactionError(
-                f"Kafka refused to {verb} transaction {handle.transactional_id!r} (producer_id="
-                f"{handle.producer_id}, epoch={handle.epoch}): {exc}. If this is an authorization error, "
-                f"grant WRITE on the transactional id and retry before the transaction times out."
-            ) from exc
-        if not finished:
-            raise TransactionCoordinatorUnavailable(
-                f"No answer from the Kafka transaction coordinator at {bootstrap_servers} within "
-                f"max_block_ms={wait_ms} ms to {verb} transaction {handle.transactional_id!r} "
-                f"(producer_id={handle.producer_id}, epoch={handle.epoch}). Check that the brokers are up "
-                f"and reachable (and the __transaction_state topic is online), then call {verb}_transaction "
-                f"again with the same handle before transaction_timeout_ms expires."
-            )
-        return True
-    finally:
-        # Nothing is buffered; don't wait on a sender still retrying an unanswered EndTxn.
-        producer.close(timeout=1)
+    if not handle.started:  # nothing on the broker: no need to connect
+        log.info("Transaction %s is empty; nothing to %s.", handle, "commit" if commit else "abort")
+        return None
+    timeout_ms = int(client_config.get("max_block_ms", END_TIMEOUT_MS))
+    with coordinator_client(bootstrap_servers, **client_config) as admin:
+        return end_transactions(admin, [handle], commit=commit, timeout_ms=timeout_ms)[handle]
 
 
 def _lost_reason(exc: BaseException) -> str | None:
     """Why the broker will not end this transaction, or None if `exc` is something else."""
     if isinstance(exc, (Errors.ProducerFencedError, Errors.InvalidProducerEpochError)):
-        return (f"{type(exc).__name__}: a newer producer epoch exists for this transactional id (another "
+        # Named as kafka-python's and Java's producers report both codes (KIP-360).
+        said = "" if isinstance(exc, Errors.ProducerFencedError) else f" (the broker said {type(exc).__name__})"
+        return (f"ProducerFencedError{said}: a newer producer epoch exists for this transactional id (another "
                 f"attempt called init_transactions, or the coordinator aborted the transaction on timeout)")
     if isinstance(exc, Errors.InvalidTxnStateError):
         return (f"{type(exc).__name__}: the coordinator's transaction for this producer epoch is not "
                 f"open any more (it was ended the other way, or never had records)")
-    if isinstance(exc, Errors.InvalidProducerIdMappingError):
-        return f"{type(exc).__name__}: the coordinator no longer maps this transactional id to this producer id"
-    if type(exc) is Errors.KafkaError:
-        # EndTxnHandler wraps unhandled broker codes: KafkaError("Unhandled error in EndTxnResponse: [Error 49] ...")
-        text = str(exc)
-        for cls in (Errors.InvalidProducerIdMappingError, Errors.UnknownProducerIdError,
-                    Errors.TransactionalIdNotFoundError, Errors.InvalidProducerEpochError):
-            if cls.__name__ in text:
-                return f"{text}: the coordinator has no transaction for this producer id and epoch"
+    if isinstance(exc, (Errors.InvalidProducerIdMappingError, Errors.UnknownProducerIdError,
+                        Errors.TransactionalIdNotFoundError)):
+        return (f"{type(exc).__name__}: the coordinator no longer maps this transactional id to this producer id "
+                f"and epoch")
     return None
 
 
@@ -477,28 +723,3 @@ def _new_producer(bootstrap_servers, transactional_id, transaction_timeout_ms, p
         producer.close(timeout=0)
         raise
     return producer
-
-
-def _resume(producer: KafkaProducer, handle: TransactionHandle) -> None:
-    """Put `producer`'s TransactionManager into the transaction of `handle` without InitProducerId."""
-    check_kafka_python_internals(producer)
-    from kafka.producer.transaction_manager import ProducerIdAndEpoch, TransactionState
-    from kafka.structs import TopicPartition
-
-    manager = producer._transaction_manager
-    with manager._lock:
-        if manager._current_state != TransactionState.UNINITIALIZED:
-            raise KafkaInternalsChanged(
-                f"A fresh transactional KafkaProducer is in state {manager._current_state.name}, expected "
-                f"UNINITIALIZED; kafka-python's producer start-up changed (read off {KAFKA_PYTHON_VERSION_READ})."
-            )
-        # Same path init_transactions() takes locally, minus the InitProducerId request.
-        manager._transition_to(TransactionState.INITIALIZING)
-        manager.set_producer_id_and_epoch(ProducerIdAndEpoch(handle.producer_id, handle.epoch))
-        manager._transition_to(TransactionState.READY)
-        manager._transition_to(TransactionState.IN_TRANSACTION)
-        # The broker already holds these partitions in the transaction; marking
-        # them (and the transaction as started) makes kafka-python send EndTxn
-        # instead of completing an "empty" transaction locally.
-        manager._partitions_in_transaction.update(TopicPartition(t, p) for t, p in handle.partitions)
-        manager._transaction_started = True

@@ -1,0 +1,125 @@
+"""The Kafka sink's notify_complete (KafkaSink.commit) and its writers' pre-commit, without Spark.
+
+A local broker (or --bootstrap); per round, --transactions partition writers (librdkafka, as the
+Spark executors run them) each write --records records into one output topic and leave their
+transaction open, then KafkaSink.commit commits the batch. Prints per round the write of one
+partition (median), its release (DescribeTransactions before and after releasing the producer),
+and the commit of all transactions; then the medians of the rounds and the load average.
+
+    PYTHONPATH=. python benchmarks/bench_kafka_commit.py                       # 12 transactions, 5 rounds
+    PYTHONPATH=. python benchmarks/bench_kafka_commit.py --transactions 4 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks.kafka import librdkafka
+from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
+from devtools.kafka_broker import LocalKafkaBroker
+
+
+def new_topic(bootstrap: str, name: str, partitions: int) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        admin.close()
+    return name
+
+
+class Timed:
+    """Wraps librdkafka.release_keeping_transaction to time each call (the writer looks it up per call)."""
+
+    def __init__(self) -> None:
+        self.original = librdkafka.release_keeping_transaction
+        self.seconds: list[float] = []
+
+    def __call__(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self.original(*args, **kwargs)
+        finally:
+            self.seconds.append(time.perf_counter() - started)
+
+
+def one_round(bootstrap: str, transactions: int, records: int, seq: int) -> dict:
+    name = f"bench-commit-{uuid.uuid4().hex[:6]}"
+    output = new_topic(bootstrap, f"{name}-out", transactions)
+    config = checked(PipelineConfig(pipeline_id=name, topics=[f"{name}-in"], bootstrap_servers=bootstrap,
+                                    sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}))
+    sink = create_sink(config.sink).bind(config)
+    writer = KafkaPartitionWriter(output, "EXACTLY_ONCE", name, seq, 900_000, KafkaSettings.of(config))
+    timed = Timed()
+    librdkafka.release_keeping_transaction = timed
+    writes = []
+    try:
+        reports = []
+        for partition in range(transactions):
+            pairs = [(f"{partition}-{i}".encode(), b"x" * 100) for i in range(records)]
+            started = time.perf_counter()
+            reports.append(writer.write_records(partition, pairs))
+            writes.append(time.perf_counter() - started)
+    finally:
+        librdkafka.release_keeping_transaction = timed.original
+    committable = KafkaCommittable("EXACTLY_ONCE", bootstrap, output, tuple(reports))
+    batch = Batch(name, seq, "bench", BatchState.PREPARED, 1, ())
+    started = time.perf_counter()
+    sink.commit(batch, committable)
+    commit_s = time.perf_counter() - started
+    started = time.perf_counter()
+    sink.commit(batch, committable)  # notify_complete's retry after a success: a no-op
+    again_s = time.perf_counter() - started
+    return {"write_s": statistics.median(writes), "release_s": statistics.median(timed.seconds),
+            "commit_s": commit_s, "commit_again_s": again_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transactions", type=int, default=12, help="Spark partitions of the batch")
+    parser.add_argument("--records", type=int, default=1000, help="records per transaction")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bootstrap", help="an existing broker; default: start a local one")
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()
+    broker = None if args.bootstrap else LocalKafkaBroker(Path(tempfile.mkdtemp(prefix="bench-commit-"))).start()
+    bootstrap = args.bootstrap or broker.bootstrap_servers
+    rounds = []
+    try:
+        for n in range(args.repeats):
+            result = one_round(bootstrap, args.transactions, args.records, n + 1)
+            print(f"round {n + 1}  write of one partition {result['write_s']:6.3f} s (release "
+                  f"{result['release_s']:6.3f} s)  commit of {args.transactions} {result['commit_s']:6.3f} s  "
+                  f"again {result['commit_again_s']:6.3f} s", flush=True)
+            rounds.append(result)
+    finally:
+        if broker is not None:
+            broker.stop()
+    load_after = os.getloadavg()
+    medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    print(f"\nmedian of {args.repeats} round(s), {args.transactions} transactions of {args.records} records; load "
+          f"average {load_before[0]:.1f} before, {load_after[0]:.1f} after:")
+    for key, value in medians.items():
+        print(f"{key:<16} {value:7.3f} s")
+    print(json.dumps({"medians_s": medians, "load": [load_before, load_after], "rounds": rounds}))
+
+
+if __name__ == "__main__":
+    main()
