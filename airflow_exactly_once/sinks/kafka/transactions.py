@@ -478,10 +478,7 @@ def coordinator_client(bootstrap_servers: str | list[str], **client_config: Any)
     try:
         admin = KafkaAdminClient(**config)
     except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as exc:
-        raise TransactionCoordinatorUnavailable(
-            f"Cannot connect to Kafka at {bootstrap_servers} ({type(exc).__name__}: {exc}). Check that the "
-            f"brokers are running and bootstrap_servers is right, then retry with the same transactional id/handle."
-        ) from exc
+        raise _unreachable(bootstrap_servers, exc) from exc
     try:
         yield admin
     finally:
@@ -704,6 +701,13 @@ def _lost_reason(exc: BaseException) -> str | None:
     return None
 
 
+def _unreachable(bootstrap_servers: Any, exc: BaseException) -> TransactionCoordinatorUnavailable:
+    """No broker answered a client's bootstrap: retriable, with what to check."""
+    return TransactionCoordinatorUnavailable(
+        f"Cannot connect to Kafka at {bootstrap_servers} ({type(exc).__name__}: {exc}). Check that the "
+        f"brokers are running and bootstrap_servers is right, then retry with the same transactional id/handle.")
+
+
 def _new_producer(bootstrap_servers, transactional_id, transaction_timeout_ms, producer_config) -> KafkaProducer:
     config = dict(producer_config)
     config["bootstrap_servers"] = bootstrap_servers
@@ -713,10 +717,7 @@ def _new_producer(bootstrap_servers, transactional_id, transaction_timeout_ms, p
     try:
         producer = KafkaProducer(**config)
     except (Errors.KafkaTimeoutError, Errors.KafkaConnectionError) as exc:
-        raise TransactionCoordinatorUnavailable(
-            f"Cannot connect to Kafka at {bootstrap_servers} ({type(exc).__name__}: {exc}). Check that the "
-            f"brokers are running and bootstrap_servers is right, then retry with the same transactional id/handle."
-        ) from exc
+        raise _unreachable(bootstrap_servers, exc) from exc
     try:
         check_transaction_protocol(producer, bootstrap_servers)
     except KafkaTransactionError:
