@@ -21,8 +21,6 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka.admin import KafkaAdminClient, NewTopic
-
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
@@ -33,15 +31,7 @@ from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from devtools.kafka_broker import LocalKafkaBroker
-
-
-def new_topic(bootstrap: str, name: str, partitions: int) -> str:
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        admin.create_topics([NewTopic(name, partitions, 1)])
-    finally:
-        admin.close()
-    return name
+from tests.helpers import create_topic
 
 
 class Timed:
@@ -61,7 +51,8 @@ class Timed:
 
 def one_round(bootstrap: str, transactions: int, records: int, seq: int) -> dict:
     name = f"bench-commit-{uuid.uuid4().hex[:6]}"
-    output = new_topic(bootstrap, f"{name}-out", transactions)
+    output = f"{name}-out"
+    create_topic(bootstrap, output, transactions)
     config = checked(PipelineConfig(pipeline_id=name, topics=[f"{name}-in"], bootstrap_servers=bootstrap,
                                     sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}))
     sink = create_sink(config.sink).bind(config)
