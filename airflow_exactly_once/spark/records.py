@@ -126,9 +126,7 @@ def decode(frame: Any, config: PipelineConfig, schemas: dict[str, PartSchemas] |
                                           "value does (truncated, or bytes following the record)"))
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
-    record = "_aeo_parsed.record" if fmt == "avro" else "_aeo_parsed"
-    return _spread_record(frame.withColumn("_aeo_parsed", parsed), "_aeo_parsed", record, fmt, error, frame.columns,
-                          None)
+    return _spread_record(frame.withColumn("_aeo_parsed", parsed), "_aeo_parsed", fmt, error, frame.columns, None)
 
 
 def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
@@ -162,25 +160,22 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
         error = F.when(F.expr(f"`{temp}`.end IS NULL OR `{temp}`.end != {END_MARK}"), error)
     if DECODE_ERROR in frame.columns:  # the key's error comes first
         error = F.coalesce(F.col(DECODE_ERROR), error)
-    decoded = frame.withColumn(temp, parsed)
-    # the record, without the end mark (Avro) or our error field (the others)
-    record = f"`{temp}`.record" if schemas.fmt == "avro" else f"`{temp}`"
-    return _spread_record(decoded, temp, record, schemas.fmt, error, frame.columns, into)
+    return _spread_record(frame.withColumn(temp, parsed), temp, schemas.fmt, error, frame.columns, into)
 
 
-def _spread_record(decoded: Any, temp: str, record: str, fmt: str, error: Any, columns: list[str],
-                   into: str | None) -> Any:
-    """One projection: the decoded record's fields as columns beside Kafka's (a decoded field named like a Kafka
-    column wins), or the record as the column `into`; and DECODE_ERROR."""
+def _spread_record(decoded: Any, temp: str, fmt: str, error: Any, columns: list[str], into: str | None) -> Any:
+    """One projection: the record decoded into `temp` (without Avro's end mark or our error field) as columns
+    beside Kafka's (a decoded field named like a Kafka column wins), or as the column `into`; and DECODE_ERROR."""
     from pyspark.sql import functions as F
 
-    record_type = decoded.schema[temp].dataType
+    record, record_type = f"`{temp}`", decoded.schema[temp].dataType
     if fmt == "avro":
-        record_type = record_type["record"].dataType
-    names = [f.name for f in record_type.fields if f.name != DECODE_ERROR] if hasattr(record_type, "fields") else []
+        record, record_type = f"`{temp}`.record", record_type["record"].dataType
+    fields = [f.name for f in getattr(record_type, "fields", [])]  # none when a key is not a record
+    names = [name for name in fields if name != DECODE_ERROR]
     if into is not None:
         value = F.expr(record)
-        if fmt != "avro" and DECODE_ERROR in [f.name for f in getattr(record_type, "fields", [])]:
+        if DECODE_ERROR in fields:
             value = value.dropFields(DECODE_ERROR)  # the error field is ours, not the transform's
         kept = [F.col(f"`{c}`") for c in columns if c not in (into, DECODE_ERROR)]
         return decoded.select(*kept, value.alias(into), error.alias(DECODE_ERROR))
