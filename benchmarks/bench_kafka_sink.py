@@ -9,7 +9,7 @@ writes the *same* offset range to a fresh output topic with as many partitions a
 * `EXACTLY_ONCE`, `AT_LEAST_ONCE`, `NONE`: this package's write step (claim, Spark reads the
   range, the sink writes, PREPARED) plus notify_complete (the commit).
 
-Throughput = records / seconds of the write (+ commit). Prints every round, the median of the
+Throughput = records / seconds of the write (+ commit). A warm-up round (--warmup) runs first, uncounted. Prints every round, the median of the
 rounds per contender, its ratio to Spark's writer, and the load average before and after.
 
     PYTHONPATH=. python benchmarks/bench_kafka_sink.py                  # 1,000,000 x 100 bytes, 3 rounds
@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100, help="bytes per record value")
     parser.add_argument("--partitions", type=int, default=4, help="input and output partitions")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (each contender once per round, rotated)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="rounds run first and not counted (the first write of a JVM takes 2-4x as long)")
     parser.add_argument("--bootstrap", help="an existing broker; default: start a local one")
     parser.add_argument("--spark-master", default="local[*]")
     args = parser.parse_args()
@@ -134,17 +136,19 @@ def main() -> None:
                                                   create_sink(reference.sink)),
                                  lambda: KafkaOffsetSource(KafkaSettings.of(reference)), "range").batch
         rounds = []
-        for n in range(args.repeats):
+        for n in range(-args.warmup, args.repeats):
             for contender in CONTENDERS[n % 4:] + CONTENDERS[:n % 4]:
                 if contender == "spark":
                     result = spark_writer(spark, bootstrap, source, range_batch, reference, args.partitions)
                 else:
                     result = ours(spark, bootstrap, source, contender, args.partitions, workdir)
                 result["records_per_s"] = result["records"] / result["seconds"]
-                print(f"round {n + 1} {contender:<14} write {result['write_s']:7.2f} s  commit "
+                label = "warm-up" if n < 0 else f"round {n + 1}"
+                print(f"{label:<8} {contender:<14} write {result['write_s']:7.2f} s  commit "
                       f"{result['commit_s']:5.2f} s  {result['records']:>9,} records  "
                       f"{result['records_per_s']:>9,.0f} records/s", flush=True)
-                rounds.append(result)
+                if n >= 0:
+                    rounds.append(result)
     finally:
         stop_spark(spark)
         if broker is not None:

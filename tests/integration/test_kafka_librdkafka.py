@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from kafka import KafkaAdminClient
 
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.transactions import commit_transaction
@@ -35,15 +36,18 @@ def open_producer(kafka, topic: str, tid: str, values: list[str]):
     return producer
 
 
-def admin(kafka) -> dict:
-    return {"bootstrap_servers": kafka.bootstrap_servers}
+@pytest.fixture
+def admin(kafka):
+    client = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    yield client
+    client.close()
 
 
-def test_a_released_producer_leaves_its_transaction_open_for_another_process(kafka, topic):
+def test_a_released_producer_leaves_its_transaction_open_for_another_process(kafka, topic, admin):
     tid = f"rdk-{uuid.uuid4().hex[:6]}"
     values = [f"v{i}" for i in range(50)]
     holder = [open_producer(kafka, topic, tid, values)]
-    handle = librdkafka.release_keeping_transaction(holder, admin(kafka), tid)
+    handle = librdkafka.release_keeping_transaction(holder, admin, tid)
     assert holder == [] and transaction_state(kafka.bootstrap_servers, tid) == "Ongoing"
     assert sorted(handle.partitions) == [(topic, 0), (topic, 1)]
     assert read_all(kafka.bootstrap_servers, topic, settle=False) == []  # pre-committed: invisible
@@ -57,7 +61,7 @@ def test_close_would_abort_which_is_why_the_writer_never_calls_it(kafka, topic):
     assert settled_transaction_state(kafka.bootstrap_servers, tid) == "CompleteAbort"
 
 
-def test_a_release_that_ends_the_transaction_is_reported(kafka, topic):
+def test_a_release_that_ends_the_transaction_is_reported(kafka, topic, admin):
     class EndingRelease(list):
         """What a confluent-kafka that aborts on release would do."""
 
@@ -68,6 +72,6 @@ def test_a_release_that_ends_the_transaction_is_reported(kafka, topic):
     tid = f"rdk-{uuid.uuid4().hex[:6]}"
     with pytest.raises(librdkafka.ReleaseEndedTransaction) as ended:
         librdkafka.release_keeping_transaction(EndingRelease([open_producer(kafka, topic, tid, ["y"])]),
-                                               admin(kafka), tid)
+                                               admin, tid)
     assert "Install confluent-kafka==" in str(ended.value) and not ended.value.retriable
 

@@ -13,6 +13,7 @@ import dataclasses
 import uuid
 
 import pytest
+from kafka import KafkaConsumer, TopicPartition
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import (
@@ -28,7 +29,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.kafka import librdkafka
+from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
     TransactionLost,
@@ -124,7 +125,7 @@ def test_what_each_guarantee_leaves_on_the_topic_after_the_write(kafka, topics):
     assert all(r.transaction.started and r.first_offsets for r in handles.reports)
     at_least = write_batch(pipeline(kafka, f"{name}-alo", source, output, guarantee="AT_LEAST_ONCE"), 1,
                            {0: values(5, "alo")})
-    assert at_least.reports[0].transaction is None and at_least.reports[0].first_offsets
+    assert at_least.reports[0].transaction is None and at_least.reports[0].first_offsets == ()  # nothing to judge
     nothing = write_batch(pipeline(kafka, f"{name}-none", source, output, guarantee="NONE"), 1, {0: values(5, "no")})
     assert nothing.reports[0].first_offsets == ()  # acks=0: the broker never told us anything
     assert KafkaCommittable.from_handles(handles.to_handles()) == handles  # the ledger's JSON, both ways
@@ -136,6 +137,35 @@ def test_what_each_guarantee_leaves_on_the_topic_after_the_write(kafka, topics):
     assert "committed 2 Kafka transaction(s)" in message
     committed = read_all(kafka.bootstrap_servers, output)
     assert sorted(committed) == sorted(values(20, "eo") + values(10, "eo2") + values(5, "alo") + values(5, "no"))
+
+
+@pytest.mark.parametrize("ask_brokers", [True, False], ids=["describe-producers", "delivery-reports"])
+def test_each_transaction_records_where_it_begins_in_every_partition_it_wrote(kafka, topics, monkeypatch,
+                                                                              ask_brokers):
+    """The offset that decides "committed or aborted" once the broker forgets a transaction: asked of the
+    partitions' leaders (DescribeProducers), or, for a client without READ on the output, taken from a
+    delivery report per record. Both must name each transaction's own first record in each partition."""
+    name, source, output = topics
+    if not ask_brokers:
+        monkeypatch.setattr(probe, "may_describe_producers", lambda admin, topic: False)
+    config = pipeline(kafka, name, source, output)
+    written = write_batch(config, 1, {0: values(20, "a"), 1: values(15, "b")})  # b's begin after a's
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, isolation_level="read_uncommitted",
+                             enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        consumer.assign([TopicPartition(output, p) for p in range(2)])
+        consumer.seek_to_beginning()
+        log = {(r.partition, r.offset): r.value.decode() for r in consumer}
+    finally:
+        consumer.close()
+    assert len(log) == 35
+    for report, prefix in zip(written.reports, ("a-", "b-")):
+        ours = {}
+        for (partition, offset), value in sorted(log.items()):
+            if value.startswith(prefix):
+                ours.setdefault(partition, offset)
+        assert report.first_offsets == tuple((output, p, o) for p, o in sorted(ours.items())), report
+    assert written.reports[1].first_offsets != ((output, 0, 0), (output, 1, 0))  # after a's records
 
 
 def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics):

@@ -4,6 +4,8 @@
 - whether the client may write the output topic (plan time, so a missing ACL fails the plan),
 - the state of a batch's transactions (before committing any of them),
 - transactions a dead attempt left open (to abort them instead of waiting for the timeout),
+- where a writer's open transaction begins in each partition (DescribeProducers, instead of a
+  delivery report per record),
 - whether a record is visible under read_committed: the arbiter when the broker no longer
   knows a transaction, because only the output itself says "committed" or "aborted".
 """
@@ -14,7 +16,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -103,6 +105,34 @@ def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) ->
     return {tid: (TransactionState(described[tid].state.value, described[tid].producer_id,
                                    described[tid].producer_epoch) if tid in described else None)
             for tid in transactional_ids}
+
+
+def may_describe_producers(admin: KafkaAdminClient, topic: str) -> bool:
+    """Do the brokers answer DescribeProducers on `topic` for this client? It needs READ on the topic
+    (an output-only principal has WRITE and DESCRIBE) and Kafka 2.8 or later."""
+    try:
+        admin.describe_producers([TopicPartition(topic, 0)])
+    except Errors.KafkaError:
+        return False
+    return True
+
+
+def transaction_start_offsets(admin: KafkaAdminClient, producer_id: int,
+                              partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The first offset of producer `producer_id`'s open transaction in each partition (the leaders' view).
+
+    Raises KafkaError when a leader refuses, or LookupError when one no longer shows the transaction open.
+    """
+    wanted = [TopicPartition(t, p) for t, p in partitions]
+    described = admin.describe_producers(wanted)
+    starts = {}
+    for tp in wanted:
+        found = [s.current_transaction_start_offset for s in described[tp].active_producers
+                 if s.producer_id == producer_id and s.current_transaction_start_offset >= 0]
+        if not found:
+            raise LookupError(f"{tp.topic}[{tp.partition}] shows no open transaction of producer {producer_id}")
+        starts[(tp.topic, tp.partition)] = found[0]
+    return starts
 
 
 def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str, str]:

@@ -10,22 +10,23 @@ decides "committed or aborted" if the broker later forgets the transaction).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import confluent_kafka
 from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks.kafka import librdkafka
+from airflow_exactly_once.sinks.kafka import librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
-from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError
+from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError, TransactionHandle
 
 Columns = tuple[list[Any], list[Any], list[Any] | None]  # keys (or Nones), values, headers (or None) of some records
-_POLL_EVERY = 10_000
 
 
 def transactional_id(prefix: str, batch_seq: int, partition: int) -> str:
@@ -51,9 +52,11 @@ def arrow_columns(batches: Iterable[Any]) -> Iterator[Columns]:
 
 
 class _Deliveries:
-    """The first acknowledged offset per output partition, and delivery errors (librdkafka's callback)."""
+    """Delivery errors, and with `firsts` the first acknowledged offset per output partition (librdkafka's
+    callback: for every record with `firsts`, else for failed records only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, firsts: bool) -> None:
+        self.firsts = firsts
         self.first: dict[tuple[str, int], int] = {}
         self.errors: list[Any] = []
 
@@ -89,68 +92,101 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def write_columns(self, partition: int, columns: Iterable[Columns],
                       claim: ClaimCheck | None = None) -> PartitionReport:
-        """Send the records under the sink's guarantee; the partition's report.
+        """Send the records under the sink's guarantee; the partition's report."""
+        if self.guarantee != "EXACTLY_ONCE":
+            deliveries = _Deliveries(firsts=False)  # nothing is committed later: only errors matter
+            producer = self._producer(None, deliveries if self.guarantee != "NONE" else None)
+            try:
+                count = self._deliver(producer, partition, columns, deliveries, exactly_once=False)
+            finally:
+                _give_up(producer, exactly_once=False)
+            return PartitionReport(partition, count, ())
+        with contextlib.closing(KafkaAdminClient(**self.settings.kafka_python(KafkaAdminClient))) as admin:
+            return self._write_transaction(partition, columns, claim, admin)
+
+    def _write_transaction(self, partition: int, columns: Iterable[Columns], claim: ClaimCheck | None,
+                           admin: KafkaAdminClient) -> PartitionReport:
+        """EXACTLY_ONCE: the records in a transaction left open (pre-commit) and its handle.
 
         The claim is checked after `init_transactions` (which fences earlier holders of the id) and before
         the transaction begins: either the batch is still this attempt's, or an abort that came before
-        the check fences this producer when it releases the batch (KafkaSink.abort).
+        the check fences this producer when it releases the batch (KafkaSink.abort). Where the transaction
+        begins in each output partition is asked of the brokers afterwards (DescribeProducers) when they
+        let this client, else collected from a delivery report per record.
         """
-        exactly_once = self.guarantee == "EXACTLY_ONCE"
         tid = transactional_id(self.transactional_id_prefix, self.batch_seq, partition)
-        deliveries = _Deliveries()
-        holder = [librdkafka.new_producer({**self.settings.librdkafka(), **self.producer_config}, self.guarantee,
-                                          tid, self.transaction_timeout_ms,
-                                          deliveries if self.guarantee != "NONE" else None)]
+        ask_brokers = probe.may_describe_producers(admin, self.topic)
+        deliveries = _Deliveries(firsts=not ask_brokers)
+        holder = [self._producer(tid, deliveries)]
         try:
-            if exactly_once:
-                self._call(lambda: holder[0].init_transactions(60), f"initialising transactional id {tid!r}")
-                if claim is not None:
-                    claim.ensure(f"beginning Kafka transaction {tid!r}")
-                holder[0].begin_transaction()
-            count = self._send(holder[0], columns)
-            left = holder[0].flush(self.flush_timeout_s)
-            if left:
-                raise KafkaTransactionError(f"{left} of {count} records of partition {partition} were not delivered "
-                                            f"to {self.topic!r} within {self.flush_timeout_s:g} s", retriable=True)
-            if deliveries.errors:
-                error = deliveries.errors[0]
-                if exactly_once and error.code() == confluent_kafka.KafkaError._PURGE_QUEUE:
-                    error = librdkafka.transaction_failure(holder[0]) or error  # the cause, not its symptom
-                raise KafkaTransactionError(
-                    f"{len(deliveries.errors)} of {count} records of partition {partition} could not be written to "
-                    f"{self.topic!r}: {error.str()} ({error.name()})",
-                    retriable=bool(error.retriable()) and not error.fatal())
-            handle = None
-            if exactly_once and count:  # pre-commit: the transaction stays open
-                handle = librdkafka.release_keeping_transaction(
-                    holder, self.settings.kafka_python(KafkaAdminClient), tid)
-            else:  # nothing to keep open: an empty transaction is just ended
-                _give_up(holder.pop(), exactly_once)
+            self._call(lambda: holder[0].init_transactions(60), f"initialising transactional id {tid!r}")
+            if claim is not None:
+                claim.ensure(f"beginning Kafka transaction {tid!r}")
+            holder[0].begin_transaction()
+            count = self._deliver(holder[0], partition, columns, deliveries, exactly_once=True)
+            if not count:  # nothing to keep open: an empty transaction is just ended
+                _give_up(holder.pop(), exactly_once=True)
+                return PartitionReport(partition, 0, ())
+            handle = librdkafka.release_keeping_transaction(holder, admin, tid)  # pre-commit: it stays open
         except BaseException:
             if holder:  # end what this attempt opened (a retry of the partition or the driver's cleanup would)
-                _give_up(holder.pop(), exactly_once)
+                _give_up(holder.pop(), exactly_once=True)
             raise
-        return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(deliveries.first.items())),
-                               handle)
+        first = deliveries.first if deliveries.firsts else self._transaction_starts(admin, handle)
+        return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(first.items())), handle)
+
+    def _producer(self, tid: str | None, deliveries: _Deliveries | None) -> confluent_kafka.Producer:
+        return librdkafka.new_producer({**self.settings.librdkafka(), **self.producer_config}, self.guarantee, tid,
+                                       self.transaction_timeout_ms, deliveries,
+                                       report_successes=deliveries is not None and deliveries.firsts)
+
+    def _deliver(self, producer: confluent_kafka.Producer, partition: int, columns: Iterable[Columns],
+                 deliveries: _Deliveries | None, exactly_once: bool) -> int:
+        """Send and flush the records; how many. Raises when any was not delivered."""
+        count = self._send(producer, columns)
+        left = producer.flush(self.flush_timeout_s)
+        if left:
+            raise KafkaTransactionError(f"{left} of {count} records of partition {partition} were not delivered "
+                                        f"to {self.topic!r} within {self.flush_timeout_s:g} s", retriable=True)
+        if deliveries is not None and deliveries.errors:
+            error = deliveries.errors[0]
+            if exactly_once and error.code() == confluent_kafka.KafkaError._PURGE_QUEUE:
+                error = librdkafka.transaction_failure(producer) or error  # the cause, not its symptom
+            raise KafkaTransactionError(
+                f"{len(deliveries.errors)} of {count} records of partition {partition} could not be written to "
+                f"{self.topic!r}: {error.str()} ({error.name()})",
+                retriable=bool(error.retriable()) and not error.fatal())
+        return count
+
+    def _transaction_starts(self, admin: KafkaAdminClient, handle: TransactionHandle) -> dict[tuple[str, int], int]:
+        """The first offset of the open transaction in each partition it wrote, from the partitions' leaders."""
+        try:
+            return probe.transaction_start_offsets(admin, handle.producer_id, handle.partitions)
+        except (KafkaError, LookupError) as exc:  # the transaction stays open: the driver's abort or a retry ends it
+            raise KafkaTransactionError(f"cannot learn where transaction {handle.transactional_id!r} begins in "
+                                        f"{self.topic!r}: {exc}", retriable=True) from exc
 
     def _send(self, producer: confluent_kafka.Producer, columns: Iterable[Columns]) -> int:
-        produce, poll, topic, count = producer.produce, producer.poll, self.topic, 0
-        for keys, values, headers in columns:
-            for key, value, header in zip(keys, values, headers or [None] * len(values)):
-                while True:
-                    try:
-                        if header:
-                            produce(topic, value, key, headers=header)
-                        else:
+        """Hand every record to librdkafka (one `produce` call each: the loop is the writer's hot path)."""
+        produce, topic, count = producer.produce, self.topic, 0
+        try:
+            for keys, values, headers in columns:
+                if headers is None:
+                    for key, value in zip(keys, values):
+                        try:
                             produce(topic, value, key)
-                        break
-                    except BufferError:  # the local queue is full: let librdkafka send some
-                        poll(0.05)
-                    except confluent_kafka.KafkaException as exc:
-                        raise librdkafka.transaction_error(exc, f"writing to {topic!r}") from None
-                count += 1
-                if count % _POLL_EVERY == 0:
-                    poll(0)
+                        except BufferError:
+                            _when_queued(producer, lambda: produce(topic, value, key))
+                else:
+                    for key, value, header in zip(keys, values, headers):
+                        try:
+                            produce(topic, value, key, headers=header)
+                        except BufferError:
+                            _when_queued(producer, lambda: produce(topic, value, key, headers=header))
+                count += len(values)
+                producer.poll(0)  # serve delivery reports as they come, not all at flush
+        except confluent_kafka.KafkaException as exc:
+            raise librdkafka.transaction_error(exc, f"writing to {topic!r}") from None
         return count
 
     @staticmethod
@@ -159,6 +195,17 @@ class KafkaPartitionWriter(PartitionWriter):
             action()
         except confluent_kafka.KafkaException as exc:
             raise librdkafka.transaction_error(exc, what) from None
+
+
+def _when_queued(producer: confluent_kafka.Producer, produce: Callable[[], None]) -> None:
+    """Produce once librdkafka's local queue has room again (it sends while we wait)."""
+    while True:
+        producer.poll(0.05)
+        try:
+            produce()
+            return
+        except BufferError:
+            continue
 
 
 def _give_up(producer: confluent_kafka.Producer, exactly_once: bool) -> None:
