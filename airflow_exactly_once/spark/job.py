@@ -186,11 +186,15 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     seen_in, seen_out = Observation("input"), Observation("output")
     source = read_batch(spark, batch, config, read_partitions(spark, batch, sink))
     checks_decoding = records.checks_decoding(config)
-    if not checks_decoding:  # else _count counts the input; the dead letters of undecodable and of marked
-        # records are a union of two branches of this plan, which Spark Connect refuses when both carry the
-        # same observation ("multiple values for keyword argument 'input'").
+    connect = _is_connect(spark)
+    # Else _count counts the input; the dead letters of undecodable and of marked records are a union of two
+    # branches of this plan, which Spark Connect refuses when both carry the same observation ("multiple values
+    # for keyword argument 'input'"). Spark Connect never returns this inner observation of a write command
+    # (below), and observing costs it a round trip to the server (pyspark asks whether the plan is streaming).
+    observes_input = not checks_decoding and not connect
+    if observes_input:
         source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
-    if checks_decoding and not _is_connect(spark):  # one pass when the batch turns out to have no bad record
+    if checks_decoding and not connect:  # one pass when the batch turns out to have no bad record
         staged = _stage_if_all_good(source, config, sink, batch, transform, run_writers)
         if staged is not None:
             return staged
@@ -209,10 +213,11 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
             # input is the output record for record, else it is counted again, a second read of the range
             # that runs beside the write.
             input_count = _count_beside(spark, read_batch(spark, batch, config)) \
-                if _is_connect(spark) and transform is not None else None
+                if connect and transform is not None else None
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
             committable = sink.stage(staged, batch, run_writers)
-            input_records, output_records = seen_in.get.get("records"), seen_out.get.get("records")
+            input_records = seen_in.get.get("records") if observes_input else None
+            output_records = seen_out.get.get("records")
             if output_records is None:
                 output_records = committable.records
             if input_records is None:
