@@ -9,7 +9,10 @@ writes the *same* offset range to a fresh output topic with as many partitions a
 * `EXACTLY_ONCE`, `AT_LEAST_ONCE`, `NONE`: this package's write step (claim, Spark reads the
   range, the sink writes, PREPARED) plus notify_complete (the commit).
 
-Throughput = records / seconds of the write (+ commit). A warm-up round (--warmup) runs first, uncounted. Prints every round, the median of the
+Throughput = records / seconds of the write (+ commit). A warm-up round (--warmup) runs first, uncounted.
+Beside the seconds, each run's CPU seconds (user + system, from /proc) of the broker, of Spark's JVM and of
+the JVM's Python workers (the sink's writers): on a machine whose cores are all busy, the contender that
+burns less CPU per record is the faster one. Prints every round, the median of the
 rounds per contender, its ratio to Spark's writer, and the load average before and after.
 
     PYTHONPATH=. python benchmarks/bench_kafka_sink.py                  # 1,000,000 x 100 bytes, 3 rounds
@@ -44,6 +47,48 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import use_prefetched_connector
 
 CONTENDERS = ("spark", "EXACTLY_ONCE", "AT_LEAST_ONCE", "NONE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of a process (with `children`: of its reaped children, not itself)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    used = fields[13:15] if children else fields[11:13]
+    return sum(int(f) for f in used) / CLOCK_TICKS
+
+
+def descendants(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return found + [d for c in found for d in descendants(c)]
+
+
+class CpuMeter:
+    """CPU seconds of the broker, Spark's JVM and the JVM's Python workers (live and exited) since the last call."""
+
+    def __init__(self, broker_pid: int | None, jvm_pid: int) -> None:
+        self.broker_pid, self.jvm_pid = broker_pid, jvm_pid
+        self.last = self._now()
+
+    def _now(self) -> dict[str, float]:
+        workers = cpu_seconds(self.jvm_pid, children=True)
+        for pid in descendants(self.jvm_pid):
+            try:
+                workers += cpu_seconds(pid) + cpu_seconds(pid, children=True)
+            except FileNotFoundError:  # exited meanwhile: counted with the reaped children next time
+                pass
+        return {"broker": cpu_seconds(self.broker_pid) if self.broker_pid else 0.0,
+                "spark_jvm": cpu_seconds(self.jvm_pid), "python_workers": workers}
+
+    def lap(self) -> dict[str, float]:
+        now = self._now()
+        used = {k: round(now[k] - self.last[k], 2) for k in now}
+        self.last = now
+        return used
 
 
 def produce_input(bootstrap: str, topic: str, records: int, size: int, partitions: int) -> None:
@@ -125,6 +170,8 @@ def main() -> None:
     broker = None if args.bootstrap else LocalKafkaBroker(workdir / "kafka").start()
     bootstrap = args.bootstrap or broker.bootstrap_servers
     spark = build_spark_session("bench-kafka-sink", {"spark.master": args.spark_master})
+    meter = CpuMeter(broker.process.pid if broker is not None else None,
+                     int(spark.sparkContext._jvm.ProcessHandle.current().pid()))
     try:
         source = new_topic(bootstrap, f"bench-in-{uuid.uuid4().hex[:6]}", args.partitions)
         print(f"producing {args.records:,} records of {args.size} bytes into {source} ...", flush=True)
@@ -143,10 +190,12 @@ def main() -> None:
                 else:
                     result = ours(spark, bootstrap, source, contender, args.partitions, workdir)
                 result["records_per_s"] = result["records"] / result["seconds"]
+                result["cpu_s"] = meter.lap()
                 label = "warm-up" if n < 0 else f"round {n + 1}"
                 print(f"{label:<8} {contender:<14} write {result['write_s']:7.2f} s  commit "
                       f"{result['commit_s']:5.2f} s  {result['records']:>9,} records  "
-                      f"{result['records_per_s']:>9,.0f} records/s", flush=True)
+                      f"{result['records_per_s']:>9,.0f} records/s  CPU s: "
+                      + "  ".join(f"{k} {v:.2f}" for k, v in result["cpu_s"].items()), flush=True)
                 if n >= 0:
                     rounds.append(result)
     finally:
@@ -158,9 +207,11 @@ def main() -> None:
     load_after = os.getloadavg()
     print(f"\nmedian of {args.repeats} round(s), {args.records:,} records of {args.size} bytes, {args.partitions} "
           f"partitions, Spark {args.spark_master}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after:")
-    print(f"{'contender':<14} {'records/s':>10} {'vs Spark writer':>16}")
+    cpu = {c: statistics.median(sum(r["cpu_s"].values()) for r in rounds if r["contender"] == c) for c in CONTENDERS}
+    print(f"{'contender':<14} {'records/s':>10} {'vs Spark writer':>16} {'CPU s (all)':>12} {'vs Spark':>9}")
     for contender in CONTENDERS:
-        print(f"{contender:<14} {medians[contender]:>10,.0f} {medians[contender] / medians['spark']:>15.2f}x")
+        print(f"{contender:<14} {medians[contender]:>10,.0f} {medians[contender] / medians['spark']:>15.2f}x "
+              f"{cpu[contender]:>12.2f} {cpu[contender] / cpu['spark']:>8.2f}x")
     print(json.dumps({"medians_records_per_s": medians, "load": [load_before, load_after], "rounds": rounds}))
 
 
