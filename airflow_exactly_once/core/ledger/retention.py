@@ -72,7 +72,7 @@ class RetentionLedger(LedgerBase):
 
     def prune_limit(self, pipeline_id: str, keep: Keep) -> int:
         """The highest batch number that may be pruned now (the current floor when nothing may)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._limit(conn, pipeline_id, keep, self._floor(conn, pipeline_id))
 
     def prune_chunk(self, pipeline_id: str, keep: Keep, max_batches: int) -> Pruned:
@@ -93,7 +93,7 @@ class RetentionLedger(LedgerBase):
 
     def prune_counts(self, pipeline_id: str, through: int) -> Pruned:
         """What pruning up to batch `through` would remove (a dry run); changes nothing."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             floor = self._floor(conn, pipeline_id)
             if through <= floor.batch_seq:
                 return Pruned(through=floor.batch_seq)
