@@ -149,7 +149,9 @@ class LedgerBase:
         return expected_epoch + 1
 
     def _set_state(self, conn: Connection, batch_id: BatchId, expected: BatchState, target: BatchState,
-                   epoch: int | None = None, **values: Any) -> None:
+                   epoch: int | None = None, **values: Any) -> Any:
+        """The compare-and-set of a batch's state (and the writer's epoch); returns the row as written where the
+        database returns it (_write_row), else None."""
         check_transition(expected, target)
         if values.get("error"):
             values["error"] = self.scrubbed(values["error"])
@@ -157,9 +159,10 @@ class LedgerBase:
                  batches.c.state == expected.value]
         if epoch is not None:
             where.append(batches.c.epoch == epoch)
-        result = conn.execute(batches.update().where(*where).values(state=target.value, updated_at=utc_now(), **values))
-        if result.rowcount == 1:
-            return
+        count, row = self._write_row(conn, batches.update().where(*where)
+                                     .values(state=target.value, updated_at=utc_now(), **values))
+        if count == 1:
+            return row
         current = self._require(conn, batch_id)
         if epoch is not None and current.epoch != epoch:
             raise FencedError(f"batch {batch_id} is held by epoch {current.epoch}, this writer holds {epoch}: "
@@ -291,3 +294,9 @@ class LedgerBase:
             return conn.execute(statement).rowcount, None
         row = conn.execute(statement.returning(*batches.c)).first()
         return (0, None) if row is None else (1, row)
+
+    @staticmethod
+    def _ranges_of(conn: Connection, batch_id: BatchId) -> list[OffsetRange]:
+        return [OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset) for o in conn.execute(
+            sa.select(batch_offsets).where(batch_offsets.c.pipeline_id == batch_id.pipeline_id,
+                                           batch_offsets.c.batch_seq == batch_id.seq))]

@@ -124,14 +124,14 @@ class BatchLedger(LedgerBase):
             pipeline_epoch = conn.execute(sa.select(pipelines.c.epoch)
                                           .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar()
             epoch = self._bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
-            result = conn.execute(
+            count, row = self._write_row(conn, (
                 batches.update()
                 .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq,
                        batches.c.state == BatchState.PLANNED.value, batches.c.epoch == current.epoch)
-                .values(epoch=epoch, updated_at=utc_now()))
-            if result.rowcount != 1:
+                .values(epoch=epoch, updated_at=utc_now())))
+            if count != 1:
                 raise FencedError(f"batch {batch_id} changed while being claimed", retriable=True)
-            return self._load(conn, batch_id)
+            return self._batch_of(row, current.ranges) if row is not None else self._load(conn, batch_id)
 
     def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
                       input_records: int | None, output_records: int | None,
@@ -140,10 +140,15 @@ class BatchLedger(LedgerBase):
         with self.engine.begin() as conn:
             values: dict[str, Any] = {"handles": dumps(handles), "input_records": input_records,
                                       "output_records": output_records}
+            ranges = None
             if details:
-                values["details"] = dumps({**self._require(conn, batch_id).details, **details})
-            self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
-            return self._load(conn, batch_id)
+                current = self._require(conn, batch_id)
+                values["details"] = dumps({**current.details, **details})
+                ranges = current.ranges
+            row = self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
+            if row is None:
+                return self._load(conn, batch_id)
+            return self._batch_of(row, self._ranges_of(conn, batch_id) if ranges is None else ranges)
 
     def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:
         """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED.
@@ -152,10 +157,13 @@ class BatchLedger(LedgerBase):
         go COMMITTED -> RETRACTED in the same transaction.
         """
         with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
-            if current.state is BatchState.COMMITTED:
-                return False
-            self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            # The compare-and-set first: the batch is read only when it fails (already COMMITTED, or not PREPARED).
+            try:
+                self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            except FencedError:
+                if self._require(conn, batch_id).state is BatchState.COMMITTED:
+                    return False
+                raise
             for seq in retracts:
                 old = self._require(conn, BatchId(batch_id.pipeline_id, seq))
                 if old.state is BatchState.COMMITTED:

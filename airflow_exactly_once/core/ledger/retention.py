@@ -70,10 +70,12 @@ class Pruned:
 class RetentionLedger(LedgerBase):
     """The prune limit, pruning in chunks, and counting what a prune would remove."""
 
-    def prune_limit(self, pipeline_id: str, keep: Keep) -> int:
-        """The highest batch number that may be pruned now (the current floor when nothing may)."""
+    def prune_bounds(self, pipeline_id: str, keep: Keep) -> tuple[int, int]:
+        """(the floor: the newest batch pruned so far, the highest batch number that may be pruned now), the
+        second the floor when nothing may; one read of the floor for both."""
         with self._reading() as conn:
-            return self._limit(conn, pipeline_id, keep, self._floor(conn, pipeline_id))
+            floor = self._floor(conn, pipeline_id)
+            return floor.batch_seq, self._limit(conn, pipeline_id, keep, floor)
 
     def prune_chunk(self, pipeline_id: str, keep: Keep, max_batches: int) -> Pruned:
         """Prune at most `max_batches` more batches in one transaction (nothing when the floor is at the limit)."""
