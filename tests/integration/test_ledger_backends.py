@@ -124,6 +124,22 @@ def commit(ledger: Ledger, pid: str, seq_ranges: list[OffsetRange], epoch: int) 
     return claimed.epoch
 
 
+def test_the_batches_that_writes_return_are_the_batches_the_ledger_reads(ledger, pid):
+    """create_batch, claim and mark_prepared return the row their statement wrote (RETURNING), not a read after
+    it: with the database's own types (timestamps with their zone on PostgreSQL, without on SQLite)."""
+    ledger.ensure_pipeline(pid, "fp", {})
+    planned = ledger.create_batch(pid, "run-1", ranges(0, 10), expected_epoch=0, details={"a": 1})
+    assert planned == ledger.get_batch(planned.id)
+    claimed = ledger.claim(planned.id)
+    assert claimed == ledger.get_batch(planned.id)
+    prepared = ledger.mark_prepared(planned.id, claimed.epoch, {"h": 1}, 2, 3)
+    assert prepared == ledger.get_batch(planned.id) and prepared.ranges == tuple(ranges(0, 10))
+    other = ledger.create_batch(pid, "run-2", ranges(10, 20), expected_epoch=prepared.epoch)
+    claimed = ledger.claim(other.id)
+    prepared = ledger.mark_prepared(other.id, claimed.epoch, {}, 1, 1, details={"b": 2})
+    assert prepared == ledger.get_batch(other.id) and prepared.details == {"b": 2}
+
+
 def test_a_thousand_partitions_register_in_a_few_statements(ledger, pid):
     ledger.ensure_pipeline(pid, "fp", {})
     ledger.register_partitions(pid, {("t", 0): (7, "startup mode earliest")})
