@@ -93,7 +93,7 @@ def prune(ledger: Ledger, pipeline_id: str, retention: Retention, *, dry_run: bo
     """Prune what `retention` lets go, `chunk` batches per transaction, at most `max_batches` in all; nothing
     unless at least `min_batches` may go."""
     keep = retention.keep(now)
-    floor, limit = ledger.prune_bounds(pipeline_id, keep)
+    floor, limit = ledger.prune_bounds(pipeline_id, keep, min_batches)
     report = PruneReport(pipeline_id, retention, dry_run, floor)
     if limit - floor < min_batches:
         limit = floor
