@@ -96,11 +96,19 @@ class BatchLedger(LedgerBase):
                     raise FencedError(f"{exc}; planning again", retriable=True) from exc
                 self._event(conn, pipeline_id, seq, "superseded",
                             f"batch {seq} was still PLANNED and was taken over by run {run_id}")
-            seq = self._last_seq(conn, pipeline_id) + 1
             now = utc_now()
-            _, created = self._write_row(conn, batches.insert().values(
-                pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=state.value,
-                epoch=epoch, details=dumps(details or {}), created_at=now, updated_at=now))
+            values = dict(pipeline_id=pipeline_id, run_id=run_id, state=state.value, epoch=epoch,
+                          details=dumps(details or {}), created_at=now, updated_at=now)
+            if conn.dialect.insert_returning:
+                # The next number within the INSERT, which returns it: no batch of the pipeline can be recorded
+                # in between either way, as this transaction holds the pipeline row it updated (the epoch).
+                next_seq = (sa.select(sa.func.coalesce(sa.func.max(batches.c.batch_seq), 0) + 1)
+                            .where(batches.c.pipeline_id == pipeline_id).scalar_subquery())
+                _, created = self._write_row(conn, batches.insert().values(batch_seq=next_seq, **values))
+                seq = created.batch_seq
+            else:
+                seq, created = self._last_seq(conn, pipeline_id) + 1, None
+                conn.execute(batches.insert().values(batch_seq=seq, **values))
             if interval is not None:
                 conn.execute(batch_intervals.insert().values(pipeline_id=pipeline_id, batch_seq=seq,
                                                              interval_start=interval[0], interval_end=interval[1]))
