@@ -82,6 +82,8 @@ class Planner(ABC):
         # What the current planning attempt read and took over (PlanOutcome.last_stable, .superseded).
         self.last_stable: dict[TopicPartition, int] = {}
         self.superseded: tuple[int, ...] = ()
+        # The pipeline's epoch as plan() read it first (ensure_pipeline), for the first attempt's _epoch(): see there.
+        self._first_epoch: int | None = None
 
     @property
     def pipeline_id(self) -> str:
@@ -92,7 +94,7 @@ class Planner(ABC):
         `cleared_run_after`: when a run that was cleared became due (epoch ms), None for a run never cleared."""
         interval = self._check_run(run_id, interval)
         self.cleared_run_after = cleared_run_after
-        self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
+        epoch = self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
         mode = self.ledger.newest_batch_mode(self.pipeline_id)
         if mode is not None and mode != self.range_mode:
             other = mode
@@ -103,8 +105,9 @@ class Planner(ABC):
         if settled is not None:
             return settled
         self._check_sink()
-        for _ in range(MAX_PLAN_ATTEMPTS):
+        for attempt in range(MAX_PLAN_ATTEMPTS):
             self.last_stable, self.superseded = {}, ()
+            self._first_epoch = epoch if attempt == 0 else None
             try:
                 outcome = self._plan_once(run_id, interval)
             except FencedError as exc:
@@ -112,7 +115,8 @@ class Planner(ABC):
                     raise
                 log.info("planning raced with another run (%s); planning again", exc)
                 continue
-            self._release_superseded()
+            if self.superseded:
+                self._release_superseded()
             return replace(outcome, last_stable=dict(self.last_stable), superseded=self.superseded)
         raise FencedError(f"could not plan pipeline {self.pipeline_id}: other runs kept taking it over",
                           retriable=True)
@@ -141,6 +145,15 @@ class Planner(ABC):
         """Recover, then fix a range; raises a retriable FencedError when another run interfered."""
 
     def _epoch(self) -> int:
+        """The pipeline's epoch, read before the batches that the plan decides on: the compare-and-set of
+        create_batch expects it, so whatever changed them after this read makes the plan fail and plan again.
+
+        The first call of a plan's first attempt takes the epoch ensure_pipeline read, without asking again: that
+        read came before every read of the plan (its own batch in _settled too), so it fences all of them.
+        """
+        if self._first_epoch is not None:
+            epoch, self._first_epoch = self._first_epoch, None
+            return epoch
         pipeline = self.ledger.pipeline(self.pipeline_id)
         return 0 if pipeline is None else pipeline["epoch"]
 
@@ -153,8 +166,15 @@ class Planner(ABC):
 class ContinuationPlanner(Planner):
     range_mode = "continuation"
 
+    def __init__(self, coordinator: BatchCoordinator, source_factory: Callable[[], OffsetSource]) -> None:
+        super().__init__(coordinator, source_factory)
+        # The run's own batch as _settled found it (None or ABORTED, the two it leaves to planning), for the first
+        # attempt: [] when there is none to pass on.
+        self._first_own: list[Batch | None] = []
+
     def _settled(self, run_id: str, interval: Interval | None) -> PlanOutcome | None:
         own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
+        self._first_own = [own]
         if own is not None and own.state in (BatchState.PLANNED, BatchState.PREPARED):
             return PlanOutcome("replay", own, f"run {run_id} already planned {own.describe()}; reusing it")
         if own is not None and own.state in (BatchState.COMMITTED, BatchState.EMPTY, BatchState.RETRACTED):
@@ -187,12 +207,24 @@ class ContinuationPlanner(Planner):
             "raise retention_batches or retention_days")
 
     def _plan_once(self, run_id: str, interval: Interval | None) -> PlanOutcome:
-        self.coordinator.recover()
-        own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
+        # The epoch first, before any batch is read (see _epoch). Recovery changes no epoch, so reading it before
+        # recovery costs no extra attempt; the first attempt takes ensure_pipeline's.
+        first_attempt = self._first_epoch is not None
+        epoch = self._epoch()
+        work = self.ledger.open_work(self.pipeline_id)
+        self.coordinator.recover(work=work)
+        if first_attempt and self._first_own:
+            # As _settled read it, after the epoch: recovery leaves a run's own batch as it was (_settled returns
+            # for PLANNED and PREPARED, ABORTED is final), and a batch of this run created since bumped the epoch.
+            own = self._first_own[0]
+        else:
+            own = self.ledger.latest_batch_for_run(self.pipeline_id, run_id)
+        self._first_own = []
         if own is not None and own.state is BatchState.ABORTED:  # replay exactly its range, or nothing
-            return self._replan(own, run_id)
-        epoch = self._epoch()  # before reading the batches: see IntervalPlanner._plan_once
-        in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED, BatchState.PREPARED])
+            return self._replan(own, run_id, epoch)
+        # The batches in flight as open_work read them (after the epoch), unless recovery committed or aborted some.
+        in_flight = (self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED, BatchState.PREPARED])
+                     if work.prepared else work.in_flight)
         if any(b.state is BatchState.PREPARED for b in in_flight):
             raise FencedError("a batch became PREPARED while planning", retriable=True)
         positions = self.ledger.committed_positions(self.pipeline_id)
@@ -223,7 +255,9 @@ class ContinuationPlanner(Planner):
         fault_point("plan.after_ledger")
         return PlanOutcome("planned", batch, f"planned {batch.describe()}")
 
-    def _replan(self, aborted: Batch, run_id: str) -> PlanOutcome:
+    def _replan(self, aborted: Batch, run_id: str, epoch: int) -> PlanOutcome:
+        """Plan the range of the run's ABORTED batch again, unless it is no longer where the positions stand.
+        `epoch` was read before the batches (see _epoch)."""
         later = [b for b in self.ledger.list_batches(self.pipeline_id, [BatchState.COMMITTED], limit=1)
                  if b.seq > aborted.seq]
         if later:
@@ -240,7 +274,6 @@ class ContinuationPlanner(Planner):
                        "writes nothing, the next runs continue from there")
             self.ledger.record_event(self.pipeline_id, aborted.seq, "replay-noop", message)
             return PlanOutcome("superseded", None, message)
-        epoch = self._epoch()
         in_flight = self.ledger.list_batches(self.pipeline_id, [BatchState.PLANNED])
         self.superseded = tuple(b.seq for b in in_flight)
         batch = self.ledger.create_batch(self.pipeline_id, run_id, aborted.ranges, expected_epoch=epoch,

@@ -25,7 +25,7 @@ from typing import Callable
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import FencedError, SinkError, TransactionLostError
 from airflow_exactly_once.core.faults import fault_point
-from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger
+from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger, OpenWork
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import AUTO_PRUNE_BATCHES, AUTO_PRUNE_MIN, Retention, prune
 from airflow_exactly_once.core.rewind import finish_retractions
@@ -58,16 +58,20 @@ class BatchCoordinator:
 
     # -- recovery (the plan step, before anything new) ------------------------------
 
-    def recover(self, batches: list[Batch] | None = None) -> list[str]:
+    def recover(self, batches: list[Batch] | None = None, work: OpenWork | None = None) -> list[str]:
         """Commit (or find lost) every PREPARED batch before anything new is planned.
 
         Also finishes retractions a rewind recorded but could not complete, so that no
-        new batch rewrites a range whose old output is still visible.
+        new batch rewrites a range whose old output is still visible. `work`: what the caller
+        just read of the ledger (Ledger.open_work), read here when None; `batches`: the PREPARED
+        batches to commit, by default those of `work`.
         """
-        results = finish_retractions(self.ledger, self.sink, self.pipeline_id)
-        results += self.release_aborted()
+        if work is None:
+            work = self.ledger.open_work(self.pipeline_id)
+        results = finish_retractions(self.ledger, self.sink, self.pipeline_id, work.retractions)
+        results += self.release_aborted(work.releases)
         if batches is None:
-            batches = self.ledger.list_batches(self.pipeline_id, [BatchState.PREPARED], newest_first=False)
+            batches = work.prepared
         for batch in batches:
             log.info("recovery: %s was left PREPARED by run %s; committing it", batch.describe(), batch.run_id)
             try:
@@ -226,10 +230,13 @@ class BatchCoordinator:
         self.ledger.update_details(batch.id, **{RELEASE_PENDING: None})
         return f"{stopped}; {outcome}" if stopped else outcome
 
-    def release_aborted(self) -> list[str]:
-        """Finish the releases that aborts, supersedes or dead processes left pending."""
+    def release_aborted(self, pending: list[Batch] | None = None) -> list[str]:
+        """Finish the releases that aborts, supersedes or dead processes left pending.
+
+        `pending`: those batches as the caller just read them (Ledger.open_work); None reads them here.
+        """
         results = []
-        for batch in self.ledger.pending_releases(self.pipeline_id):
+        for batch in self.ledger.pending_releases(self.pipeline_id) if pending is None else pending:
             outcome = self.release(batch)
             log.info("recovery: released what ABORTED batch %s staged: %s", batch.seq, outcome)
             results.append(f"batch {batch.seq} released: {outcome}")

@@ -93,9 +93,8 @@ def prune(ledger: Ledger, pipeline_id: str, retention: Retention, *, dry_run: bo
     """Prune what `retention` lets go, `chunk` batches per transaction, at most `max_batches` in all; nothing
     unless at least `min_batches` may go."""
     keep = retention.keep(now)
-    floor = ledger.retention_floor(pipeline_id).batch_seq
+    floor, limit = ledger.prune_bounds(pipeline_id, keep, min_batches)
     report = PruneReport(pipeline_id, retention, dry_run, floor)
-    limit = ledger.prune_limit(pipeline_id, keep)
     if limit - floor < min_batches:
         limit = floor
     if max_batches is not None and limit > floor + max_batches:

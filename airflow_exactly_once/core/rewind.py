@@ -129,10 +129,13 @@ def apply_rewind(ledger: Ledger, sink: Sink, plan: RewindPlan, reason: str) -> l
     return finish_retractions(ledger, sink, plan.pipeline_id)
 
 
-def finish_retractions(ledger: Ledger, sink: Sink, pipeline_id: str) -> list[str]:
-    """Withdraw the output of RETRACTED batches not yet confirmed withdrawn. Idempotent."""
+def finish_retractions(ledger: Ledger, sink: Sink, pipeline_id: str, pending: list[Batch] | None = None) -> list[str]:
+    """Withdraw the output of RETRACTED batches not yet confirmed withdrawn. Idempotent.
+
+    `pending`: those batches as the caller just read them (Ledger.open_work); None reads them here.
+    """
     done = []
-    for batch in ledger.pending_retractions(pipeline_id):
+    for batch in ledger.pending_retractions(pipeline_id) if pending is None else pending:
         message = sink.retract(batch, sink.committable(batch.handles))
         ledger.update_details(batch.id, output_retracted=True)
         done.append(f"batch {batch.seq}: {message}")

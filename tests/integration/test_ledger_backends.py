@@ -124,6 +124,22 @@ def commit(ledger: Ledger, pid: str, seq_ranges: list[OffsetRange], epoch: int) 
     return claimed.epoch
 
 
+def test_the_batches_that_writes_return_are_the_batches_the_ledger_reads(ledger, pid):
+    """create_batch, claim and mark_prepared return the row their statement wrote (RETURNING), not a read after
+    it: with the database's own types (timestamps with their zone on PostgreSQL, without on SQLite)."""
+    ledger.ensure_pipeline(pid, "fp", {})
+    planned = ledger.create_batch(pid, "run-1", ranges(0, 10), expected_epoch=0, details={"a": 1})
+    assert planned == ledger.get_batch(planned.id)
+    claimed = ledger.claim(planned.id)
+    assert claimed == ledger.get_batch(planned.id)
+    prepared = ledger.mark_prepared(planned.id, claimed.epoch, {"h": 1}, 2, 3)
+    assert prepared == ledger.get_batch(planned.id) and prepared.ranges == tuple(ranges(0, 10))
+    other = ledger.create_batch(pid, "run-2", ranges(10, 20), expected_epoch=prepared.epoch)
+    claimed = ledger.claim(other.id)
+    prepared = ledger.mark_prepared(other.id, claimed.epoch, {}, 1, 1, details={"b": 2})
+    assert prepared == ledger.get_batch(other.id) and prepared.details == {"b": 2}
+
+
 def test_a_thousand_partitions_register_in_a_few_statements(ledger, pid):
     ledger.ensure_pipeline(pid, "fp", {})
     ledger.register_partitions(pid, {("t", 0): (7, "startup mode earliest")})
@@ -146,8 +162,11 @@ def test_positions_of_many_partitions_read_the_newest_batch_only(ledger, pid):
     sent = statements_on(ledger)
     assert ledger.committed_positions(pid) == {("t", p): 400 for p in range(wide)}
     offset_reads = [params for statement, params in sent if "aeo_batch_offset" in statement]
-    # pipeline_id and the batch numbers asked for: the newest batch covers every partition, so one number.
-    assert [len(params) for params in offset_reads] == [2]
+    # One statement reads the page of newest committed batches with their ranges; the newest batch covers every
+    # partition, so that page is the first one, of one batch (LIMIT 1), and no second page is read.
+    assert len(offset_reads) == 1
+    values = list(offset_reads[0].values() if isinstance(offset_reads[0], dict) else offset_reads[0])
+    assert values.count(1) == 1 and 4 not in values, values
 
 
 def test_a_partition_last_covered_long_ago_keeps_its_position(ledger, pid):
@@ -380,6 +399,63 @@ def test_a_run_whose_write_finishes_while_another_plans_is_recovered_not_failed(
     assert outcome.action == "empty"  # A's batch took every offset there was; B found nothing new
     assert run_b.ledger.committed_positions(pid) == {("t", 0): 10, ("t", 1): 10}
     for pipe in (run_a, run_b):
+        pipe.ledger.engine.dispose()
+
+
+def _pipes(ledger_url: str, pid: str, tmp_path) -> tuple[Pipe, Pipe, FakeSource]:
+    """Two tasks of one pipeline, each with its own ledger connection, over one fake source."""
+    config = pipeline_config(pid, ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
+                             max_records_per_partition=5)
+    source = FakeSource({("t", 0): 10, ("t", 1): 10})
+    return (Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of),
+            Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of), source)
+
+
+def test_a_run_that_plans_after_the_first_epoch_read_makes_the_plan_plan_again(ledger_url, pid, tmp_path):
+    """A plan's first attempt expects the epoch its first read of the pipeline row found (Planner._epoch), not
+    one read later. Run A plans while run B's first attempt asks Kafka (after B read the epoch, its own batch and
+    the batches in flight): B's record must fail its compare-and-set and B plan again, superseding A's batch,
+    not record a second batch of the same range beside it."""
+    run_a, run_b, source = _pipes(ledger_url, pid, tmp_path)
+    raced: list = []
+
+    def a_plans_meanwhile():
+        if not raced:
+            raced.append(run_a.plan("a").batch)
+        return source
+
+    run_b.source_factory = a_plans_meanwhile
+    outcome = run_b.plan("b")
+    a = raced[0]
+    assert outcome.action == "planned" and outcome.superseded == (a.seq,)
+    assert run_b.state(a.id) is BatchState.ABORTED and outcome.batch.ranges == a.ranges
+    assert [b.seq for b in run_b.ledger.list_batches(pid, [BatchState.PLANNED])] == [outcome.batch.seq]
+    for pipe in (run_a, run_b):
+        pipe.ledger.engine.dispose()
+
+
+def test_a_batch_of_the_same_run_recorded_after_its_first_read_is_replayed_on_the_next_attempt(ledger_url, pid,
+                                                                                                tmp_path):
+    """A plan's first attempt takes the run's own batch as _settled read it (none). Another attempt of the same
+    run (a zombie task) records a batch and has it aborted while this attempt asks Kafka: the compare-and-set
+    fails, and the next attempt reads the run's batch again and replays exactly its range ("replanned"),
+    rather than planning the run anew."""
+    zombie, run_b, source = _pipes(ledger_url, pid, tmp_path)
+    raced: list = []
+
+    def zombie_plans_and_aborts():
+        if not raced:
+            raced.append(zombie.plan("b").batch)
+            zombie.abort(raced[0].id)
+            source.ends[("t", 0)] = 100  # a new plan would now read further; a replay must not
+        return source
+
+    run_b.source_factory = zombie_plans_and_aborts
+    outcome = run_b.plan("b")
+    old = raced[0]
+    assert outcome.action == "replanned" and outcome.batch.ranges == old.ranges
+    assert outcome.batch.details == {"replays": old.seq}
+    for pipe in (zombie, run_b):
         pipe.ledger.engine.dispose()
 
 

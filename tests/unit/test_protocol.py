@@ -171,3 +171,28 @@ def test_lost_output_is_released_before_the_batch_is_aborted(pipe):
         pipe.commit(batch.id)
     assert seen == [(pipe.sink.committable(prepared.handles), BatchState.PREPARED)]
     assert pipe.state(batch.id) is BatchState.ABORTED and pipe.ledger.pending_releases("p") == []
+
+
+@pytest.mark.parametrize("returning", [True, False])
+def test_the_batches_that_writes_return_are_the_batches_the_ledger_reads(pipe, monkeypatch, returning):
+    """create_batch, claim and mark_prepared build their Batch from the row their statement returned (RETURNING)
+    rather than reading it again; a database without RETURNING (SQLite before 3.35) reads it. Either way the
+    caller gets exactly what a later read finds."""
+    dialect = pipe.ledger.engine.dialect
+    if not returning:
+        monkeypatch.setattr(dialect, "insert_returning", False)
+        monkeypatch.setattr(dialect, "update_returning", False)
+    assert dialect.insert_returning is returning and dialect.update_returning is returning
+    planned = pipe.plan("r1").batch
+    assert planned == pipe.ledger.get_batch(planned.id) and len(planned.ranges) == 2
+    claimed = pipe.claim(planned.id)
+    assert claimed == pipe.ledger.get_batch(planned.id) and claimed.epoch > planned.epoch
+    prepared = pipe.coordinator.prepare(claimed, pipe.stage(None, claimed), 10, 10, details={"note": 1})
+    assert prepared == pipe.ledger.get_batch(planned.id) and prepared.details == {"note": 1}
+    assert prepared.state is BatchState.PREPARED and prepared.ranges == planned.ranges
+    pipe.commit(planned.id)
+    assert pipe.state(planned.id) is BatchState.COMMITTED
+    replanned = pipe.plan("r2").batch
+    assert replanned == pipe.ledger.get_batch(replanned.id) and replanned.ranges[0].start == 5
+    written = pipe.write(replanned.id)  # prepared without details: its ranges are read with its row
+    assert written == pipe.ledger.get_batch(replanned.id) and written.ranges == replanned.ranges

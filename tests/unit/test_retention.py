@@ -11,6 +11,7 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+import sqlalchemy as sa
 
 from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core import protocol
@@ -287,14 +288,21 @@ def test_notify_complete_prunes_only_once_enough_may_go(tmp_path, monkeypatch):
     config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=10, retention_batches=2, retention_days=None)
     pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
-    floors = []
+    floors, reads = [], []
+    sent: list[str] = []
+    sa.event.listen(pipe.ledger.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))
     for i in range(9):
         batch = pipe.plan(f"r{i}").batch
         pipe.write(batch.id)
         pipe.commit(batch.id)
+        sent.clear()
         pipe.coordinator.retain()
+        reads.append(len([s for s in sent if "aeo_" in s]))
         floors.append(pipe.ledger.retention_floor("c").batch_seq)
     assert floors == [0, 0, 0, 0, 0, 4, 4, 4, 4]  # batches 1..4 go together, after the 6th commit
+    # Until 4 batches may go, retain reads the floor (and its offsets, once there is one) and the newest batch
+    # number only (Ledger.prune_bounds), not the queries of the limit.
+    assert reads[:5] == [2] * 5 and reads[6:] == [3] * 3 and reads[5] > 10, reads
 
 
 def test_prune_cli_dry_run_then_execute(ledger, capsys):

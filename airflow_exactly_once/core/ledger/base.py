@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from contextlib import AbstractContextManager
 from typing import Any, Iterable, TypeVar
 
 import sqlalchemy as sa
@@ -16,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import FencedError, IllegalTransitionError
 from airflow_exactly_once.core.ledger import versioning
-from airflow_exactly_once.core.ledger.engine import create_ledger_engine
+from airflow_exactly_once.core.ledger.engine import create_ledger_engine, read_connection
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
@@ -104,8 +105,12 @@ class LedgerBase:
 
     def schema_version(self) -> versioning.SchemaVersion:
         """Where the schema stands (read only)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return versioning.schema_version(conn)
+
+    def _reading(self) -> AbstractContextManager[Connection]:
+        """A connection for reads only (engine.read_connection: no transaction on PostgreSQL at READ COMMITTED)."""
+        return read_connection(self.engine)
 
     def _event(self, conn: Connection, pipeline_id: str, batch_seq: int | None, kind: str, message: str) -> None:
         self._events(conn, pipeline_id, kind, [(batch_seq, message)])
@@ -144,7 +149,9 @@ class LedgerBase:
         return expected_epoch + 1
 
     def _set_state(self, conn: Connection, batch_id: BatchId, expected: BatchState, target: BatchState,
-                   epoch: int | None = None, **values: Any) -> None:
+                   epoch: int | None = None, **values: Any) -> Any:
+        """The compare-and-set of a batch's state (and the writer's epoch); returns the row as written where the
+        database returns it (_write_row), else None."""
         check_transition(expected, target)
         if values.get("error"):
             values["error"] = self.scrubbed(values["error"])
@@ -152,9 +159,10 @@ class LedgerBase:
                  batches.c.state == expected.value]
         if epoch is not None:
             where.append(batches.c.epoch == epoch)
-        result = conn.execute(batches.update().where(*where).values(state=target.value, updated_at=utc_now(), **values))
-        if result.rowcount == 1:
-            return
+        count, row = self._write_row(conn, batches.update().where(*where)
+                                     .values(state=target.value, updated_at=utc_now(), **values))
+        if count == 1:
+            return row
         current = self._require(conn, batch_id)
         if epoch is not None and current.epoch != epoch:
             raise FencedError(f"batch {batch_id} is held by epoch {current.epoch}, this writer holds {epoch}: "
@@ -201,14 +209,19 @@ class LedgerBase:
                      .order_by(batches.c.batch_seq.desc()).limit(page))
             if below is not None:
                 query = query.where(batches.c.batch_seq < below)
-            seqs = [r[0] for r in conn.execute(query)]
+            # The page's batches with their ranges in one statement (a batch without ranges still shows, once).
+            newest = query.subquery()
+            rows = conn.execute(sa.select(newest.c.batch_seq, batch_offsets.c.topic, batch_offsets.c.partition,
+                                          batch_offsets.c.end_offset)
+                                .select_from(newest.outerjoin(batch_offsets, sa.and_(
+                                    batch_offsets.c.pipeline_id == pipeline_id,
+                                    batch_offsets.c.batch_seq == newest.c.batch_seq)))).all()
+            seqs = sorted({row.batch_seq for row in rows}, reverse=True)
             if not seqs:
                 break
-            rows = conn.execute(sa.select(batch_offsets.c.batch_seq, batch_offsets.c.topic, batch_offsets.c.partition,
-                                          batch_offsets.c.end_offset)
-                                .where(batch_offsets.c.pipeline_id == pipeline_id, batch_offsets.c.batch_seq.in_(seqs)))
             for row in sorted(rows, key=lambda r: -r.batch_seq):
-                found.setdefault((row.topic, row.partition), (row.batch_seq, row.end_offset))
+                if row.topic is not None:
+                    found.setdefault((row.topic, row.partition), (row.batch_seq, row.end_offset))
             if not wanted:  # partitions never registered (batches recorded directly): the newest batch names them
                 wanted = set(found)
             if wanted <= set(found) or len(seqs) < page:
@@ -254,11 +267,36 @@ class LedgerBase:
         for o in conn.execute(sa.select(batch_offsets).where(batch_offsets.c.pipeline_id == pipeline_id,
                                                              batch_offsets.c.batch_seq.in_(list(rows)))):
             ranges.setdefault(o.batch_seq, []).append(OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset))
-        return [Batch(
+        return [LedgerBase._batch_of(row, ranges.get(seq, ())) for seq in seqs if (row := rows.get(seq)) is not None]
+
+    @staticmethod
+    def _batch_of(row: Any, ranges: Iterable[OffsetRange]) -> Batch:
+        """The Batch of an aeo_batch row (read, or returned by the statement that wrote it) and its ranges."""
+        return Batch(
             pipeline_id=row.pipeline_id, seq=row.batch_seq, run_id=row.run_id, state=BatchState(row.state),
-            epoch=row.epoch, ranges=tuple(sorted(ranges.get(seq, ()))),
+            epoch=row.epoch, ranges=tuple(sorted(ranges)),
             handles=json.loads(row.handles) if row.handles else None,
             input_records=row.input_records, output_records=row.output_records, error=row.error,
             created_at=row.created_at, updated_at=row.updated_at,
             details=json.loads(row.details) if row.details else {},
-        ) for seq in seqs if (row := rows.get(seq)) is not None]
+        )
+
+    @staticmethod
+    def _write_row(conn: Connection, statement: Any) -> tuple[int, Any]:
+        """Run an INSERT or UPDATE of one aeo_batch row: (rows it changed, the row as written, or None).
+
+        With RETURNING (PostgreSQL; SQLite 3.35 and later) the row comes back with the statement, sparing the read
+        that loading the batch after it would cost (the caller knows the ranges); without, the row is None and the
+        caller loads the batch.
+        """
+        returning = conn.dialect.insert_returning if statement.is_insert else conn.dialect.update_returning
+        if not returning:
+            return conn.execute(statement).rowcount, None
+        row = conn.execute(statement.returning(*batches.c)).first()
+        return (0, None) if row is None else (1, row)
+
+    @staticmethod
+    def _ranges_of(conn: Connection, batch_id: BatchId) -> list[OffsetRange]:
+        return [OffsetRange(o.topic, o.partition, o.start_offset, o.end_offset) for o in conn.execute(
+            sa.select(batch_offsets).where(batch_offsets.c.pipeline_id == batch_id.pipeline_id,
+                                           batch_offsets.c.batch_seq == batch_id.seq))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 import sqlalchemy as sa
@@ -22,18 +23,30 @@ from airflow_exactly_once.core.states import BatchState, check_initial
 # A batch detail: the batch is ABORTED but what it staged is still to be taken away (BatchCoordinator.release);
 # None once it was.
 RELEASE_PENDING = "release_pending"
+# A batch detail: False while a RETRACTED batch's output is still to be withdrawn from the sink.
+OUTPUT_RETRACTED = "output_retracted"
+
+
+@dataclass(frozen=True)
+class OpenWork:
+    """What a plan's recovery finishes and what is in flight, as one read found them (BatchLedger.open_work)."""
+
+    retractions: list[Batch]  # RETRACTED, output not yet withdrawn (pending_retractions), oldest first
+    releases: list[Batch]  # ABORTED, staged output not yet taken away (pending_releases), oldest first
+    prepared: list[Batch]  # PREPARED, oldest first
+    in_flight: list[Batch]  # PLANNED and PREPARED, newest first (list_batches' order)
 
 
 class BatchLedger(LedgerBase):
     """Batches: reading them, creating them and moving them through their states."""
 
     def get_batch(self, batch_id: BatchId) -> Batch:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._require(conn, batch_id)
 
     def find_batch(self, batch_id: BatchId) -> Batch | None:
         """The batch, or None when the ledger has no such batch (never had it, or retention pruned it)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._load(conn, batch_id)
 
     def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None,
@@ -44,7 +57,7 @@ class BatchLedger(LedgerBase):
         if limit is not None:  # the newest (or oldest) few: an index range in batch order
             query = query.order_by(batches.c.batch_seq.desc() if newest_first else batches.c.batch_seq.asc())
             query = query.limit(limit)
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             # Without a limit, sorted here: an ORDER BY over several states would make the database walk
             # every batch in order rather than read each state's index range.
             seqs = sorted((r[0] for r in conn.execute(query)), reverse=newest_first)
@@ -53,7 +66,7 @@ class BatchLedger(LedgerBase):
     def latest_batch_for_run(self, pipeline_id: str, run_id: str) -> Batch | None:
         query = (sa.select(sa.func.max(batches.c.batch_seq))
                  .where(batches.c.pipeline_id == pipeline_id, batches.c.run_id == run_id))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             seq = conn.execute(query).scalar()
             return None if seq is None else self._load(conn, BatchId(pipeline_id, seq))
 
@@ -83,19 +96,30 @@ class BatchLedger(LedgerBase):
                     raise FencedError(f"{exc}; planning again", retriable=True) from exc
                 self._event(conn, pipeline_id, seq, "superseded",
                             f"batch {seq} was still PLANNED and was taken over by run {run_id}")
-            seq = self._last_seq(conn, pipeline_id) + 1
             now = utc_now()
-            conn.execute(batches.insert().values(
-                pipeline_id=pipeline_id, batch_seq=seq, run_id=run_id, state=state.value,
-                epoch=epoch, details=dumps(details or {}), created_at=now, updated_at=now))
+            values = dict(pipeline_id=pipeline_id, run_id=run_id, state=state.value, epoch=epoch,
+                          details=dumps(details or {}), created_at=now, updated_at=now)
+            if conn.dialect.insert_returning:
+                # The next number within the INSERT, which returns it: no batch of the pipeline can be recorded
+                # in between either way, as this transaction holds the pipeline row it updated (the epoch).
+                next_seq = (sa.select(sa.func.coalesce(sa.func.max(batches.c.batch_seq), 0) + 1)
+                            .where(batches.c.pipeline_id == pipeline_id).scalar_subquery())
+                _, created = self._write_row(conn, batches.insert().values(batch_seq=next_seq, **values))
+                seq = created.batch_seq
+            else:
+                seq, created = self._last_seq(conn, pipeline_id) + 1, None
+                conn.execute(batches.insert().values(batch_seq=seq, **values))
             if interval is not None:
                 conn.execute(batch_intervals.insert().values(pipeline_id=pipeline_id, batch_seq=seq,
                                                              interval_start=interval[0], interval_end=interval[1]))
             self._insert_resets(conn, pipeline_id, resets or {}, seq - 1, "data-loss-skip")
+            ranges = sorted(ranges)
             rows = [dict(pipeline_id=pipeline_id, batch_seq=seq, topic=r.topic, partition=r.partition,
-                         start_offset=r.start, end_offset=r.end) for r in sorted(ranges)]
+                         start_offset=r.start, end_offset=r.end) for r in ranges]
             if rows:
                 conn.execute(batch_offsets.insert(), rows)
+            if created is not None:
+                return self._batch_of(created, ranges)
             return self._load(conn, BatchId(pipeline_id, seq))
 
     def claim(self, batch_id: BatchId) -> Batch:
@@ -108,14 +132,14 @@ class BatchLedger(LedgerBase):
             pipeline_epoch = conn.execute(sa.select(pipelines.c.epoch)
                                           .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar()
             epoch = self._bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
-            result = conn.execute(
+            count, row = self._write_row(conn, (
                 batches.update()
                 .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq,
                        batches.c.state == BatchState.PLANNED.value, batches.c.epoch == current.epoch)
-                .values(epoch=epoch, updated_at=utc_now()))
-            if result.rowcount != 1:
+                .values(epoch=epoch, updated_at=utc_now())))
+            if count != 1:
                 raise FencedError(f"batch {batch_id} changed while being claimed", retriable=True)
-            return self._load(conn, batch_id)
+            return self._batch_of(row, current.ranges) if row is not None else self._load(conn, batch_id)
 
     def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
                       input_records: int | None, output_records: int | None,
@@ -124,10 +148,15 @@ class BatchLedger(LedgerBase):
         with self.engine.begin() as conn:
             values: dict[str, Any] = {"handles": dumps(handles), "input_records": input_records,
                                       "output_records": output_records}
+            ranges = None
             if details:
-                values["details"] = dumps({**self._require(conn, batch_id).details, **details})
-            self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
-            return self._load(conn, batch_id)
+                current = self._require(conn, batch_id)
+                values["details"] = dumps({**current.details, **details})
+                ranges = current.ranges
+            row = self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
+            if row is None:
+                return self._load(conn, batch_id)
+            return self._batch_of(row, self._ranges_of(conn, batch_id) if ranges is None else ranges)
 
     def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:
         """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED.
@@ -136,10 +165,13 @@ class BatchLedger(LedgerBase):
         go COMMITTED -> RETRACTED in the same transaction.
         """
         with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
-            if current.state is BatchState.COMMITTED:
-                return False
-            self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            # The compare-and-set first: the batch is read only when it fails (already COMMITTED, or not PREPARED).
+            try:
+                self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
+            except FencedError:
+                if self._require(conn, batch_id).state is BatchState.COMMITTED:
+                    return False
+                raise
             for seq in retracts:
                 old = self._require(conn, BatchId(batch_id.pipeline_id, seq))
                 if old.state is BatchState.COMMITTED:
@@ -168,13 +200,39 @@ class BatchLedger(LedgerBase):
             self._event(conn, batch_id.pipeline_id, batch_id.seq, "aborted", reason[:4000])
             return True
 
+    def open_work(self, pipeline_id: str) -> OpenWork:
+        """pending_retractions, pending_releases and the batches in flight in one query (and one more to load
+        them when there are any): what a plan reads before it decides, three reads before."""
+        details = batches.c.details
+        query = (sa.select(batches.c.batch_seq)
+                 .where(batches.c.pipeline_id == pipeline_id,
+                        batches.c.state.in_([BatchState.PLANNED.value, BatchState.PREPARED.value,
+                                             BatchState.RETRACTED.value, BatchState.ABORTED.value]),
+                        sa.or_(batches.c.state.in_([BatchState.PLANNED.value, BatchState.PREPARED.value]),
+                               sa.and_(batches.c.state == BatchState.RETRACTED.value,
+                                       details.contains(f'"{OUTPUT_RETRACTED}"')),
+                               sa.and_(batches.c.state == BatchState.ABORTED.value,
+                                       details.contains(f'"{RELEASE_PENDING}"')))))
+        with self._reading() as conn:
+            seqs = sorted(r[0] for r in conn.execute(query))
+            found = self._load_many(conn, pipeline_id, seqs)
+
+        def having(state: BatchState) -> list[Batch]:
+            return [b for b in found if b.state is state]
+
+        return OpenWork(
+            retractions=[b for b in having(BatchState.RETRACTED) if not b.details.get(OUTPUT_RETRACTED, True)],
+            releases=[b for b in having(BatchState.ABORTED) if b.details.get(RELEASE_PENDING)],
+            prepared=having(BatchState.PREPARED),
+            in_flight=[b for b in reversed(found) if b.state in (BatchState.PLANNED, BatchState.PREPARED)])
+
     def pending_releases(self, pipeline_id: str) -> list[Batch]:
         """ABORTED batches whose staged output (transactions, folders, snapshots) was not yet taken away."""
         query = (sa.select(batches.c.batch_seq)
                  .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.ABORTED.value,
                         batches.c.details.contains(f'"{RELEASE_PENDING}"'))
                  .order_by(batches.c.batch_seq))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             found = self._load_many(conn, pipeline_id, [r[0] for r in conn.execute(query)])
         return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
 
@@ -189,11 +247,11 @@ class BatchLedger(LedgerBase):
     def pending_retractions(self, pipeline_id: str) -> list[Batch]:
         """RETRACTED batches whose output the sink has not confirmed removed yet."""
         return [b for b in self.list_batches(pipeline_id, [BatchState.RETRACTED], newest_first=False)
-                if not b.details.get("output_retracted", True)]
+                if not b.details.get(OUTPUT_RETRACTED, True)]
 
     def run_ids(self, pipeline_id: str) -> set[str]:
         """Every Airflow run id that recorded a batch of the pipeline."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return {r[0] for r in conn.execute(sa.select(batches.c.run_id).distinct()
                                                .where(batches.c.pipeline_id == pipeline_id))}
 
@@ -201,10 +259,10 @@ class BatchLedger(LedgerBase):
         """{state: how many batches of the pipeline are in it}."""
         query = (sa.select(batches.c.state, sa.func.count()).where(batches.c.pipeline_id == pipeline_id)
                  .group_by(batches.c.state))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return {state: count for state, count in conn.execute(query)}
 
     def last_batch_seq(self, pipeline_id: str) -> int:
         """The newest batch number of the pipeline (0 before its first batch)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._last_seq(conn, pipeline_id)

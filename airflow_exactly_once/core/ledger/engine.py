@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 
@@ -74,8 +75,40 @@ def _read_only_engine(url: str) -> Engine:
     return engine
 
 
+@contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection for statements that only read, without a transaction where that changes nothing.
+
+    PostgreSQL at READ COMMITTED (its default): each statement sees what was committed before it began, inside
+    a transaction or not, so reads run in autocommit mode and save the BEGIN and the ROLLBACK, two of a read's
+    three round trips. Under a stricter isolation level, whose transactions share one snapshot between their
+    statements, and on SQLite, whose every transaction takes the write lock (create_ledger_engine) and so
+    serialises a read with the writers, reads keep their transaction. Every compare-and-set and every read
+    inside one stays in a write transaction (engine.begin()), as before.
+    """
+    with engine.connect() as conn:
+        dialect = conn.dialect
+        if not (dialect.name == "postgresql" and dialect.driver == "psycopg2"
+                and dialect.default_isolation_level == "READ COMMITTED"):
+            yield conn
+            return
+        # psycopg2's own switch, not SQLAlchemy's isolation_level option: resetting that one on the way back to
+        # the pool sends a SET, a round trip of its own, where turning autocommit off again sends nothing.
+        dbapi_conn = conn.connection.dbapi_connection
+        dbapi_conn.autocommit = True
+        try:
+            yield conn
+        finally:
+            if not dbapi_conn.closed:  # a connection lost meanwhile is discarded by the pool
+                dbapi_conn.autocommit = False
+
+
 def _server_engine(url: str, **options: Any) -> Engine:
     """An engine on a database server (PostgreSQL); a driver missing for want of the extra says which extra."""
+    if sa.engine.make_url(url).get_driver_name() == "psycopg2":
+        # The ledger has no hstore column: without this psycopg2 looks hstore up on every new connection, three
+        # round trips of every task process (each opens its own engine).
+        options.setdefault("use_native_hstore", False)
     try:
         engine = sa.create_engine(url, **options)
     except ModuleNotFoundError as exc:  # the URL's driver, e.g. psycopg2 without the [postgres] extra

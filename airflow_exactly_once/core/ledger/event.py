@@ -24,5 +24,5 @@ class EventLedger(LedgerBase):
         if kinds is not None:
             query = query.where(events.c.kind.in_(list(kinds)))
         query = query.order_by(events.c.event_id.desc()).limit(limit)
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]

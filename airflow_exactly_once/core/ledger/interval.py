@@ -14,7 +14,7 @@ class IntervalLedger(LedgerBase):
     """Batch intervals and interval boundaries."""
 
     def batch_interval(self, batch_id: BatchId) -> tuple[int, int] | None:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(sa.select(batch_intervals.c.interval_start, batch_intervals.c.interval_end)
                                .where(batch_intervals.c.pipeline_id == batch_id.pipeline_id,
                                       batch_intervals.c.batch_seq == batch_id.seq)).first()
@@ -22,7 +22,7 @@ class IntervalLedger(LedgerBase):
 
     def batch_intervals(self, pipeline_id: str, seqs: list[int]) -> dict[int, tuple[int, int]]:
         """{batch number: its data interval} of those of `seqs` planned by interval, in one query."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(sa.select(batch_intervals.c.batch_seq, batch_intervals.c.interval_start,
                                           batch_intervals.c.interval_end)
                                 .where(batch_intervals.c.pipeline_id == pipeline_id,
@@ -35,7 +35,7 @@ class IntervalLedger(LedgerBase):
         if interval is not None:
             query = query.where(batch_intervals.c.interval_start == interval[0],
                                 batch_intervals.c.interval_end == interval[1])
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             seqs = sorted((r[0] for r in conn.execute(query)), reverse=True)
             return self._load_many(conn, pipeline_id, seqs)
 
@@ -45,22 +45,26 @@ class IntervalLedger(LedgerBase):
         query = sa.select(sa.func.count()).select_from(batches).where(
             batches.c.pipeline_id == pipeline_id,
             batches.c.batch_seq.in_(tied) if with_interval else batches.c.batch_seq.not_in(tied))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return conn.execute(query).scalar() or 0
 
     def newest_batch_mode(self, pipeline_id: str) -> str | None:
         """"interval" or "continuation": how the newest batch was planned (None before the first).
 
-        Planning refuses to switch modes, so the newest batch speaks for all of them; two index lookups,
-        where counting the batches of the other mode would read all of them.
+        Planning refuses to switch modes, so the newest batch speaks for all of them: one statement of two index
+        lookups, where counting the batches of the other mode would read all of them.
         """
-        with self.engine.connect() as conn:
-            seq = self._last_seq(conn, pipeline_id)
-            if not seq:
-                return None
-            tied = conn.execute(sa.select(batch_intervals.c.batch_seq).where(
-                batch_intervals.c.pipeline_id == pipeline_id, batch_intervals.c.batch_seq == seq)).first()
-            return "interval" if tied is not None else "continuation"
+        newest = (sa.select(batches.c.batch_seq, batch_intervals.c.batch_seq.label("tied"))
+                  .select_from(batches.outerjoin(batch_intervals, sa.and_(
+                      batch_intervals.c.pipeline_id == batches.c.pipeline_id,
+                      batch_intervals.c.batch_seq == batches.c.batch_seq)))
+                  .where(batches.c.pipeline_id == pipeline_id)
+                  .order_by(batches.c.batch_seq.desc()).limit(1))
+        with self._reading() as conn:
+            row = conn.execute(newest).first()
+        if row is None:
+            return None
+        return "interval" if row.tied is not None else "continuation"
 
     def fix_boundaries(self, pipeline_id: str, wanted: dict[Boundary, tuple[int, str]]) -> dict[Boundary, int]:
         """The offset of each (partition, time); the first answer recorded wins, for good.
@@ -96,6 +100,6 @@ class IntervalLedger(LedgerBase):
         return result
 
     def list_boundaries(self, pipeline_id: str) -> dict[Boundary, int]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(sa.select(boundaries).where(boundaries.c.pipeline_id == pipeline_id))
             return {((r.topic, r.partition), r.at_ms): r.boundary_offset for r in rows}

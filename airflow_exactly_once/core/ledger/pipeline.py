@@ -26,6 +26,13 @@ class PipelineLedger(LedgerBase):
             return self._ensure_pipeline(pipeline_id, fingerprint, config)
 
     def _ensure_pipeline(self, pipeline_id: str, fingerprint: str, config: dict[str, Any]) -> int:
+        # Every plan calls this, and the row nearly always exists with this fingerprint: read it without a write
+        # transaction (engine.read_connection); the returned epoch is a read like Planner._epoch's either way.
+        with self._reading() as conn:
+            row = conn.execute(sa.select(pipelines.c.epoch, pipelines.c.fingerprint)
+                               .where(pipelines.c.pipeline_id == pipeline_id)).first()
+        if row is not None and row.fingerprint == fingerprint:
+            return row.epoch
         with self.engine.begin() as conn:
             row = conn.execute(sa.select(pipelines).where(pipelines.c.pipeline_id == pipeline_id)).first()
             if row is None:
@@ -56,7 +63,7 @@ class PipelineLedger(LedgerBase):
                          .values(config=dumps(config), updated_at=utc_now()))
 
     def pipeline(self, pipeline_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             row = conn.execute(sa.select(pipelines).where(pipelines.c.pipeline_id == pipeline_id)).first()
         if row is None:
             return None
@@ -65,7 +72,7 @@ class PipelineLedger(LedgerBase):
         return data
 
     def list_pipelines(self) -> list[dict[str, Any]]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return [dict(r._mapping) for r in conn.execute(sa.select(pipelines).order_by(pipelines.c.pipeline_id))]
 
     # -- the DAGs that drive a pipeline ---------------------------------------------
@@ -73,7 +80,7 @@ class PipelineLedger(LedgerBase):
     def record_dag(self, pipeline_id: str, dag_id: str) -> None:
         """Remember that `dag_id` drives `pipeline_id` (once; later calls read only)."""
         key = (pipeline_dags.c.pipeline_id == pipeline_id, pipeline_dags.c.dag_id == dag_id)
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             if conn.execute(sa.select(pipeline_dags.c.dag_id).where(*key)).first() is not None:
                 return
         try:
@@ -87,7 +94,7 @@ class PipelineLedger(LedgerBase):
     def pipeline_dags(self) -> dict[str, set[str]]:
         """{pipeline_id: the DAG ids recorded for it} (pipelines without any are left out)."""
         found: dict[str, set[str]] = {}
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             for row in conn.execute(sa.select(pipeline_dags.c.pipeline_id, pipeline_dags.c.dag_id)):
                 found.setdefault(row.pipeline_id, set()).add(row.dag_id)
         return found

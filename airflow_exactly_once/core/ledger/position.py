@@ -24,7 +24,7 @@ class PositionLedger(LedgerBase):
     """Partition starts, committed positions, position resets and rewinds."""
 
     def initial_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
             return {(r.topic, r.partition): r.initial_offset for r in rows}
 
@@ -51,19 +51,19 @@ class PositionLedger(LedgerBase):
 
     def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
         """Per partition: where the next batch starts (see LedgerBase._positions)."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._positions(conn, pipeline_id)
 
     def retention_floor(self, pipeline_id: str) -> Floor:
         """What retention has pruned of the pipeline (core.retention); batch 0 when nothing."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return self._floor(conn, pipeline_id)
 
     def position_resets(self, pipeline_id: str) -> list[dict[str, Any]]:
         """Recorded position resets, oldest first."""
         query = (sa.select(position_resets).where(position_resets.c.pipeline_id == pipeline_id)
                  .order_by(position_resets.c.reset_id))
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 
     # -- rewinds (the retractions they leave are BatchLedger.pending_retractions) -----

@@ -70,10 +70,21 @@ class Pruned:
 class RetentionLedger(LedgerBase):
     """The prune limit, pruning in chunks, and counting what a prune would remove."""
 
-    def prune_limit(self, pipeline_id: str, keep: Keep) -> int:
-        """The highest batch number that may be pruned now (the current floor when nothing may)."""
-        with self.engine.connect() as conn:
-            return self._limit(conn, pipeline_id, keep, self._floor(conn, pipeline_id))
+    def prune_bounds(self, pipeline_id: str, keep: Keep, min_batches: int = 1) -> tuple[int, int]:
+        """(the floor: the newest batch pruned so far, the highest batch number that may be pruned now), the
+        second the floor when fewer than `min_batches` may go; one read of the floor for both.
+
+        The limit is never above the newest batch less `keep.batches`; when that leaves fewer than `min_batches`
+        above the floor (after most commits: notify_complete waits for AUTO_PRUNE_MIN), the limit's other
+        queries are not asked.
+        """
+        with self._reading() as conn:
+            floor = self._floor(conn, pipeline_id)
+            if keep.batches is not None:
+                highest = self._last_seq(conn, pipeline_id) - keep.batches
+                if highest - floor.batch_seq < min_batches:
+                    return floor.batch_seq, floor.batch_seq
+            return floor.batch_seq, self._limit(conn, pipeline_id, keep, floor)
 
     def prune_chunk(self, pipeline_id: str, keep: Keep, max_batches: int) -> Pruned:
         """Prune at most `max_batches` more batches in one transaction (nothing when the floor is at the limit)."""
@@ -93,7 +104,7 @@ class RetentionLedger(LedgerBase):
 
     def prune_counts(self, pipeline_id: str, through: int) -> Pruned:
         """What pruning up to batch `through` would remove (a dry run); changes nothing."""
-        with self.engine.connect() as conn:
+        with self._reading() as conn:
             floor = self._floor(conn, pipeline_id)
             if through <= floor.batch_seq:
                 return Pruned(through=floor.batch_seq)

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from airflow_exactly_once.core.errors import LedgerVersionError
 from airflow_exactly_once.core.faults import fault_point
+from airflow_exactly_once.core.ledger.engine import read_connection
 from airflow_exactly_once.core.ledger.schema import metadata, pipelines
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> None:
     if engine in _current_engines or _at_head(engine):
         _current_engines.add(engine)
         return
-    with engine.connect() as conn:
+    with read_connection(engine) as conn:
         version = schema_version(conn)
     _refuse_newer(version)
     if version.state != "current":
@@ -191,7 +192,7 @@ def check_readable(engine: Engine) -> bool:
     if engine in _current_engines or _at_head(engine):
         _current_engines.add(engine)
         return True
-    with engine.connect() as conn:
+    with read_connection(engine) as conn:
         version = schema_version(conn)
     _refuse_newer(version)
     if version.state == "empty":
@@ -208,7 +209,7 @@ def _at_head(engine: Engine) -> bool:
     cost each task two more round trips and most of its first statements' compile time). False when it does not,
     or when there is no version table yet: schema_version tells those apart."""
     try:
-        with engine.connect() as conn:
+        with read_connection(engine) as conn:
             return conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == HEAD
     except sa.exc.DBAPIError:  # no version table (an empty or unversioned ledger)
         return False
