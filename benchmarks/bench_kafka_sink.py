@@ -124,11 +124,13 @@ def passthrough(df):
     return df.select("key", "value")
 
 
-def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, workdir: Path) -> dict:
+def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, workdir: Path,
+         producer_config: dict | None = None) -> dict:
     name = f"bench-{guarantee.lower().replace('_', '-')}-{uuid.uuid4().hex[:6]}"
     output = new_topic(bootstrap, f"{name}-out", partitions)
     config = checked(PipelineConfig(pipeline_id=name, topics=[source], bootstrap_servers=bootstrap, guarantee=guarantee,
-                            sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}))
+                            sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000,
+                                  "producer_config": producer_config or {}}))
     coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{workdir / name}.db"), create_sink(config.sink))
     batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), "bench").batch.id
     started = time.perf_counter()
@@ -163,6 +165,8 @@ def main() -> None:
                         help="rounds run first and not counted (the first write of a JVM takes 2-4x as long)")
     parser.add_argument("--bootstrap", help="an existing broker; default: start a local one")
     parser.add_argument("--spark-master", default="local[*]")
+    parser.add_argument("--producer-config", type=json.loads, default={},
+                        help='the sink\'s producer_config for our contenders, JSON, e.g. \'{"linger.ms": 100}\'')
     args = parser.parse_args()
 
     load_before = os.getloadavg()
@@ -188,7 +192,7 @@ def main() -> None:
                 if contender == "spark":
                     result = spark_writer(spark, bootstrap, source, range_batch, reference, args.partitions)
                 else:
-                    result = ours(spark, bootstrap, source, contender, args.partitions, workdir)
+                    result = ours(spark, bootstrap, source, contender, args.partitions, workdir, args.producer_config)
                 result["records_per_s"] = result["records"] / result["seconds"]
                 result["cpu_s"] = meter.lap()
                 label = "warm-up" if n < 0 else f"round {n + 1}"
