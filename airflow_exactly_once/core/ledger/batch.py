@@ -228,13 +228,11 @@ class BatchLedger(LedgerBase):
 
     def pending_releases(self, pipeline_id: str) -> list[Batch]:
         """ABORTED batches whose staged output (transactions, folders, snapshots) was not yet taken away."""
-        query = (sa.select(batches.c.batch_seq)
-                 .where(batches.c.pipeline_id == pipeline_id, batches.c.state == BatchState.ABORTED.value,
-                        batches.c.details.contains(f'"{RELEASE_PENDING}"'))
-                 .order_by(batches.c.batch_seq))
-        with self._reading() as conn:
-            found = self._load_many(conn, pipeline_id, [r[0] for r in conn.execute(query)])
-        return [b for b in found if b is not None and b.details.get(RELEASE_PENDING)]
+        return self.open_work(pipeline_id).releases
+
+    def pending_retractions(self, pipeline_id: str) -> list[Batch]:
+        """RETRACTED batches whose output the sink has not confirmed removed yet."""
+        return self.open_work(pipeline_id).retractions
 
     def update_details(self, batch_id: BatchId, **details: Any) -> None:
         with self.engine.begin() as conn:
@@ -243,11 +241,6 @@ class BatchLedger(LedgerBase):
             conn.execute(batches.update()
                          .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq)
                          .values(details=self.scrubbed(dumps(merged)), updated_at=utc_now()))
-
-    def pending_retractions(self, pipeline_id: str) -> list[Batch]:
-        """RETRACTED batches whose output the sink has not confirmed removed yet."""
-        return [b for b in self.list_batches(pipeline_id, [BatchState.RETRACTED], newest_first=False)
-                if not b.details.get(OUTPUT_RETRACTED, True)]
 
     def run_ids(self, pipeline_id: str) -> set[str]:
         """Every Airflow run id that recorded a batch of the pipeline."""
