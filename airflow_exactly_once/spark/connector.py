@@ -119,6 +119,18 @@ def names_package(artifact: str, conf: Mapping[str, Any], environ: Mapping[str, 
     return any(artifact in defaults.get(key, "") for key in _JAR_KEYS)
 
 
+def user_adds_packages(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the user's own settings ask Spark to resolve packages (`spark.jars.packages`, `--packages`) or
+    name Python files of their own on the command line (`--py-files`)."""
+    environ = os.environ if environ is None else environ
+    args = shlex.split(environ.get("PYSPARK_SUBMIT_ARGS", "") or "")
+    conf_flags = [value for flag, value in zip(args, args[1:]) if flag == "--conf"]
+    in_args = ("--packages" in args or "--py-files" in args
+               or any(value.startswith(("spark.jars.packages", "spark.submit.pyFiles")) for value in conf_flags))
+    return (bool(str(conf.get("spark.jars.packages") or "").strip()) or in_args
+            or bool(_read_defaults(_defaults_file()).get("spark.jars.packages", "").strip()))
+
+
 def names_kafka_connector(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
     """Whether Spark will already load the Kafka connector from the user's own settings."""
     return names_package(CONNECTOR, conf, environ)

@@ -41,3 +41,19 @@ def test_spark_resolves_the_connector_of_the_installed_pyspark(kafka, tmp_path, 
     assert "spark-sql-kafka-0-10" in run.stdout
     resolved = list((tmp_path / "ivy" / "jars").glob("*spark-sql-kafka-0-10*.jar"))
     assert resolved, "Spark did not resolve the connector into the given Ivy folder"
+
+
+def test_the_resolved_connector_jars_stay_off_the_python_workers_path(spark):
+    """Spark adds the jars it resolves from spark.jars.packages to the Python includes as well; the session
+    takes ours off again (they carry no Python), and Python tasks still run (spark.session). The tests' session
+    may load the connector from prefetched jars instead: then there are none to take off."""
+    assert [name for name in spark.sparkContext._python_includes if name.endswith(".jar")] == []
+
+    def pids(batches):
+        import os
+
+        import pyarrow as pa
+        yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in batches)], "pid": [os.getpid()]})
+
+    rows = spark.range(0, 40, 1, 4).mapInArrow(pids, "rows long, pid long").collect()
+    assert sum(r.rows for r in rows) == 40
