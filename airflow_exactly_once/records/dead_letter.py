@@ -57,6 +57,7 @@ class SinkWithDeadLetters(Sink):
         self.guarantees = output.guarantees
         self.supports_retract = output.supports_retract and dead.supports_retract
         self.splits_reads = output.splits_reads and dead.splits_reads
+        self.joins_reads = output.joins_reads and dead.joins_reads
 
     @property
     def guarantee(self) -> str:

@@ -59,7 +59,7 @@ EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 FIRST_BAD = 5  # bad records named in an error or kept in the ledger
 FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
 # A batch is read in more Spark partitions than Kafka's only when each part keeps this many records: each
-# extra task opens a Kafka consumer of its own (read_partitions).
+# extra task opens a Kafka consumer of its own (read_layout).
 SPLIT_PART_RECORDS = 150_000
 
 
@@ -89,17 +89,26 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
     return options
 
 
-def read_batch(spark, batch: Batch, config: PipelineConfig, min_partitions: int | None = None):
-    """The batch's records from Kafka; `min_partitions`: Spark's `minPartitions` (read_partitions), None for one
-    Spark partition per offset range."""
+def read_batch(spark, batch: Batch, config: PipelineConfig, layout: "ReadLayout | None" = None):
+    """The batch's records from Kafka, one Spark partition per offset range unless `layout` (read_layout) says
+    otherwise."""
     options = kafka_read_options(batch, config)
-    if min_partitions:
-        options["minPartitions"] = str(min_partitions)
-    return spark.read.format("kafka").options(**options).load()
+    if layout is not None and layout.parts:
+        options["minPartitions"] = str(layout.parts)
+    frame = spark.read.format("kafka").options(**options).load()
+    return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
 
 
-def read_partitions(spark, batch: Batch, sink: Sink) -> int | None:
-    """How many Spark partitions at least the write reads `batch` into; None: one per offset range.
+@dataclass(frozen=True)
+class ReadLayout:
+    """How the write reads a batch: `parts` (Spark's `minPartitions`) splits few offset ranges into more Spark
+    partitions; `tasks` (a coalesce, no shuffle) reads many ranges several to a Spark partition."""
+    parts: int | None = None
+    tasks: int | None = None
+
+
+def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
+    """How many Spark partitions the write reads `batch` into; None: one per offset range.
 
     With a task per Kafka partition, 3 partitions on 2 cores leave a core idle for the last third of the
     write. When a batch has fewer ranges than twice the cores, each range is read in two or more parts, so
@@ -109,15 +118,21 @@ def read_partitions(spark, batch: Batch, sink: Sink) -> int | None:
     cores, 3 partitions, Avro in the wire format, 1M records read in 6 parts were 10 to 13 % faster, 200,000
     records 40 % slower. Only for sinks whose output does not grow with Spark's partitions
     (Sink.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
+
+    A sink that pays per Spark partition (Sink.joins_reads: a producer and a transaction each) reads a batch of
+    at least twice as many ranges as cores in as many tasks as cores, whole ranges each: the same rounds of
+    the cores, fewer producers and transactions, larger batches to the broker.
     """
-    if not sink.splits_reads or _is_connect(spark):
+    if _is_connect(spark):
         return None
     cores = spark.sparkContext.defaultParallelism
     ranges = sum(1 for r in batch.ranges if r.size > 0)
-    if cores < 2 or ranges >= 2 * cores:
+    if ranges >= 2 * cores:
+        return ReadLayout(tasks=cores) if sink.joins_reads else None
+    if cores < 2 or not sink.splits_reads:
         return None
     parts = cores * -(-2 * ranges // cores)
-    return parts if batch.offset_span >= parts * SPLIT_PART_RECORDS else None
+    return ReadLayout(parts=parts) if batch.offset_span >= parts * SPLIT_PART_RECORDS else None
 
 
 def apply_transform(transform, frame):
@@ -184,7 +199,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     # Observations sit outside our own columns: Spark does not prune columns through them, so an
     # observation above `_source` would copy every key and value once more.
     seen_in, seen_out = Observation("input"), Observation("output")
-    source = read_batch(spark, batch, config, read_partitions(spark, batch, sink))
+    source = read_batch(spark, batch, config, read_layout(spark, batch, sink))
     checks_decoding = records.checks_decoding(config)
     connect = _is_connect(spark)
     # Else _count counts the input; the dead letters of undecodable and of marked records are a union of two

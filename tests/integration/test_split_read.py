@@ -1,4 +1,4 @@
-"""A large batch read split into more Spark partitions than Kafka's (spark.job.read_partitions), on real Kafka
+"""A large batch read split into more Spark partitions than Kafka's (spark.job.read_layout), on real Kafka
 and Spark: split points fall inside transactions, committed and aborted, and next to a bad record; the Parquet
 output still holds every committed record once and nothing aborted, and the bad record goes by its policy."""
 
@@ -55,7 +55,7 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
     p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
              run_writers=run_partition_writers)
     batch = p.plan("run-1").batch
-    assert job.read_partitions(spark, batch, p.sink) == 4  # 2 ranges on local[2]: 2 parts each
+    assert job.read_layout(spark, batch, p.sink) == job.ReadLayout(parts=4)  # 2 ranges on local[2]: 2 parts each
     summary = job.run_write(spark, p.coordinator, batch.id, transform=lambda df: df.select("id"))
     assert (summary["input_records"], summary["bad_records"]) == (len(committed) + 1, 1)
     p.commit(batch.id)

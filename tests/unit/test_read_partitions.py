@@ -1,4 +1,5 @@
-"""Which batches the write reads split into more Spark partitions than Kafka's (spark.job.read_partitions)."""
+"""Which batches the write reads split into more Spark partitions than Kafka's, or joined into fewer
+(spark.job.read_layout)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.spark.job import SPLIT_PART_RECORDS, read_partitions
+from airflow_exactly_once.spark.job import SPLIT_PART_RECORDS, ReadLayout, read_layout
 
 SPARK = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=3))  # a classic session's parallelism
 
@@ -21,6 +22,12 @@ def batch(records: int) -> Batch:
 
 def cores(n: int) -> SimpleNamespace:
     return SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=n))
+
+
+def read_partitions(spark, batch: Batch, sink) -> int | None:
+    layout = read_layout(spark, batch, sink)
+    assert layout is None or layout.tasks is None
+    return None if layout is None else layout.parts
 
 
 def test_a_large_batch_of_a_staged_sink_is_split_into_whole_rounds_of_the_cores(tmp_path):
@@ -49,3 +56,22 @@ def test_sinks_with_a_transaction_per_spark_partition_are_never_split(tmp_path):
     assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), kafka) is None
     assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), SinkWithDeadLetters(parquet, kafka)) is None
     assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), SinkWithDeadLetters(parquet, parquet)) == 6
+
+
+def test_a_sink_paying_per_partition_reads_many_ranges_in_a_task_per_core(tmp_path):
+    kafka = create_sink({"type": "kafka", "topic": "out"})
+    postgres = create_sink({"type": "postgres", "table": "t", "conn_id": "pg"})
+    parquet = create_sink({"type": "parquet", "path": str(tmp_path)})
+    assert read_layout(cores(2), wide(100, 12), kafka) == ReadLayout(tasks=2)  # 12 transactions -> 2
+    assert read_layout(cores(2), wide(100, 4), kafka) == ReadLayout(tasks=2)  # twice the cores: joined
+    assert read_layout(cores(2), wide(100, 3), kafka) is None  # fewer: a task per range
+    assert read_layout(cores(1), wide(100, 2), kafka) == ReadLayout(tasks=1)
+    assert read_layout(cores(8), wide(100, 12), kafka) is None
+    assert read_layout(cores(2), wide(100, 12), SinkWithDeadLetters(kafka, kafka)) == ReadLayout(tasks=2)
+    for other in (parquet, postgres, SinkWithDeadLetters(kafka, parquet)):  # they gain nothing from it
+        assert read_layout(cores(2), wide(100, 12), other) is None
+
+
+def test_a_spark_connect_session_keeps_a_partition_per_range(tmp_path):
+    connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()  # no sparkContext
+    assert read_layout(connect, wide(100, 12), create_sink({"type": "kafka", "topic": "out"})) is None

@@ -66,6 +66,7 @@ class KafkaSink(Sink):
     spec_type = KafkaSpec
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable
+    joins_reads = True  # a producer and a transaction per Spark partition: many ranges are read a core's share each
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
