@@ -29,7 +29,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.kafka import librdkafka, probe
+from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
     TransactionLost,
@@ -48,6 +48,13 @@ from tests.kafka_helpers import (
     transaction_state,
     wait_transactions_ended,
 )
+
+
+@pytest.fixture(autouse=True)
+def no_kept_producers():
+    """AT_LEAST_ONCE / NONE writes in this process keep their producer (producer_pool): not past the test."""
+    yield
+    producer_pool.close_all()
 
 
 @pytest.fixture
@@ -74,7 +81,7 @@ def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
     """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
     sink = create_sink(config.sink)
     writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
-                                  KafkaSettings.of(config))
+                                  KafkaSettings.of(config), sink.producer_config)
     reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
     return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 
@@ -137,6 +144,22 @@ def test_what_each_guarantee_leaves_on_the_topic_after_the_write(kafka, topics):
     assert "committed 2 Kafka transaction(s)" in message
     committed = read_all(kafka.bootstrap_servers, output)
     assert sorted(committed) == sorted(values(20, "eo") + values(10, "eo2") + values(5, "alo") + values(5, "no"))
+
+
+def test_at_least_once_tasks_of_one_worker_share_a_producer_until_one_fails(kafka, topics):
+    """A Python worker keeps its AT_LEAST_ONCE producer from task to task (sinks.kafka.producer_pool); a task
+    whose records were refused fails and does not hand its producer on."""
+    name, source, output = topics
+    config = pipeline(kafka, f"{name}-alo", source, output, guarantee="AT_LEAST_ONCE")
+    producer_pool.close_all()  # what earlier tests of this process left
+    write_batch(config, 1, {0: values(5, "a"), 1: values(5, "b")})
+    assert producer_pool.kept_producers() == 1  # two tasks, one producer
+    too_large = dataclasses.replace(config, sink={**config.sink, "producer_config": {"message.max.bytes": 1000}})
+    with pytest.raises(SinkError, match="MSG_SIZE_TOO_LARGE"):
+        write_batch(too_large, 2, {0: ["x" * 2000]})
+    assert producer_pool.kept_producers() == 1  # the failed task's producer was closed, not kept
+    write_batch(config, 3, {0: values(5, "c")})
+    assert sorted(read_all(kafka.bootstrap_servers, output)) == sorted(values(5, "a") + values(5, "b") + values(5, "c"))
 
 
 @pytest.mark.parametrize("ask_brokers", [True, False], ids=["describe-producers", "delivery-reports"])
@@ -427,3 +450,33 @@ def test_output_without_a_value_column_fails_clearly_and_writes_nothing(kafka, t
     assert coordinator.ledger.get_batch(batch_id).state is BatchState.ABORTED
     assert set(settled_ends(kafka.bootstrap_servers, output).values()) == {0}  # not even aborted records
     assert coordinator.ledger.list_batches(name, [BatchState.PREPARED, BatchState.COMMITTED]) == []
+
+
+def test_many_partitions_are_written_a_transaction_per_core_and_a_crashed_attempt_is_fenced(kafka, spark, tmp_path,
+                                                                                         faults, monkeypatch):
+    """Six input partitions on local[2] are read and written by two tasks (spark.job.read_layout). An attempt
+    that dies after staging leaves its two transactions open; the retry has the same two transactional ids, so
+    initialising them fences and aborts the dead attempt's, and each record is visible once."""
+    from airflow_exactly_once.core.faults import ENV, InjectedFault, arm
+    from airflow_exactly_once.spark.job import ReadLayout, read_layout, run_write
+
+    name = f"ks-{uuid.uuid4().hex[:8]}"
+    source, output = f"{name}-in", f"{name}-out"
+    create_topic(kafka.bootstrap_servers, source, partitions=6)
+    create_topic(kafka.bootstrap_servers, output, partitions=2)
+    sent = produce(kafka.bootstrap_servers, source, 120, partitions=6)
+    pipe, batch_id = planned(kafka, name, source, output, tmp_path)
+    coordinator = pipe.coordinator
+    assert read_layout(spark, coordinator.ledger.get_batch(batch_id), coordinator.sink) == ReadLayout(tasks=2)
+
+    monkeypatch.setenv(ENV, str(faults))
+    arm(faults, "write.after_stage", "raise", times=1)  # staged, never PREPARED: what a killed write leaves
+    with pytest.raises(InjectedFault):
+        run_write(spark, coordinator, batch_id, transform=upper_value)
+    assert run_write(spark, coordinator, batch_id, transform=upper_value)["output_records"] == 120
+
+    batch = coordinator.ledger.get_batch(batch_id)
+    assert sorted(w["partition"] for w in batch.handles["writers"]) == [0, 1]  # two transactions, not six
+    assert "COMMITTED" in coordinator.commit(batch_id)
+    assert_exactly_once([v.upper() for v in sent], read_all(kafka.bootstrap_servers, output))
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 240  # the dead attempt's, aborted

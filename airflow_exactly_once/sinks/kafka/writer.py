@@ -22,7 +22,7 @@ from kafka.errors import KafkaError
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks.kafka import librdkafka, probe
+from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError, TransactionHandle
 
@@ -95,11 +95,9 @@ class KafkaPartitionWriter(PartitionWriter):
         """Send the records under the sink's guarantee; the partition's report."""
         if self.guarantee != "EXACTLY_ONCE":
             deliveries = _Deliveries(firsts=False)  # nothing is committed later: only errors matter
-            producer = self._producer(None, deliveries if self.guarantee != "NONE" else None)
-            try:
+            with producer_pool.borrowed({**self.settings.librdkafka(), **self.producer_config}, self.guarantee,
+                                        deliveries if self.guarantee != "NONE" else None) as producer:
                 count = self._deliver(producer, partition, columns, deliveries, exactly_once=False)
-            finally:
-                _give_up(producer, exactly_once=False)
             return PartitionReport(partition, count, ())
         with contextlib.closing(KafkaAdminClient(**self.settings.kafka_python(KafkaAdminClient))) as admin:
             return self._write_transaction(partition, columns, claim, admin)
@@ -125,20 +123,20 @@ class KafkaPartitionWriter(PartitionWriter):
             holder[0].begin_transaction()
             count = self._deliver(holder[0], partition, columns, deliveries, exactly_once=True)
             if not count:  # nothing to keep open: an empty transaction is just ended
-                _give_up(holder.pop(), exactly_once=True)
+                _give_up(holder.pop())
                 return PartitionReport(partition, 0, ())
             handle = librdkafka.release_keeping_transaction(holder, admin, tid)  # pre-commit: it stays open
         except BaseException:
             if holder:  # end what this attempt opened (a retry of the partition or the driver's cleanup would)
-                _give_up(holder.pop(), exactly_once=True)
+                _give_up(holder.pop())
             raise
         first = deliveries.first if deliveries.firsts else self._transaction_starts(admin, handle)
         return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(first.items())), handle)
 
-    def _producer(self, tid: str | None, deliveries: _Deliveries | None) -> confluent_kafka.Producer:
+    def _producer(self, tid: str, deliveries: _Deliveries) -> confluent_kafka.Producer:
         return librdkafka.new_producer({**self.settings.librdkafka(), **self.producer_config}, self.guarantee, tid,
                                        self.transaction_timeout_ms, deliveries,
-                                       report_successes=deliveries is not None and deliveries.firsts)
+                                       report_successes=deliveries.firsts)
 
     def _deliver(self, producer: confluent_kafka.Producer, partition: int, columns: Iterable[Columns],
                  deliveries: _Deliveries | None, exactly_once: bool) -> int:
@@ -208,15 +206,14 @@ def _when_queued(producer: confluent_kafka.Producer, produce: Callable[[], None]
             continue
 
 
-def _give_up(producer: confluent_kafka.Producer, exactly_once: bool) -> None:
+def _give_up(producer: confluent_kafka.Producer) -> None:
     """Best effort: abort the attempt's transaction (the next attempt of this partition would fence it).
 
     Never raises: after a refused operation the producer is in a fatal state, its abort and close fail
     with INVALID_TXN_STATE, and that must not hide the error that made the writer give up.
     """
     try:
-        if exactly_once:
-            producer.abort_transaction(10)
+        producer.abort_transaction(10)
     except confluent_kafka.KafkaException:
         pass
     try:
