@@ -119,9 +119,11 @@ def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
     records 40 % slower. Only for sinks whose output does not grow with Spark's partitions
     (Sink.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
 
-    A sink that pays per Spark partition (Sink.joins_reads: a producer and a transaction each) reads a batch of
-    at least twice as many ranges as cores in as many tasks as cores, whole ranges each: the same rounds of
-    the cores, fewer producers and transactions, larger batches to the broker.
+    A sink that pays per Spark partition (Sink.joins_reads: a producer and a transaction each) reads the batch
+    in as many tasks as cores: a batch of at least twice as many ranges as cores whole ranges to a task (the
+    same rounds of the cores, fewer producers and transactions, larger batches to the broker); a large one of
+    fewer ranges split as above and the parts joined again, a core's share to a task (3 ranges on 2 cores: 6
+    parts in 2 tasks, one round where a task per range takes two).
     """
     if _is_connect(spark):
         return None
@@ -129,10 +131,12 @@ def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
     ranges = sum(1 for r in batch.ranges if r.size > 0)
     if ranges >= 2 * cores:
         return ReadLayout(tasks=cores) if sink.joins_reads else None
-    if cores < 2 or not sink.splits_reads:
+    if cores < 2 or not (sink.splits_reads or sink.joins_reads):
         return None
     parts = cores * -(-2 * ranges // cores)
-    return ReadLayout(parts=parts) if batch.offset_span >= parts * SPLIT_PART_RECORDS else None
+    if batch.offset_span < parts * SPLIT_PART_RECORDS:
+        return None
+    return ReadLayout(parts=parts, tasks=cores if sink.joins_reads else None)
 
 
 def apply_transform(transform, frame):

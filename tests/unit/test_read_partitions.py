@@ -50,12 +50,20 @@ def wide(records: int, ranges: int) -> Batch:
                  tuple(OffsetRange("t", p, 0, each) for p in range(ranges)) + (OffsetRange("t", ranges, 9, 9),))
 
 
-def test_sinks_with_a_transaction_per_spark_partition_are_never_split(tmp_path):
+def test_sinks_with_a_transaction_per_spark_partition_split_only_to_join_again(tmp_path):
     kafka = create_sink({"type": "kafka", "topic": "out"})
+    postgres = create_sink({"type": "postgres", "table": "t", "conn_id": "pg"})
     parquet = create_sink({"type": "parquet", "path": str(tmp_path)})
-    assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), kafka) is None
-    assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), SinkWithDeadLetters(parquet, kafka)) is None
-    assert read_partitions(SPARK, batch(10 * SPLIT_PART_RECORDS), SinkWithDeadLetters(parquet, parquet)) == 6
+    large = 10 * SPLIT_PART_RECORDS
+    # 2 ranges on 3 cores: 6 parts, a core's share (2 parts) to each of 3 tasks
+    assert read_layout(SPARK, batch(large), kafka) == ReadLayout(parts=6, tasks=3)
+    assert read_layout(cores(2), wide(large, 3), kafka) == ReadLayout(parts=6, tasks=2)  # 3 tasks would take 2 rounds
+    assert read_layout(cores(2), wide(large, 1), kafka) == ReadLayout(parts=2, tasks=2)
+    assert read_layout(cores(2), wide(6 * SPLIT_PART_RECORDS - 30, 3), kafka) is None  # parts too small to pay
+    assert read_layout(SPARK, batch(large), SinkWithDeadLetters(kafka, kafka)) == ReadLayout(parts=6, tasks=3)
+    for neither in (postgres, SinkWithDeadLetters(parquet, kafka)):  # a transaction per part: never split
+        assert read_layout(SPARK, batch(large), neither) is None
+    assert read_partitions(SPARK, batch(large), SinkWithDeadLetters(parquet, parquet)) == 6
 
 
 def test_a_sink_paying_per_partition_reads_many_ranges_in_a_task_per_core(tmp_path):
