@@ -73,12 +73,14 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
         assign.setdefault(r.topic, []).append(r.partition)
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end
+    settings = KafkaSettings.of(config)
     options = {
         # Spark's Kafka reader waited the broker's full fetch.max.wait.ms (500 ms by default) on each partition's
         # fetches of a range: 1.4 to 1.9 s of a 100-record batch, 0.3 to 0.7 s with this (benchmarks/
         # bench_dag_run.py). A fetch with data returns at once either way; a kafka_config value wins.
         "kafka.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
-        **KafkaSettings.of(config).spark_source_options(),
+        **settings.spark_source_options(),
+        "kafka.group.id": settings.reader_group(config.pipeline_id),  # pooled consumers (KafkaSettings.reader_group)
         "assign": json.dumps(assign),
         "startingOffsets": json.dumps(starting),
         "endingOffsets": json.dumps(ending),

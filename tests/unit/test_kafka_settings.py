@@ -166,3 +166,27 @@ def test_spark_reads_a_range_without_the_brokers_fetch_wait_unless_kafka_config_
         '{"t": [0]}', '{"t": {"0": 5}}', '{"t": {"0": 9}}')  # the empty range is not read
     mine = kafka_read_options(batch, pipeline_config("p", ["t"], sink, kafka_config={"fetch.max.wait.ms": 200}))
     assert mine["kafka.fetch.max.wait.ms"] == "200"
+
+
+def test_a_pipelines_reads_share_one_group_id_that_changes_with_the_connection_but_never_shows_a_secret():
+    """Spark pools its executors' consumers by group id and partition (KafkaSettings.reader_group)."""
+    from airflow_exactly_once.core.model import Batch, OffsetRange
+    from airflow_exactly_once.core.states import BatchState
+    from airflow_exactly_once.spark.job import kafka_read_options
+    from tests.harness import pipeline_config
+
+    sink = {"type": "parquet", "path": "/tmp/unused"}
+    first = Batch("p", 1, "run", BatchState.PLANNED, 1, (OffsetRange("t", 0, 5, 9),))
+    second = Batch("p", 2, "run-2", BatchState.PLANNED, 1, (OffsetRange("t", 0, 9, 20),))
+    group = kafka_read_options(first, pipeline_config("p", ["t"], sink))["kafka.group.id"]
+    assert group.startswith("airflow-exactly-once-p-")
+    assert kafka_read_options(second, pipeline_config("p", ["t"], sink))["kafka.group.id"] == group
+    assert kafka_read_options(first, pipeline_config("q", ["t"], sink))["kafka.group.id"] != group
+    assert kafka_read_options(first, pipeline_config("p", ["t"], sink, bootstrap="other:9092"))[
+        "kafka.group.id"] != group
+
+    scram = KafkaSettings.from_mapping(SCRAM)
+    other_user = KafkaSettings.from_mapping({**SCRAM, "sasl.username": "app2"})
+    other_password = KafkaSettings.from_mapping({**SCRAM, "sasl.password": "rotated"})
+    assert scram.reader_group("p") != other_user.reader_group("p")
+    assert scram.reader_group("p") == other_password.reader_group("p")  # the digest never covers a secret
