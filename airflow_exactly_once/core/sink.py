@@ -91,8 +91,8 @@ class Sink(ABC):
     # whose staged output is one thing however many partitions write it (a folder, a snapshot). A sink with a
     # transaction per Spark partition (Kafka, PostgreSQL) keeps one partition per offset range.
     splits_reads: ClassVar[bool] = False
-    # Whether the write may read several offset ranges in one Spark partition when a batch has at least twice as
-    # many as the cores: a sink that pays per Spark partition (a producer and a transaction each, Kafka).
+    # Whether the write reads a batch in a task per core, several offset ranges (or parts of them) to a task: a
+    # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.job.read_layout.
     joins_reads: ClassVar[bool] = False
     committable_type: ClassVar[type[Committable]]
 
