@@ -91,7 +91,7 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
     return options
 
 
-def read_batch(spark, batch: Batch, config: PipelineConfig, layout: "ReadLayout | None" = None):
+def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout | None = None):
     """The batch's records from Kafka, one Spark partition per offset range unless `layout` (read_layout) says
     otherwise."""
     options = kafka_read_options(batch, config)

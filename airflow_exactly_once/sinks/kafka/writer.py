@@ -139,14 +139,14 @@ class KafkaPartitionWriter(PartitionWriter):
                                        report_successes=deliveries.firsts)
 
     def _deliver(self, producer: confluent_kafka.Producer, partition: int, columns: Iterable[Columns],
-                 deliveries: _Deliveries | None, exactly_once: bool) -> int:
+                 deliveries: _Deliveries, exactly_once: bool) -> int:
         """Send and flush the records; how many. Raises when any was not delivered."""
         count = self._send(producer, columns)
         left = producer.flush(self.flush_timeout_s)
         if left:
             raise KafkaTransactionError(f"{left} of {count} records of partition {partition} were not delivered "
                                         f"to {self.topic!r} within {self.flush_timeout_s:g} s", retriable=True)
-        if deliveries is not None and deliveries.errors:
+        if deliveries.errors:
             error = deliveries.errors[0]
             if exactly_once and error.code() == confluent_kafka.KafkaError._PURGE_QUEUE:
                 error = librdkafka.transaction_failure(producer) or error  # the cause, not its symptom
