@@ -98,14 +98,16 @@ def _read_defaults(path: Path | None) -> dict[str, str]:
     return settings
 
 
-def _submit_args_name(artifact: str, text: str) -> bool:
-    args = shlex.split(text or "")
+def _submit_args(environ: Mapping[str, str], flags: tuple[str, ...], keys: tuple[str, ...]) -> list[str]:
+    """The values PYSPARK_SUBMIT_ARGS gives `flags` (`--jars a.jar`) and `keys` (`--conf key=value`)."""
+    args = shlex.split(environ.get("PYSPARK_SUBMIT_ARGS", "") or "")
+    values = []
     for flag, value in zip(args, args[1:]):
-        if flag in ("--jars", "--packages") and artifact in value:
-            return True
-        if flag == "--conf" and value.split("=", 1)[0] in _JAR_KEYS and artifact in value:
-            return True
-    return False
+        if flag in flags:
+            values.append(value)
+        elif flag == "--conf" and value.split("=", 1)[0] in keys:
+            values.append(value.split("=", 1)[-1])
+    return values
 
 
 def names_package(artifact: str, conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
@@ -113,7 +115,7 @@ def names_package(artifact: str, conf: Mapping[str, Any], environ: Mapping[str, 
     environ = os.environ if environ is None else environ
     if any(artifact in str(conf.get(key) or "") for key in _JAR_KEYS):
         return True
-    if _submit_args_name(artifact, environ.get("PYSPARK_SUBMIT_ARGS", "")):
+    if any(artifact in value for value in _submit_args(environ, ("--jars", "--packages"), _JAR_KEYS)):
         return True
     defaults = _read_defaults(_defaults_file())
     return any(artifact in defaults.get(key, "") for key in _JAR_KEYS)
@@ -123,11 +125,8 @@ def user_adds_packages(conf: Mapping[str, Any], environ: Mapping[str, str] | Non
     """Whether the user's own settings ask Spark to resolve packages (`spark.jars.packages`, `--packages`) or
     name Python files of their own on the command line (`--py-files`)."""
     environ = os.environ if environ is None else environ
-    args = shlex.split(environ.get("PYSPARK_SUBMIT_ARGS", "") or "")
-    conf_flags = [value for flag, value in zip(args, args[1:]) if flag == "--conf"]
-    in_args = ("--packages" in args or "--py-files" in args
-               or any(value.startswith(("spark.jars.packages", "spark.submit.pyFiles")) for value in conf_flags))
-    return (bool(str(conf.get("spark.jars.packages") or "").strip()) or in_args
+    in_args = _submit_args(environ, ("--packages", "--py-files"), ("spark.jars.packages", "spark.submit.pyFiles"))
+    return (bool(str(conf.get("spark.jars.packages") or "").strip()) or any(v.strip() for v in in_args)
             or bool(_read_defaults(_defaults_file()).get("spark.jars.packages", "").strip()))
 
 
