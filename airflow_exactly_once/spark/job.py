@@ -297,35 +297,45 @@ def _is_connect(spark) -> bool:
 
 
 def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, transform, run_writers) -> _Staged | None:
-    """Decode, transform and stage in one pass, counting the input and its bad records with Observations.
+    """Decode, transform and stage in one pass, counting the input and the output with Observations.
 
     Most batches have no bad record: then this is the whole write, without the cache the policy path
-    decodes into (about twice as fast). A batch that has bad records (or records the transform marks)
-    has its staged output aborted here, and None sends it down the policy path, which counts before
-    it stages anything and writes the dead letters; so does a count Spark did not report.
+    decodes into (about twice as fast). The first bad record fails its Spark task
+    (records.failing_at_bad_record): the attempt's staged output is aborted and None sends the batch down
+    the policy path, which counts before it stages anything and writes the dead letters; so do records
+    the transform marks, and a count Spark did not report.
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    decoded = records.decode(source, config, _registry_schemas(config))
-    seen_in, seen_out = Observation("decoded"), Observation("good")
-    observed = decoded.observe(seen_in, F.count(F.lit(1)).alias("records"),
-                               F.count(records.DECODE_ERROR).alias("bad"))
-    # `_source` above the observation: Spark does not prune columns through an observation, and a struct of
-    # every key and value built below it would cost a copy of each; here it is built only if the transform uses it
-    output = apply_transform(transform, records.with_source(observed).filter(F.col(records.DECODE_ERROR).isNull())
-                             .drop(records.DECODE_ERROR))
+    seen_in, seen_out = Observation("input"), Observation("good")
+    # Kafka's own rows: the source is not pruned (it always reads every column), so observing them copies nothing
+    observed = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
+    decoded = records.decode(observed, config, _registry_schemas(config))
+    try:
+        output = apply_transform(transform, records.with_source(records.failing_at_bad_record(decoded)))
+    except TransformError as exc:
+        if records.found_bad_record(exc):  # an action of the transform's own met one: nothing is staged yet
+            return None
+        raise
     if records.BAD_RECORD in output.columns:  # marked records: counted before anything is staged
         return None
     if _observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
         return None  # the counts must come from the whole batch, so the policy path counts them
-    committable = sink.stage_batch(records.without_internal(output).observe(
-        seen_out, F.count(F.lit(1)).alias("records")), None, batch, run_writers)
+    try:
+        committable = sink.stage_batch(records.without_internal(output).observe(
+            seen_out, F.count(F.lit(1)).alias("records")), None, batch, run_writers)
+    except Exception as exc:
+        if not records.found_bad_record(exc):
+            raise
+        log.info("batch %s has bad records: the write that met the first is aborted (%s), the bad-record policy "
+                 "decides", batch.id, sink.abort(batch, None))
+        return None
     counts, good = seen_in.get, seen_out.get
-    if counts.get("bad") == 0 and counts.get("records") is not None and good.get("records") is not None:
+    if counts.get("records") is not None and good.get("records") is not None:
         return _Staged(committable, counts["records"], good["records"])
-    log.info("batch %s has %s bad record(s): its staged output is aborted, the bad-record policy decides",
-             batch.id, counts.get("bad", "an unknown number of"))
+    log.info("Spark reported no count for batch %s: its staged output is aborted, the policy path counts",
+             batch.id)
     sink.abort(batch, committable)
     return None
 

@@ -39,6 +39,7 @@ DECODE_ERROR = "_aeo_decode_error"
 UNKNOWN_ID = "unknown schema id "  # the start of the reason of a record whose id no subject version had
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
 INTERNAL = (SOURCE, BAD_RECORD, DECODE_ERROR)
+BAD_RECORD_FOUND = "airflow-exactly-once found a bad record in the one-pass write: "  # see failing_at_bad_record
 
 
 def mark_bad(df: Any, condition: Any, reason: Any) -> Any:
@@ -313,6 +314,33 @@ def _one_json_value(text: Any) -> Any:
     in_object = F.from_json(F.concat(F.lit('{"v":'), text, F.lit("}")), "v STRING, _aeo_rest STRING",
                             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_aeo_rest"})
     return F.coalesce(F.size(in_array) == 1, F.lit(False)) & in_object["_aeo_rest"].isNull()
+
+
+def failing_at_bad_record(decoded: Any) -> Any:
+    """`decoded`'s good records without DECODE_ERROR; the Spark task that meets a bad one fails (raise_error, its
+    message starting with BAD_RECORD_FOUND): the one-pass write of a batch that turns out to have bad records
+    stops there and takes the policy path, and a batch without any is written with nothing counted on the way.
+
+    The error column is made non-deterministic (a test of the task's partition id that always holds): Spark
+    does not push a filter below a projection with such a column, so the check stays above the decode instead
+    of decoding every record twice (once for the filter, once for the columns), and no Observation, which
+    stops Spark's code generation, has to stand between them."""
+    from pyspark.sql import functions as F
+
+    barrier = F.expr(f"CASE WHEN spark_partition_id() >= 0 THEN {DECODE_ERROR} END")
+    found = _sql_text(BAD_RECORD_FOUND)
+    return decoded.withColumn(DECODE_ERROR, barrier).filter(
+        F.expr(f"{DECODE_ERROR} IS NULL OR raise_error(concat({found}, {DECODE_ERROR})) IS NULL")).drop(DECODE_ERROR)
+
+
+def found_bad_record(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) is a task of `failing_at_bad_record` meeting a bad record."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if BAD_RECORD_FOUND in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def dead_letters(frame: Any, error: str, batch_id: str, pipeline_id: str) -> Any:

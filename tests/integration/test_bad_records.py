@@ -409,3 +409,30 @@ def test_a_transform_that_runs_its_own_action_still_gets_every_bad_record_counte
     assert f"3 of {GOOD + 4} records of batch {batch_id} are bad" in str(caught.value)
     assert p.state(batch_id) is BatchState.PLANNED
     assert read_parquet(out) == [] and staging_leftovers(out) == []
+
+
+def test_the_one_pass_write_stops_at_a_bad_record_below_the_transforms_own_filter(kafka, spark, tmp_path, source,
+                                                                                 request):
+    """The one-pass write fails its Spark task at the first undecodable record and the batch takes the policy
+    path. A transform that filters on decoded fields (null in a bad record) must not hide them from that
+    check: every bad record is a dead letter, and the output's transactions of the stopped write are aborted
+    (the topic's last stable offset is not held back)."""
+    topic, sent = source
+    target = KafkaOutput(request, tmp_path, topic)
+    p = pipe(kafka, tmp_path, topic, target.spec, bad_record_policy="dead_letter", dead_letter=target.dead_letter)
+
+    def large_amounts(df):  # no marks: the poison record (amount 0) is a good one here, and filtered out
+        return df.filter("amount > 5").selectExpr("CAST(id AS STRING) AS key", "to_json(named_struct('id', id)) AS value")
+
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=large_amounts)
+    undecodable = {where: why for where, why in bad_offsets(sent).items() if why != "ZeroDivisionError"}
+    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (
+        len(sent), GOOD - 5, len(undecodable))
+    p.new_coordinator().commit(batch_id)
+    settled_ends(kafka.bootstrap_servers, target.topic, timeout_s=1)  # no open transaction holds the output
+    assert sorted(target.output()) == list(range(5, GOOD))
+    letters = target.dead_letters()
+    assert {(d["source_partition"], d["source_offset"]): d["error"] for d in letters}.keys() == undecodable.keys()
+    for letter in letters:
+        assert undecodable[(letter["source_partition"], letter["source_offset"])] in letter["error"]
