@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
@@ -207,15 +206,15 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     seen_in, seen_out = Observation("input"), Observation("output")
     source = read_batch(spark, batch, config, read_layout(spark, batch, sink))
     checks_decoding = records.checks_decoding(config)
-    connect = _is_connect(spark)
+    if _is_connect(spark):
+        _observe_on_connect(spark)
     # Else _count counts the input; the dead letters of undecodable and of marked records are a union of two
     # branches of this plan, which Spark Connect refuses when both carry the same observation ("multiple values
-    # for keyword argument 'input'"). Spark Connect never returns this inner observation of a write command
-    # (below), and observing costs it a round trip to the server (pyspark asks whether the plan is streaming).
-    observes_input = not checks_decoding and not connect
+    # for keyword argument 'input'").
+    observes_input = not checks_decoding
     if observes_input:
         source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
-    if checks_decoding and not connect:  # one pass when the batch turns out to have no bad record
+    if checks_decoding:  # one pass when the batch turns out to have no bad record
         staged = _stage_if_all_good(source, config, sink, batch, transform, run_writers)
         if staged is not None:
             return staged
@@ -229,21 +228,16 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     marks = records.BAD_RECORD in output.columns
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
-            # Spark Connect returns only the outermost observation of a write command (Spark's own Parquet
-            # writer), or none (Iceberg's): the staged output may know its count; without a transform the
-            # input is the output record for record, else it is counted again, a second read of the range
-            # that runs beside the write.
-            input_count = _count_beside(spark, read_batch(spark, batch, config)) \
-                if connect and transform is not None else None
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
             committable = sink.stage(staged, batch, run_writers)
-            input_records = seen_in.get.get("records") if observes_input else None
+            input_records = seen_in.get.get("records")
             output_records = seen_out.get.get("records")
+            # A count Spark did not report: the staged output may know its own, and without a transform the input
+            # is the output record for record; else the input is counted again, a second read of the range.
             if output_records is None:
                 output_records = committable.records
             if input_records is None:
-                input_records = output_records if transform is None else (
-                    input_count.result() if input_count is not None else read_batch(spark, batch, config).count())
+                input_records = output_records if transform is None else read_batch(spark, batch, config).count()
             return _Staged(committable, input_records, output_records)
         if marks:
             if records.SOURCE not in output.columns:
@@ -274,25 +268,20 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
             decoded.unpersist()
 
 
-def _count_beside(spark, frame) -> Future:
-    """`frame.count()` in a thread of its own, beside the write (a Spark Connect session runs both at once). It
-    carries the write's operation tags: interrupting the attempt (`ConnectWrite.cancel`, a fence) stops it too."""
-    tags = spark.getTags()
-
-    def count() -> int:
-        for tag in tags:  # tags are the thread's own on Spark Connect
-            spark.addTag(tag)
-        return frame.count()
-
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="exactly-once-input-count")
+def _observe_on_connect(spark) -> None:
+    """Make Spark Connect report the write's observations. Its plan cache (Spark 4.0) registers an observation
+    with the Analyze request that cached the plan, not with the write that runs it (SPARK-53908, fixed after
+    4.0): the write's input and output counts never came back, and every batch with a transform read its range
+    a second time to count it. A server that refuses the setting costs that second read only."""
     try:
-        return pool.submit(count)
-    finally:
-        pool.shutdown(wait=False)
+        spark.conf.set("spark.connect.session.planCache.enabled", "false")
+    except Exception as exc:
+        log.info("Spark Connect kept its plan cache (%s): counts it does not report are taken again",
+                 (str(exc).splitlines() or [""])[0])
 
 
 def _is_connect(spark) -> bool:
-    """A Spark Connect session: it returns the observations of a write command unreliably (see _stage)."""
+    """A Spark Connect session (pyspark.sql.connect), not a classic one with a driver in this process."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
@@ -343,7 +332,9 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
 def _observed_already(observation) -> bool:
     """Whether an action already filled `observation` (Spark keeps the metrics of the first action only)."""
     java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
-    return java is not None and bool(java.future().isCompleted())
+    if java is not None:
+        return bool(java.future().isCompleted())
+    return bool(getattr(observation, "_result", None))  # Spark Connect's: filled by each action that ran it
 
 
 def _decoded_once(source, config: PipelineConfig):

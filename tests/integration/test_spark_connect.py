@@ -30,6 +30,7 @@ from airflow_exactly_once.sinks.kafka import probe
 from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
 from airflow_exactly_once.spark.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
 from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
+from airflow_exactly_once.spark.job import read_batch
 from devtools.ports import reserve_port
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.dags.eo_cluster_transforms import HOLD, started_attempt
@@ -93,8 +94,6 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
         batch = pipe.plan("run-1").batch
         summary = ConnectWrite(pipe.coordinator, spark_connect.url, as_text).run(batch.id)
         assert summary["action"] == "prepared" and summary["output_records"] == 300
-        # Spark Connect reports only the outermost observation of a write command (the Parquet sink's): the
-        # input is counted again then.
         assert summary["input_records"] == 300
         assert pipe.ledger.get_batch(batch.id).details[SESSION_DETAIL]  # a newer attempt could interrupt it
         pipe.commit(batch.id)
@@ -102,9 +101,14 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, f"{name}-out"))
 
 
-def test_a_transform_that_filters_gets_its_input_counted_beside_the_write(kafka, spark_connect, tmp_path):
-    """Spark Connect reports one observation of a write command: the input is counted by a second read of the
-    range, run beside the write in a thread that carries the write's operation tag."""
+def test_a_transform_that_filters_gets_both_counts_from_the_writes_observations(
+        kafka, spark_connect, tmp_path, monkeypatch):
+    """Spark Connect reports the observations of a write command (with its plan cache off: SPARK-53908), the
+    input's and the output's: the range is read once."""
+    from airflow_exactly_once.spark import job
+
+    reads = []
+    monkeypatch.setattr(job, "read_batch", lambda *args, **kwargs: reads.append(1) or read_batch(*args, **kwargs))
     name = f"connect-filter-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 90)
@@ -112,6 +116,7 @@ def test_a_transform_that_filters_gets_its_input_counted_beside_the_write(kafka,
     batch = pipe.plan("run-1").batch
     summary = ConnectWrite(pipe.coordinator, spark_connect.url, every_third).run(batch.id)
     assert (summary["input_records"], summary["output_records"]) == (90, 30)
+    assert len(reads) == 1  # no second read to count the input
     pipe.commit(batch.id)
     assert sorted(row["value"] for row in read_parquet(tmp_path / "out")) == sorted(sent[::3])
 
@@ -127,6 +132,41 @@ def test_without_a_transform_the_input_count_on_spark_connect_needs_no_second_re
     assert (summary["input_records"], summary["output_records"]) == (60, 60)
     pipe.commit(batch.id)
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
+
+
+def test_decoded_records_and_bad_ones_on_spark_connect(kafka, spark_connect, tmp_path):
+    """value_format="json" on Spark Connect: a batch without bad records is written in one pass and counted by its
+    observations; in a batch with bad ones the one-pass write stops at the first, and the policy path writes the
+    good records and the dead letters, committed together."""
+    from kafka import KafkaProducer
+
+    name = f"connect-json-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    out = tmp_path / "out"
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(out)}, value_format="json",
+                    value_schema="id BIGINT, name STRING, amount DOUBLE", bad_record_policy="dead_letter")
+    produce(kafka.bootstrap_servers, name, 20, json_values=True)
+    first = pipe.plan("run-1").batch
+    summary = ConnectWrite(pipe.coordinator, spark_connect.url, None).run(first.id)
+    assert (summary["input_records"], summary["output_records"]) == (20, 20) and "bad_records" not in summary
+    pipe.commit(first.id)
+
+    produce(kafka.bootstrap_servers, name, 10, start=20, json_values=True)
+    bad = [b'{"id": 30, "name"', b'{"id": "x", "name": "y", "amount": 1}']
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all")
+    for value in bad:
+        producer.send(name, value=value, partition=1)
+    producer.flush()
+    producer.close()
+    second = pipe.plan("run-2").batch
+    summary = ConnectWrite(pipe.coordinator, spark_connect.url, None).run(second.id)
+    assert (summary["input_records"], summary["output_records"], summary["bad_records"]) == (12, 10, 2)
+    pipe.commit(second.id)
+    assert sorted(row["id"] for row in read_parquet(out)) == list(range(30))
+    letters = read_parquet(out / "_dead_letter")
+    assert sorted(letter["value"] for letter in letters) == sorted(bad)
+    assert all("not JSON matching value_schema" in letter["error"] for letter in letters)
+    assert staging_leftovers(out) == []
 
 
 def test_a_newer_attempt_interrupts_the_older_ones_operations(kafka, spark_connect, tmp_path):
@@ -268,8 +308,7 @@ def test_abort_stops_a_killed_writes_job_on_the_server_before_releasing_its_outp
     aborting = pipe.new_coordinator()
     aborting.stop_attempts = partial(stop_batch_attempts, spark_connect.url)  # what the abort task is given
     message = aborting.abort(first.id, "the write's last try was killed")
-    # the write, and its input count unless that ended first (it runs beside the write: spark.job._count_beside)
-    assert re.search(r"stopped [12] operation\(s\)", message), message
+    assert re.search(r"stopped 1 operation\(s\)", message), message  # the write's job
     (faults / HOLD).unlink()  # a job that outlived the abort would finish its write now
     time.sleep(5)  # (proving an absence) what it would stage takes a second or two
     assert staged_leftovers(kind, pipe, kafka, name, first.seq, tmp_path) == []
