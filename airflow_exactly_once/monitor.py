@@ -14,9 +14,9 @@ from typing import Any, Iterable, Mapping
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.ranges import start_of_waiting
 from airflow_exactly_once.core.retention import Retention
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.kafka.offsets import start_of_waiting
 
 TopicPartition = tuple[str, int]
 IN_FLIGHT = (BatchState.PLANNED, BatchState.PREPARED)

@@ -8,6 +8,7 @@ data-loss policy when the planned offsets are no longer in the topic (`lost_data
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError
@@ -17,6 +18,14 @@ from airflow_exactly_once.core.timestamps import iso
 
 TopicPartition = tuple[str, int]
 Interval = tuple[int, int]
+
+
+def start_of_waiting(tp: TopicPartition, positions: Mapping[TopicPartition, int],
+                     log_start: Mapping[TopicPartition, int]) -> int:
+    """The first offset a next batch would read: the ledger's position (from the log start if the
+    ledger has none, or if the records there were deleted)."""
+    start = log_start.get(tp, 0)
+    return max(positions.get(tp, start), start)
 
 
 def label(interval: Interval) -> str:

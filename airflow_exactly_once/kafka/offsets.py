@@ -16,6 +16,7 @@ from kafka import TopicPartition as KafkaTP
 from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
+from airflow_exactly_once.core.ranges import start_of_waiting
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
@@ -23,14 +24,6 @@ TopicPartition = tuple[str, int]
 
 # The shortest gap kafka-python keeps between two metadata requests of the planner's consumer (see prompt_metadata).
 METADATA_REFRESH_GAP_MS = 10
-
-
-def start_of_waiting(tp: TopicPartition, positions: Mapping[TopicPartition, int],
-                     log_start: Mapping[TopicPartition, int]) -> int:
-    """The first offset a next batch would read: the ledger's position (from the log start if the
-    ledger has none, or if the records there were deleted)."""
-    start = log_start.get(tp, 0)
-    return max(positions.get(tp, start), start)
 
 
 class KafkaOffsetSource:

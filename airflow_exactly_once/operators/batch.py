@@ -3,6 +3,10 @@
 All of them take the same pipeline arguments (operators.arguments: one declaration, shared
 by the task group); `__init__` only stores them and every operator does its I/O in
 `execute`. XCom carries nothing but the batch id, "<pipeline_id>:<batch_seq>".
+
+Airflow imports this module with the DAG in every task, so what only one step needs is imported in that
+step: kafka-python in plan (and in notify_complete for a mirrored consumer group), a Spark client in write
+(operators.write_launch), OpenLineage's facets where that provider asks for them.
 """
 
 from __future__ import annotations
@@ -31,10 +35,7 @@ from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
-from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
-from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.lineage import step_lineage
 from airflow_exactly_once.metrics import PipelineMetrics
 from airflow_exactly_once.monitor import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
@@ -159,6 +160,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
     # -- OpenLineage: the provider's DefaultExtractor calls these, only where it is installed and on ------
 
     def get_openlineage_facets_on_start(self) -> Any:
+        from airflow_exactly_once.lineage import step_lineage
+
         return step_lineage(self.pipeline_config(), None)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
@@ -169,6 +172,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def _step_lineage(self) -> Any:
         """Lineage with the batch this step worked on, in the state the ledger holds it now."""
+        from airflow_exactly_once.lineage import step_lineage
+
         batch_id = self._lineage_batch_id
         batch = None if batch_id is None else self.ledger_hook().get_conn().get_batch(batch_id)
         return step_lineage(self.pipeline_config(), batch, list(self._lineage_recovered))
@@ -253,6 +258,8 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         (arguments.keyword("write_task_id", None), arguments.keyword("notify_task_id", None)))
 
     def run_step(self, context) -> str | None:
+        from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
+
         started = time.monotonic()
         coordinator = self.coordinator()
         # The ledger page shows a pipeline to the users who may read the DAGs that drive it.
@@ -368,6 +375,8 @@ class NotifyCompleteOperator(_BatchStepOperator):
         _log_ranges(self.log, batch)
         emit_batch_events(context, self.outlets, [batch_event_extra(batch, coordinator.ledger.batch_interval(batch_id))])
         if coordinator.config.mirror_consumer_group:
+            from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets
+
             self.log.info("notify_complete: %s",
                           mirror_committed_offsets(coordinator.config, coordinator.ledger).message)
         pruned = coordinator.retain()

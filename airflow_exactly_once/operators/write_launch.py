@@ -4,6 +4,10 @@ In the task (spark.in_task), on a Spark Connect server (spark.connect), or spark
 a cluster (spark.submit): `write_launcher` returns one of them, behind the interface of
 spark.launcher. A write on a Spark Connect server can outlive its task, so the protocol is also
 told how to stop such attempts (`attempts_stopper`).
+
+Each launcher is imported in its own branch: Airflow imports this module with the DAG in every task of
+the pipeline, and a task loads only the Spark client its write runs (the plan and notify_complete tasks
+none, a Spark Connect write not the in-task driver's modules).
 """
 
 from __future__ import annotations
@@ -13,11 +17,7 @@ from functools import partial
 from typing import Any, Callable
 
 from airflow_exactly_once.core.protocol import BatchCoordinator, StopAttempts
-from airflow_exactly_once.spark.connect import ConnectWrite
-from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
-from airflow_exactly_once.spark.in_task import InTaskWrite
 from airflow_exactly_once.spark.launcher import WriteLauncher
-from airflow_exactly_once.spark.submit import SparkSubmitWrite
 
 
 def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id: str | None,
@@ -30,17 +30,27 @@ def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id
     without it was refused.
     """
     if connect_url is not None:
+        from airflow_exactly_once.spark.connect import ConnectWrite
+
         return ConnectWrite(coordinator(), connect_url, transform, log)
     if spark_conn_id:
+        from airflow_exactly_once.spark.submit import SparkSubmitWrite
+
         SparkSubmitWrite.check_transform(transform, spark_conn_id)
         return SparkSubmitWrite(coordinator(), spark_conn_id, spark_conf, transform, log, _submit_hook_class())
+    from airflow_exactly_once.spark.in_task import InTaskWrite
+
     return InTaskWrite(coordinator(), spark_conf, transform)
 
 
 def attempts_stopper(connect_url: str | None) -> StopAttempts | None:
     """How abort and recovery stop the write attempts of a batch that may still run: on a Spark Connect server only.
     In the task its JVM dies with it; spark-submitted, its driver does (die_with_parent) or is fenced."""
-    return partial(stop_batch_attempts, connect_url) if connect_url is not None else None
+    if connect_url is None:
+        return None
+    from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
+
+    return partial(stop_batch_attempts, connect_url)
 
 
 def _submit_hook_class() -> type:
