@@ -336,9 +336,11 @@ def failing_at_bad_record(decoded: Any) -> Any:
 def found_bad_record(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) is a task of `failing_at_bad_record` meeting a bad record."""
     seen: BaseException | None = exc
-    while seen is not None:
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:  # a chain can loop back on itself
         if BAD_RECORD_FOUND in str(seen):
             return True
+        visited.add(id(seen))
         seen = seen.__cause__ or seen.__context__
     return False
 

@@ -215,3 +215,19 @@ def test_the_end_mark_reads_back_only_when_the_record_is_the_whole_data():
     for extra in (b"\x00", b"\x02", b"\x7f", b"\xff" * 3, data):
         assert end_of(data + extra) != END_MARK, extra
     assert end_of(b"") != END_MARK and end_of(b"\xff\xff") != END_MARK
+
+
+def test_a_bad_record_stop_is_found_anywhere_in_the_exception_chain():
+    """The one-pass write's raise_error reaches the driver wrapped (Spark's job failure, a sink's own error):
+    its marker is found through causes and contexts, a chain that loops ends, other failures are not it."""
+    from airflow_exactly_once.spark.records import BAD_RECORD_FOUND, found_bad_record
+
+    task = RuntimeError(f"Job aborted: [USER_RAISED_EXCEPTION] {BAD_RECORD_FOUND}a null value (a tombstone)")
+    wrapped = TransactionLostError("the write failed")
+    wrapped.__cause__ = task
+    assert found_bad_record(task) and found_bad_record(wrapped)
+    other = ValueError("disk full")
+    looped = RuntimeError("the broker went away")
+    looped.__context__ = other
+    other.__context__ = looped
+    assert not found_bad_record(looped)
