@@ -436,3 +436,23 @@ def test_the_one_pass_write_stops_at_a_bad_record_below_the_transforms_own_filte
     assert {(d["source_partition"], d["source_offset"]): d["error"] for d in letters}.keys() == undecodable.keys()
     for letter in letters:
         assert undecodable[(letter["source_partition"], letter["source_offset"])] in letter["error"]
+
+
+@pytest.mark.parametrize("kind", ["postgres", "iceberg"])
+def test_a_one_pass_write_stopped_by_a_bad_record_leaves_nothing_and_the_retry_commits_once(kafka, spark, tmp_path,
+                                                                                           source, request, kind):
+    """The sinks whose failed stage cleans itself (PostgreSQL rolls back, Iceberg drops the snapshot): the one-pass
+    write stops at the first undecodable record, and the policy path stages the batch again in the same attempt;
+    its output and dead letters are each committed once."""
+    topic, sent = source
+    target = OUTPUTS[kind](request, tmp_path, topic)
+    p = pipe(kafka, tmp_path, topic, target.spec, bad_record_policy="dead_letter", dead_letter=target.dead_letter)
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=lambda df: df.selectExpr("id", "amount AS share"))
+    assert (summary["output_records"], summary["bad_records"]) == (GOOD + 1, 3)  # the poison record decodes
+    assert target.output() == [] and target.dead_letters() == []
+    p.new_coordinator().commit(batch_id)
+    assert sorted(target.output()) == [*range(GOOD), 200]
+    letters = target.dead_letters()
+    undecodable = {where for where, why in bad_offsets(sent).items() if why != "ZeroDivisionError"}
+    assert sorted((d["source_partition"], d["source_offset"]) for d in letters) == sorted(undecodable)
