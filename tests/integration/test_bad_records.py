@@ -213,8 +213,9 @@ class IcebergOutput:
     transform = staticmethod(share)
 
     def __init__(self, request, tmp_path: Path, topic: str) -> None:
+        # a catalog name of its own: one Spark session keeps each catalog it loaded, with its first warehouse
         self.spec = {"type": "iceberg", "table": f"db.{topic.replace('-', '_')}", "warehouse": str(tmp_path / "lake"),
-                     "create_table": True}
+                     "catalog": {"name": f"c{topic[-8:]}"}, "create_table": True}
         self.letters = PostgresOutput(request, tmp_path, topic)
         self.dead_letter = {"type": "postgres", "url": self.letters.dsn, "table": f"{self.letters.table}_dead_letter"}
 
