@@ -17,16 +17,18 @@ def module_name(path: Path) -> str:
 MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
+def imported_names(node: ast.AST) -> set[str]:
+    """The modules (and names in them) one import statement names; nothing for other nodes."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return set()
+
+
 def imports_of(path: Path) -> set[str]:
     """Every module `path` imports, anywhere in it (function-local imports count)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return found
+    return {name for node in ast.walk(ast.parse(path.read_text())) for name in imported_names(node)}
 
 
 def internal_graph() -> dict[str, set[str]]:
@@ -137,11 +139,7 @@ def module_level_imports(path: Path) -> set[str]:
                 continue
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 continue
-            if isinstance(child, ast.Import):
-                found.update(alias.name for alias in child.names)
-            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
-                found.add(child.module)
-                found.update(f"{child.module}.{alias.name}" for alias in child.names)
+            found.update(imported_names(child))
             visit(child)
 
     visit(ast.parse(path.read_text()))
