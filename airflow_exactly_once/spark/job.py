@@ -230,8 +230,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
             staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
             committable = sink.stage(staged, batch, run_writers)
-            input_records = seen_in.get.get("records")
-            output_records = seen_out.get.get("records")
+            input_records, output_records = _observed_records(seen_in), _observed_records(seen_out)
             # A count Spark did not report: the staged output may know its own, and without a transform the input
             # is the output record for record; else the input is counted again, a second read of the range.
             if output_records is None:
@@ -320,13 +319,28 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
         log.info("batch %s has bad records: the write that met the first is aborted (%s), the bad-record policy "
                  "decides", batch.id, sink.abort(batch, None))
         return None
-    counts, good = seen_in.get, seen_out.get
-    if counts.get("records") is not None and good.get("records") is not None:
-        return _Staged(committable, counts["records"], good["records"])
+    input_records, good = _observed_records(seen_in), _observed_records(seen_out)
+    if input_records is not None and good is not None:
+        return _Staged(committable, input_records, good)
     log.info("Spark reported no count for batch %s: its staged output is aborted, the policy path counts",
              batch.id)
     sink.abort(batch, committable)
     return None
+
+
+def _observed_records(observation) -> int | None:
+    """The count an Observation of `records` holds after its action; None when Spark reported none.
+
+    Classic PySpark's `Observation.get` copies the metrics' Java map with a Java iterator that ends by
+    throwing, and converting that exception costs about 40 ms a read: two reads of every write, a fifth of
+    the driver's own 0.4 s in a 1M-record Avro write (benchmarks/bench_registry_avro.py). The map's own
+    `get` is one call."""
+    java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
+    if java is not None:
+        value = java.getAsJava().get("records")
+    else:  # Spark Connect's: a Python dict already
+        value = observation.get.get("records")
+    return None if value is None else int(value)
 
 
 def _observed_already(observation) -> bool:
