@@ -60,6 +60,7 @@ FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
 # A batch is read in more Spark partitions than Kafka's only when each part keeps this many records: each
 # extra task opens a Kafka consumer of its own (read_layout).
 SPLIT_PART_RECORDS = 150_000
+_COUNT = "records"  # the metric an Observation of the write counts into (_counted, _observed_records)
 
 
 def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
@@ -213,7 +214,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     # for keyword argument 'input'").
     observes_input = not checks_decoding
     if observes_input:
-        source = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
+        source = _counted(source, seen_in)
     if checks_decoding:  # one pass when the batch turns out to have no bad record
         staged = _stage_if_all_good(source, config, sink, batch, transform, run_writers)
         if staged is not None:
@@ -228,7 +229,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     marks = records.BAD_RECORD in output.columns
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
-            staged = records.without_internal(output).observe(seen_out, F.count(F.lit(1)).alias("records"))
+            staged = _counted(records.without_internal(output), seen_out)
             committable = sink.stage(staged, batch, run_writers)
             input_records, output_records = _observed_records(seen_in), _observed_records(seen_out)
             # A count Spark did not report: the staged output may know its own, and without a transform the input
@@ -294,11 +295,10 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     the transform marks, and a count Spark did not report.
     """
     from pyspark.sql import Observation
-    from pyspark.sql import functions as F
 
     seen_in, seen_out = Observation("input"), Observation("good")
     # Kafka's own rows: the source is not pruned (it always reads every column), so observing them copies nothing
-    observed = source.observe(seen_in, F.count(F.lit(1)).alias("records"))
+    observed = _counted(source, seen_in)
     decoded = records.decode(observed, config, _registry_schemas(config))
     try:
         output = apply_transform(transform, records.with_source(records.failing_at_bad_record(decoded)))
@@ -311,8 +311,8 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     if _observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
         return None  # the counts must come from the whole batch, so the policy path counts them
     try:
-        committable = sink.stage_batch(records.without_internal(output).observe(
-            seen_out, F.count(F.lit(1)).alias("records")), None, batch, run_writers)
+        committable = sink.stage_batch(_counted(records.without_internal(output), seen_out), None, batch,
+                                       run_writers)
     except Exception as exc:
         if not records.found_bad_record(exc):
             raise
@@ -328,6 +328,13 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     return None
 
 
+def _counted(frame, observation):
+    """`frame` observed by `observation`, which then holds its number of records (_observed_records reads it)."""
+    from pyspark.sql import functions as F
+
+    return frame.observe(observation, F.count(F.lit(1)).alias(_COUNT))
+
+
 def _observed_records(observation) -> int | None:
     """The count an Observation of `records` holds after its action; None when Spark reported none.
 
@@ -337,9 +344,9 @@ def _observed_records(observation) -> int | None:
     `get` is one call."""
     java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
     if java is not None:
-        value = java.getAsJava().get("records")
+        value = java.getAsJava().get(_COUNT)
     else:  # Spark Connect's: a Python dict already
-        value = observation.get.get("records")
+        value = observation.get.get(_COUNT)
     return None if value is None else int(value)
 
 
