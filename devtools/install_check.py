@@ -19,7 +19,8 @@ Checks:
   cli        the console script answers; on Airflow >= 3.2 `airflow exactly-once` too
   connector  the Kafka connector coordinates follow the installed pyspark (release and Scala)
   spark      (--spark) a local Spark session gets the connector by Spark's own resolution, reads
-             the Kafka source's schema and runs mapInArrow (pandas and pyarrow on that pyspark)
+             the Kafka source's schema, builds a small batch's local relation with the same types,
+             and runs mapInArrow (pandas and pyarrow on that pyspark)
 """
 
 from __future__ import annotations
@@ -252,6 +253,7 @@ def check_connector(problems: list[str]) -> str:
 
 def check_spark(problems: list[str]) -> dict[str, Any]:
     """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars)."""
+    from airflow_exactly_once.spark.job import local_frame
     from airflow_exactly_once.spark.session import build_spark_session
 
     os.environ.pop("SPARK_CONF_DIR", None)
@@ -259,8 +261,14 @@ def check_spark(problems: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     spark = build_spark_session("install-check", master="local[1]")
     try:
-        columns = (spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
-                   .option("subscribe", "install-check").load().columns)
+        source = (spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
+                  .option("subscribe", "install-check").load())
+        columns = source.columns
+        # A small batch is read by the write itself and handed to Spark as a local relation: same columns, types.
+        local = local_frame(spark, [(b"k", b"v", "install-check", 2, 7, 1_700_000_000_123, 0)])
+        local_types = [(f.name, f.dataType.simpleString()) for f in local.schema.fields]
+        source_types = [(f.name, f.dataType.simpleString()) for f in source.schema.fields]
+        local_row = local.selectExpr("partition", "offset", "unix_millis(timestamp) AS ms").collect()[0]
         frame = spark.range(1000).selectExpr("id", "CAST(id AS STRING) AS text")
 
         def double(batches):
@@ -274,9 +282,14 @@ def check_spark(problems: list[str]) -> dict[str, Any]:
         spark.stop()
     if columns != KAFKA_COLUMNS:
         problems.append(f"the Kafka source has columns {columns}, not {KAFKA_COLUMNS}")
+    if local_types != source_types:
+        problems.append(f"a small batch's local relation has {local_types}, the Kafka source {source_types}")
+    if tuple(local_row) != (2, 7, 1_700_000_000_123):
+        problems.append(f"a small batch's local relation gave (partition, offset, ms) {tuple(local_row)}, not "
+                        "(2, 7, 1700000000123)")
     if total != 2 * sum(range(1000)):
         problems.append(f"mapInArrow summed to {total}, not {2 * sum(range(1000))}")
-    return {"kafka_columns": columns, "map_in_arrow_sum": total, "seconds": round(time.monotonic() - started, 1)}
+    return {"kafka_columns": columns, "local_relation_types": local_types, "map_in_arrow_sum": total, "seconds": round(time.monotonic() - started, 1)}
 
 
 if __name__ == "__main__":

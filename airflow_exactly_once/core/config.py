@@ -58,6 +58,10 @@ class PipelineConfig:
                                                     "latest.")
     max_records_per_partition: int | None = argument(None, "Upper bound of offsets per partition in one batch "
                                                            "(continuation mode); None reads up to the end.")
+    local_read_max_records: int = argument(
+        5000, "A batch of at most this many offsets is read by the write's own process (confluent-kafka, "
+              "read_committed) and handed to Spark as a local relation: faster than Spark's Kafka source for small "
+              "batches; larger batches, and every batch with 0, use Spark's Kafka source.")
     data_loss_policy: str = argument("fail", "What to do when planned offsets are gone (retention, deleted "
                                              "topic): fail, or skip and record the loss.")
     transform: str | None = argument(None, "A function DataFrame -> DataFrame, or 'module:function' (needed on "
@@ -146,6 +150,7 @@ class PipelineConfig:
         self._validate_startup()
         if self.max_records_per_partition is not None and int(self.max_records_per_partition) <= 0:
             raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
+        self._validate_local_read()
         self._validate_retention()
         if not isinstance(self.sink, dict) or "type" not in self.sink:
             raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
@@ -158,6 +163,17 @@ class PipelineConfig:
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
+
+    def _validate_local_read(self) -> None:
+        value = self.local_read_max_records
+        try:
+            number = int(value) if not isinstance(value, bool) else -1
+        except (TypeError, ValueError):
+            number = -1
+        if number < 0 or str(number) != str(value).strip():
+            raise ConfigurationError(f"local_read_max_records={value!r}: give a whole number of offsets, e.g. 5000 "
+                                     "(0 reads every batch with Spark's Kafka source)")
+        self.local_read_max_records = number
 
     def _validate_retention(self) -> None:
         """Whole numbers of batches (at least 1: the newest committed batch always stays), days above 0."""

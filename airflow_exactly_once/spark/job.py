@@ -33,6 +33,7 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.core.sink import Sink
 from airflow_exactly_once.core.write_report import record_failure
+from airflow_exactly_once.kafka import range_read
 from airflow_exactly_once.kafka.access import diagnose
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
@@ -60,6 +61,9 @@ FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
 # A batch is read in more Spark partitions than Kafka's only when each part keeps this many records: each
 # extra task opens a Kafka consumer of its own (read_layout).
 SPLIT_PART_RECORDS = 150_000
+# The columns of Spark's Kafka source (without headers), which a small batch's local relation has too.
+KAFKA_SOURCE_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+                       "timestampType INT")
 _COUNT = "records"  # the metric an Observation of the write counts into (_counted, _observed_records)
 
 
@@ -93,12 +97,38 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
 
 def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout | None = None):
     """The batch's records from Kafka, one Spark partition per offset range unless `layout` (read_layout) says
-    otherwise."""
+    otherwise; a batch of at most `local_read_max_records` offsets is read here (kafka.range_read) and becomes a
+    local relation, which Spark slices by its parallelism."""
+    if 0 < batch.offset_span <= config.local_read_max_records:
+        settings = KafkaSettings.of(config)
+        rows = range_read.read_ranges(settings, settings.reader_group(config.pipeline_id), batch.ranges)
+        if rows is not None:
+            rows.sort(key=lambda row: row[2:5])  # by topic, partition, offset: as Spark's source lists them
+            frame = local_frame(spark, rows)
+            return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
     options = kafka_read_options(batch, config)
     if layout is not None and layout.parts:
         options["minPartitions"] = str(layout.parts)
     frame = spark.read.format("kafka").options(**options).load()
     return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
+
+
+def local_frame(spark, rows: list) -> Any:
+    """Records read by kafka.range_read as the DataFrame Spark's Kafka source gives (its columns and types)."""
+    import pyarrow as pa
+
+    columns = list(zip(*rows)) if rows else [[] for _ in range(7)]
+    table = pa.table({
+        "key": pa.array(columns[0], pa.binary()), "value": pa.array(columns[1], pa.binary()),
+        "topic": pa.array(columns[2], pa.string()), "partition": pa.array(columns[3], pa.int32()),
+        "offset": pa.array(columns[4], pa.int64()),
+        "timestamp": pa.array(columns[5], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+        "timestampType": pa.array(columns[6], pa.int32())})
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) < 4:  # PySpark 3.5 takes pandas, not a pyarrow Table
+        return spark.createDataFrame(table.to_pandas(), schema=KAFKA_SOURCE_SCHEMA)
+    return spark.createDataFrame(table)
 
 
 @dataclass(frozen=True)

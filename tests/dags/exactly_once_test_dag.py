@@ -25,6 +25,7 @@ for transform in ("rows", "slow_rows", "kill_spark_once", "explode", "wrong_type
             "topic": "test",
             "output": "/tmp/eo-test-output",
             "max_records": 100,
+            "local_read_max_records": 5000,  # 0: Spark's Kafka source reads every batch
             "bootstrap_servers": "",
             "spark_conn_id": "",  # "": the write starts its own Spark driver; a connection: it runs there
         },
@@ -36,6 +37,7 @@ for transform in ("rows", "slow_rows", "kill_spark_once", "explode", "wrong_type
             sink={"type": "parquet", "path": "{{ params.output }}"},
             transform=f"eo_test_transforms:{transform}",
             max_records_per_partition="{{ params.max_records }}",
+            local_read_max_records="{{ params.local_read_max_records }}",
             bootstrap_servers="{{ params.bootstrap_servers }}",
             spark_conn_id="{{ params.spark_conn_id }}",
         )

@@ -91,7 +91,8 @@ def write_as(monkeypatch, broker, pipe: Pipe, user: str, **extra) -> BatchCoordi
     """The write task's coordinator after the connection was changed to `user` (same pipeline, same ledger)."""
     use_connection(monkeypatch, broker, user, **extra)
     config = pipeline_config(pipe.config.pipeline_id, pipe.config.topics[0], pipe.config.sink,
-                             max_records_per_partition=pipe.config.max_records_per_partition)
+                             max_records_per_partition=pipe.config.max_records_per_partition,
+                             local_read_max_records=pipe.config.local_read_max_records)
     return BatchCoordinator(config, pipe.ledger, create_sink(config.sink))
 
 
@@ -147,8 +148,8 @@ def test_kafka_sink_pipeline_exactly_once_through_sasl_ssl(secured_kafka, names,
     batch_id = pipe.plan("run-1").batch.id
     assert run_write(spark, pipe.coordinator, batch_id, transform=upper_value)["action"] == "prepared"
     prepared = pipe.ledger.get_batch(batch_id)
-    assert [w["transaction"]["transactional_id"].startswith(f"{name}-1-") for w in prepared.handles["writers"]] \
-        == [True] * 3  # one transaction per Spark partition, under the ACL's prefix
+    writers = prepared.handles["writers"]  # one transaction per Spark partition (of a local relation: 60 records)
+    assert writers and all(w["transaction"]["transactional_id"].startswith(f"{name}-1-") for w in writers)
     # Without READ on the output the brokers refuse DescribeProducers: each writer took where its transaction
     # begins from its delivery reports instead.
     assert all(w["first_offsets"] for w in prepared.handles["writers"]), prepared.handles
@@ -242,27 +243,31 @@ def test_an_acl_denying_the_transactional_ids_fails_the_write(secured_kafka, nam
     assert set(pipe.ledger.committed_positions(name).values()) == {0}
 
 
+@pytest.mark.parametrize("reader", ["spark", "local"])
 @pytest.mark.parametrize("problem", ["password", "read-acl"])
-def test_what_sparks_java_client_reports_in_the_write_is_explained(secured_kafka, names, spark, tmp_path,
-                                                                   monkeypatch, problem):
-    """Planning worked; then the connection's password changed, or the user lost READ on the input: Spark's
-    Kafka source (Java's client) fails the read, and the write step names the setting or grant."""
+def test_what_the_readers_client_reports_in_the_write_is_explained(secured_kafka, names, spark, tmp_path,
+                                                                   monkeypatch, problem, reader):
+    """Planning worked; then the connection's password changed, or the user lost READ on the input: the read of
+    the write fails, by Spark's Kafka source (Java's client) or by the small-batch read (librdkafka), and the
+    write step names the setting or grant."""
     name, source, _ = names
     produce(secured_kafka.client_config(), source, 30)
     use_connection(monkeypatch, secured_kafka)
     output = tmp_path / "out"
-    pipe = secured_pipe(tmp_path, name, source, {"type": "parquet", "path": str(output)})
+    pipe = secured_pipe(tmp_path, name, source, {"type": "parquet", "path": str(output)},
+                        local_read_max_records=0 if reader == "spark" else 5000)
     batch_id = pipe.plan("run-1").batch.id
     if problem == "password":
         writer = write_as(monkeypatch, secured_kafka, pipe, PIPELINE_USER, password="rotated-away")
-        expected = [f"refused the SASL login of user {PIPELINE_USER!r}", "SaslAuthenticationException"]
+        expected = [f"refused the SASL login of user {PIPELINE_USER!r}"]
+        said = {"spark": "SaslAuthenticationException", "local": "Authentication failed"}
     else:
         writer = write_as(monkeypatch, secured_kafka, pipe, NO_READ_USER)
-        expected = [f"do not let user {NO_READ_USER!r} of {ORIGIN} READ and DESCRIBE topic(s) {source}",
-                    "TopicAuthorizationException"]
+        expected = [f"do not let user {NO_READ_USER!r} of {ORIGIN} READ and DESCRIBE topic(s) {source}"]
+        said = {"spark": "TopicAuthorizationException", "local": "TOPIC_AUTHORIZATION_FAILED"}
 
     message = str(refused(lambda: run_write(spark, writer, batch_id)))
-    for part in expected:
+    for part in expected + [said[reader]]:
         assert part in message
     assert pipe.state(batch_id) is BatchState.PLANNED
     assert "ABORTED" in writer.abort(batch_id, "the write failed for good")

@@ -219,7 +219,8 @@ def test_a_server_without_the_kafka_connector_says_which_package(kafka, tmp_path
     name = f"connect-nojar-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
     produce(kafka.bootstrap_servers, name, 10)
-    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")})
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")},
+                    local_read_max_records=0)  # a small batch, read by the write itself, would need no connector
     batch = pipe.plan("run-1").batch
     with LocalSparkConnectServer(tmp_path / "bare", cores=1, with_kafka_connector=False) as bare:
         with pytest.raises(ConfigurationError, match="spark-sql-kafka-0-10") as missing:

@@ -62,7 +62,8 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
     else:
         spec, transform = {"type": "parquet", "path": str(out)}, lambda df: df.select("id")
     config = pipeline_config(f"{topic}-p", [topic], spec, bootstrap=kafka.bootstrap_servers, value_format="json",
-                             value_schema="id BIGINT", bad_record_policy="skip")
+                             value_schema="id BIGINT", bad_record_policy="skip",
+                             local_read_max_records=0)  # Spark's Kafka source, whose read is split
     p = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
              run_writers=run_partition_writers)
     batch = p.plan("run-1").batch

@@ -26,6 +26,9 @@ from tests.helpers import (
 )
 
 TEST_DAG = "eo_parquet_test"
+# These batches of 300 are read by the write itself (local_read_max_records); at these points Spark's Kafka
+# source reads them instead, so that both ways of reading a batch are killed mid-write.
+SPARK_SOURCE_POINTS = ("write.before_stage", "write.after_prepare")
 
 
 
@@ -78,6 +81,8 @@ def test_worker_killed_at_protocol_step(kafka, airflow, faults, tmp_path, unique
     sent = produce(kafka.bootstrap_servers, name, 700)  # batches of 3 x 100: 300 + 300 + 100
     airflow.wait_for_dag(TEST_DAG)
     conf = pipeline_conf(kafka, tmp_path, name, max_records=100, **warm_spark)
+    if point in SPARK_SOURCE_POINTS:
+        conf["local_read_max_records"] = 0
     arm(faults, point, "kill", times=1)
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
     assert (faults / "fired.log").read_text().count(point) == 1, "the crash point was never reached"

@@ -24,6 +24,9 @@ def config(**overrides) -> PipelineConfig:
     ({"bootstrap_servers": ""}, "bootstrap"),
     ({"startup_mode": "beginning"}, "startup_mode"),
     ({"max_records_per_partition": 0}, "max_records_per_partition"),
+    ({"local_read_max_records": -1}, "local_read_max_records=-1: give a whole number"),
+    ({"local_read_max_records": "many"}, "local_read_max_records='many'"),
+    ({"local_read_max_records": 2.5}, "local_read_max_records=2.5"),
     ({"sink": {"path": "/x"}}, "sink must be a dict with a 'type'"),
     ({"guarantee": "MAYBE"}, "guarantee='MAYBE' is not supported"),
     ({"kafka_config": {"group.id": "g"}}, "must not set group.id"),
@@ -31,6 +34,13 @@ def config(**overrides) -> PipelineConfig:
 def test_bad_configuration_names_the_setting(overrides, message):
     with pytest.raises(ConfigurationError, match=message):
         config(**overrides)
+
+
+def test_local_read_max_records_takes_a_rendered_template_and_zero():
+    assert config(local_read_max_records="250").local_read_max_records == 250  # a Jinja field renders a string
+    assert config(local_read_max_records=0).local_read_max_records == 0
+    assert config().local_read_max_records == 5000
+    assert config(local_read_max_records=0).fingerprint() == config().fingerprint()  # how, not what, it reads
 
 
 def test_guarantee_moves_into_the_sink_spec_and_the_old_spelling_keeps_working():
