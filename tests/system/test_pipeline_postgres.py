@@ -98,7 +98,8 @@ def test_worker_killed_between_postgres_and_the_ledger(kafka, postgres, airflow,
     assert batch.state is BatchState.COMMITTED
     markers = sql(postgres, "SELECT gid FROM airflow_exactly_once_markers WHERE pipeline_id = %s", (name,))
     assert sorted(m[0] for m in markers) == sorted(batch.handles["gids"])  # only the live attempt's
-    assert "0 now, 3 already" in airflow.task_log(TEST_DAG, f"{name}-1", "notify_complete")
+    gids = len(batch.handles["gids"])  # one prepared transaction per Spark partition of the write that lived
+    assert gids >= 1 and f"0 now, {gids} already" in airflow.task_log(TEST_DAG, f"{name}-1", "notify_complete")
     assert_ranges_tile(ledger, name)
 
 
