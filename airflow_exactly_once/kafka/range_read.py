@@ -65,7 +65,7 @@ def read_ranges(settings: KafkaSettings, group: str, ranges: Sequence[OffsetRang
                     "the batch is retried and reads the same records")
             messages = consumer.consume(num_messages=1000, timeout=0.02)  # returns at 1000 or at the timeout
             while client_errors:
-                _raise_for_client(client_errors.pop(0), settings, ranges)
+                _raise_for(client_errors.pop(0), None, None, settings, ranges)
             if messages:
                 checked = time.monotonic()
             for message in messages:
@@ -112,39 +112,33 @@ def _check_partitions_exist(consumer: Any, pending: dict[tuple[str, int], Offset
             continue
         for (name, partition), r in pending.items():
             if name == topic and (missing or partition not in metadata.partitions):
-                raise DataLossError(f"the planned records of {topic}[{partition}] from offset {r.start} are gone from "
-                                    "Kafka (the topic was deleted or recreated since planning). Nothing was "
-                                    "committed; the next run re-plans and applies data_loss_policy")
+                raise _data_loss((topic, partition), r, "the topic has no such partition now")
 
 
-def _raise_for_client(error: Any, settings: KafkaSettings, ranges: Sequence[OffsetRange]) -> None:
-    """Raise for a client-wide error that retrying cannot cure (a refused login, an untrusted certificate); return
-    for the rest (a broker down: librdkafka reconnects, and the read's deadline decides)."""
-    said = f"{error.name()}: {error.str()}"
-    explained = settings.explain(said, topics=sorted({r.topic for r in ranges}))
-    if explained is not None:
-        raise explained
-    if error.fatal() or error.code() == KafkaError._AUTHENTICATION:
-        raise ConfigurationError(f"the Kafka client of the write cannot read from {settings.bootstrap_servers} "
-                                 f"({settings.origin}): {said}")
-
-
-def _raise_for(error: Any, where: tuple[str, int], wanted: OffsetRange | None, settings: KafkaSettings,
+def _raise_for(error: Any, where: tuple[str, int] | None, wanted: OffsetRange | None, settings: KafkaSettings,
                ranges: Sequence[OffsetRange]) -> None:
-    """Raise what a consumer error means for the batch; return for the transient ones librdkafka retries itself."""
+    """Raise what a consumer error (`where`: its partition, None for a client-wide one from error_cb) means for
+    the batch; return for the transient ones librdkafka retries itself (a broker down: the deadline decides)."""
     code = error.code()
     said = f"{error.name()}: {error.str()}"
-    if code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET, KafkaError.UNKNOWN_TOPIC_OR_PART,
-                KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION):
-        start = f" from offset {wanted.start}" if wanted is not None else ""
-        raise DataLossError(f"the planned records of {where[0]}[{where[1]}]{start} are gone from Kafka (retention, or "
-                            f"the topic was deleted or recreated since planning): {said}. Nothing was committed; the "
-                            "next run re-plans and applies data_loss_policy")
+    if where is not None and code in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET,
+                                      KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                                      KafkaError._UNKNOWN_PARTITION):
+        raise _data_loss(where, wanted, said)
     if code in (KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.COORDINATOR_NOT_AVAILABLE):
         return  # librdkafka looks for the group's coordinator; an assigned read never uses it (nor does Spark's)
-    topics = sorted({r.topic for r in ranges})
-    explained = settings.explain(said, topics=topics, topic_operations="READ and DESCRIBE")
-    if explained is not None:
+    explained = settings.explain(said, topics=sorted({r.topic for r in ranges}), topic_operations="READ and DESCRIBE")
+    if explained is not None:  # a refused login or certificate, a missing READ grant
         raise explained
-    if error.fatal() or not error.retriable():
+    if error.fatal() or code == KafkaError._AUTHENTICATION:
+        raise ConfigurationError(f"the Kafka client of the write cannot read from {settings.bootstrap_servers} "
+                                 f"({settings.origin}): {said}")
+    if where is not None and not error.retriable():
         raise SourceUnavailableError(f"reading {where[0]}[{where[1]}] from Kafka failed: {said}")
+
+
+def _data_loss(where: tuple[str, int], wanted: OffsetRange | None, said: str) -> DataLossError:
+    start = f" from offset {wanted.start}" if wanted is not None else ""
+    return DataLossError(f"the planned records of {where[0]}[{where[1]}]{start} are gone from Kafka (retention, or the "
+                         f"topic was deleted or recreated since planning): {said}. Nothing was committed; the next run "
+                         "re-plans and applies data_loss_policy")
