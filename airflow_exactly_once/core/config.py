@@ -166,11 +166,8 @@ class PipelineConfig:
 
     def _validate_local_read(self) -> None:
         value = self.local_read_max_records
-        try:
-            number = int(value) if not isinstance(value, bool) else -1
-        except (TypeError, ValueError):
-            number = -1
-        if number < 0 or str(number) != str(value).strip():
+        number = _number(value, int)
+        if number is None or number < 0:
             raise ConfigurationError(f"local_read_max_records={value!r}: give a whole number of offsets, e.g. 5000 "
                                      "(0 reads every batch with Spark's Kafka source)")
         self.local_read_max_records = number
@@ -181,11 +178,8 @@ class PipelineConfig:
             value = getattr(self, name)
             if value is None:
                 continue
-            try:
-                number = kind(value) if not isinstance(value, bool) else None
-            except (TypeError, ValueError):
-                number = None
-            if number is None or number <= 0 or (kind is int and float(value) != number):
+            number = _number(value, kind)
+            if number is None or number <= 0:
                 example = "1000" if kind is int else "7 (or 0.5 for twelve hours)"
                 raise ConfigurationError(f"{name}={value!r}: give a number above 0, e.g. {example}, or None to "
                                          "not bound retention by it (None for both keeps every batch)")
@@ -360,6 +354,17 @@ class PipelineConfig:
             if getattr(self, name) is not None:
                 relevant[name] = getattr(self, name)
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
+
+
+def _number(value: Any, kind: type) -> int | float | None:
+    """`value` (a number, or a rendered template's text) as `kind`; None when it is not one (a whole one for int)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = kind(value)
+        return None if kind is int and float(value) != number else number
+    except (TypeError, ValueError):
+        return None
 
 
 def _get(data: Any, path: list[str]) -> Any:
