@@ -22,8 +22,10 @@ from devtools.processes import check_alive, marked_processes, stop_session
 
 REPO = Path(__file__).resolve().parents[1]
 FINISHED = {"success", "failed"}
-# The stack's metadata database is SQLite: wait up to a minute for its write lock instead of
-# failing after sqlite3's default 5 s ("database is locked"), which a loaded machine exceeds.
+# Without `database_url` the stack's metadata database is SQLite (AIRFLOW_HOME/airflow.db): wait up to a minute
+# for its write lock instead of failing after sqlite3's default 5 s ("database is locked"), which a loaded machine
+# exceeds. SQLite still refuses at once a write that would deadlock (a read transaction upgrading to a write while
+# another process writes): fine for the demo, not for a test suite that posts backfills beside a busy scheduler.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 
 
@@ -31,11 +33,14 @@ class AirflowStack:
     """`triggerer=True` adds Airflow's triggerer (deferred tasks, Asset watchers: event-driven runs).
     `component_env`: environment of one component over `extra_env`, e.g. {"triggerer": {...}} (the scheduler's
     reaches the tasks: LocalExecutor runs them in its children). `reparse_seconds`: how often the dag-processor
-    parses each DAG file again (Airflow's min_file_process_interval); new files are found every 3 s either way."""
+    parses each DAG file again (Airflow's min_file_process_interval); new files are found every 3 s either way.
+    `database_url`: Airflow's metadata database (SQLAlchemy URL, e.g. a PostgreSQL database, as production runs it);
+    None keeps SQLite in AIRFLOW_HOME."""
 
     def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
                  parallelism: int = 4, triggerer: bool = False,
-                 component_env: dict[str, dict[str, str]] | None = None, reparse_seconds: int = 30) -> None:
+                 component_env: dict[str, dict[str, str]] | None = None, reparse_seconds: int = 30,
+                 database_url: str | None = None) -> None:
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
@@ -47,6 +52,7 @@ class AirflowStack:
         self.extra_env = extra_env or {}
         self.component_env = component_env or {}
         self.reparse_seconds = reparse_seconds
+        self.database_url = database_url
         self.parallelism = parallelism
         self.components = ("api-server", "scheduler", "dag-processor") + (("triggerer",) if triggerer else ())
         self.processes: dict[str, subprocess.Popen] = {}
@@ -62,7 +68,6 @@ class AirflowStack:
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": f"{__name__}.SQLITE_CONNECT_ARGS",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
@@ -86,6 +91,10 @@ class AirflowStack:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_server_ports[1]),
             "PYTHONUNBUFFERED": "1",
         })
+        if self.database_url:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database_url
+        else:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
         env.update(self.extra_env)
         # The stack's processes import this module (SQL_ALCHEMY_CONNECT_ARGS above): the repository's
         # root, where devtools lives, must be on their path whoever started the stack.
@@ -186,27 +195,10 @@ class AirflowStack:
         except urllib.error.HTTPError as exc:
             message = f"{method} {path} -> {exc.code}: {exc.read().decode(errors='replace')[:2000]}"
             if exc.code >= 500:  # the api-server's traceback says why; the response only says "Internal Server Error"
+                time.sleep(1)  # uvicorn logs the traceback after it sent the response
                 message += f"\napi-server.log meanwhile:\n{self.log_text('api-server')[log_size:][-4000:]}"
             raise RuntimeError(message) from exc
         return json.loads(text) if text else None
-
-    def create_backfill(self, body: dict[str, Any], attempts: int = 3) -> Any:
-        """POST /backfills as the UI's backfill dialog does, again when SQLite refused the write at once.
-
-        On SQLite a request that read before it writes gets "database is locked" without waiting
-        when another process writes at the same moment (a lock upgrade that would deadlock), a 500
-        that a user would answer by clicking again. Again only while no backfill of the DAG exists.
-        Any 500 counts: the api-server writes the traceback that names the lock after its response,
-        so the error's copy of its log may end before it.
-        """
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.api("POST", "/backfills", body)
-            except RuntimeError as exc:
-                existing = self.api("GET", f"/backfills?dag_id={body['dag_id']}")["backfills"]
-                if attempt == attempts or "-> 500:" not in str(exc) or existing:
-                    raise
-                time.sleep(1)
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout

@@ -33,6 +33,7 @@ from tests.no_secret import new_markers
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
 PG_DATABASE = "exactly_once"  # sink tables and the PostgreSQL ledger of the tests
+AIRFLOW_DATABASE = "airflow"  # the test Airflow's metadata, on the `airflow_database` server
 PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
@@ -194,6 +195,21 @@ def postgres(pg_data_root) -> LocalPostgres:
 
 
 @pytest.fixture(scope="session")
+def airflow_database(pg_data_root) -> LocalPostgres:
+    """Airflow's metadata database: PostgreSQL, as platforms run Airflow, on a server of its own.
+
+    Not SQLite: there a request that read before it writes (POST /backfills) fails at once with "database is
+    locked" while the scheduler writes, a 500 no user of a real deployment sees. Not the `postgres` server: tests
+    crash that one (stop -m immediate) under a running stack.
+    """
+    server = LocalPostgres(pg_data_root / "airflow-metadata", max_prepared_transactions=0)
+    server.start()
+    server.create_database(AIRFLOW_DATABASE)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def spark_connect(tmp_path_factory) -> LocalSparkConnectServer:
     """A Spark Connect server (local[2]) with Spark's Kafka connector and Iceberg: the warm Spark of write tasks."""
     server = LocalSparkConnectServer(tmp_path_factory.mktemp("spark-connect"), with_iceberg=True)
@@ -297,7 +313,7 @@ def openlineage_env(events: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_output, example_lakehouse,
+def airflow(request, kafka, postgres, airflow_database, faults_dir, example_output, example_spark_output, example_lakehouse,
             arrival_output, unreachable, hang_up_ledger, statsd, openlineage_events, tmp_path_factory):
     """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
     from devtools.airflow_stack import AirflowStack
@@ -355,9 +371,12 @@ def airflow(request, kafka, postgres, faults_dir, example_output, example_spark_
     }
     # The DAG files never change during a session: parsed once, not every 30 s. Parsing the ~20 files again and
     # again took a third of a core per stack (measured: 320 s of CPU in 940 s of a run).
-    stack = AirflowStack(root, dag_files, env, triggerer=True, reparse_seconds=3600, component_env={
-        "scheduler": statsd_env(statsd.tasks.port),  # LocalExecutor: the tasks run in the scheduler's children
-        "triggerer": statsd_env(statsd.triggerer.port)})
+    stack = AirflowStack(
+        root, dag_files, env, triggerer=True, reparse_seconds=3600,
+        database_url=airflow_database.url(AIRFLOW_DATABASE),
+        component_env={
+            "scheduler": statsd_env(statsd.tasks.port),  # LocalExecutor: the tasks run in the scheduler's children
+            "triggerer": statsd_env(statsd.triggerer.port)})
     stack.start()
     yield stack
     stack.stop()

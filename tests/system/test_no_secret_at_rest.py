@@ -40,7 +40,8 @@ from airflow_exactly_once.cli.main import main as cli_main
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from devtools.ports import reserve_port
-from tests.conftest import NO_SECRET_MARKERS, NO_SECRET_REGISTRY_USER, NO_SECRET_USER, PG_DATABASE, SECURED_IN
+from tests.conftest import (AIRFLOW_DATABASE, NO_SECRET_MARKERS, NO_SECRET_REGISTRY_USER, NO_SECRET_USER, PG_DATABASE,
+                            SECURED_IN)
 from tests.dags.eo_no_secret_test_dag import KAFKA_CONN_ID, LEDGER_CONN_ID, REGISTRY_CONN_ID
 from tests.no_secret import SPARK_CONF_ENV
 from tests.no_secret import airflow_env as no_secret_env
@@ -95,8 +96,8 @@ def cli_output(ledger_url: str, pipeline: str) -> list[Store]:
     return outputs
 
 
-def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow, warm_spark, openlineage_events,
-                                              schema_registry, tmp_path, unique):
+def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow, airflow_database, warm_spark,
+                                              openlineage_events, schema_registry, tmp_path, unique):
     admin = secured_kafka.client_config()
     prefix, table = f"nst-{unique}", f"nst_{unique}"
     topic = f"{SECURED_IN}nst-{unique}"
@@ -161,8 +162,8 @@ def test_no_secret_reaches_any_store_or_output(secured_kafka, postgres, airflow,
         "PostgreSQL (ledger, sink, dead letters, Iceberg catalog)": [
             *postgres_tables(dsn, f"PostgreSQL {PG_DATABASE}"), *files(postgres.log_file, "PostgreSQL server log")],
         "Airflow metadata database": [
-            *[s for p in sorted(home.glob("airflow.db*")) for s in files(p, f"file {p.name}")],
-            *sqlite_tables(home / "airflow.db", "Airflow metadata")],
+            *postgres_tables(airflow_database.dsn(AIRFLOW_DATABASE), "Airflow metadata"),
+            *files(airflow_database.log_file, "its PostgreSQL server log")],
         "Airflow logs": [*files(home / "logs", "logs"),
                          *[s for p in sorted(home.glob("*.log")) for s in files(p, f"component log {p.name}")]],
         "Iceberg warehouse": list(files(tmp_path / "lake", "warehouse")),

@@ -136,7 +136,7 @@ def test_backfill_three_intervals_then_rerun_them(kafka, airflow, tmp_path, uniq
     airflow.wait_for_dag(INTERVAL)
 
     # What the UI's backfill dialog sends: hours 01, 02 and 03, three runs at a time.
-    backfill = airflow.create_backfill({
+    backfill = airflow.api("POST", "/backfills", {
         "dag_id": INTERVAL, "from_date": DAY + "01:00:00Z", "to_date": DAY + "03:00:00Z",
         "dag_run_conf": conf, "max_active_runs": 3, "reprocess_behavior": "none"})
     created = airflow.api("GET", f"/dags/{INTERVAL}/dagRuns?run_type=backfill&limit=100")["dag_runs"]

@@ -10,7 +10,8 @@ attempts really wrote to Kafka, i.e. that transactions, not luck, kept them out.
 from __future__ import annotations
 
 import json
-import sqlite3
+
+import sqlalchemy
 
 from airflow_exactly_once.core.drift import mirror_metadata
 from airflow_exactly_once.core.faults import arm
@@ -74,10 +75,14 @@ def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> N
     # Airflow: batch 2's event gone (Airflow never recorded it: the state a notify_complete leaves that failed
     # after its commit and was marked success), and events posted by hand: for a batch the ledger never had,
     # with other offsets than batch 1's, and naming no batch.
-    with sqlite3.connect(airflow.home / "airflow.db", timeout=60) as db:
-        [(asset_id,)] = db.execute("SELECT id FROM asset WHERE uri = ?", (f"x-exactly-once://{pipeline}",)).fetchall()
-        deleted = db.execute("DELETE FROM asset_event WHERE json_extract(extra, '$.batch_seq') = 2 AND asset_id = ?",
-                             (asset_id,)).rowcount
+    engine = sqlalchemy.create_engine(airflow.database_url)  # the stack's PostgreSQL (tests/conftest.py)
+    with engine.begin() as db:
+        asset_id = db.execute(sqlalchemy.text("SELECT id FROM asset WHERE uri = :uri"),
+                              {"uri": f"x-exactly-once://{pipeline}"}).scalar_one()
+        deleted = db.execute(sqlalchemy.text(
+            "DELETE FROM asset_event WHERE CAST(CAST(extra AS TEXT) AS JSON) ->> 'batch_seq' = '2' "
+            "AND asset_id = :asset_id"), {"asset_id": asset_id}).rowcount
+    engine.dispose()
     assert deleted == 1
     posted = ({"batch_seq": 7, "ranges": []}, {"note": "by hand"},
               {"batch_seq": 1, "ranges": [{"topic": K2K_INPUT, "partition": 0, "start": 0, "end": 999}]})
