@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
-KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +253,7 @@ def check_connector(problems: list[str]) -> str:
 def check_spark(problems: list[str]) -> dict[str, Any]:
     """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars)."""
     from airflow_exactly_once.spark.job import local_frame
+    from airflow_exactly_once.spark.records import KAFKA_COLUMNS
     from airflow_exactly_once.spark.session import build_spark_session
 
     os.environ.pop("SPARK_CONF_DIR", None)
@@ -280,8 +280,8 @@ def check_spark(problems: list[str]) -> dict[str, Any]:
         total = frame.mapInArrow(double, frame.schema).groupBy().sum("id").collect()[0][0]
     finally:
         spark.stop()
-    if columns != KAFKA_COLUMNS:
-        problems.append(f"the Kafka source has columns {columns}, not {KAFKA_COLUMNS}")
+    if columns != list(KAFKA_COLUMNS):
+        problems.append(f"the Kafka source has columns {columns}, not {list(KAFKA_COLUMNS)} (spark.records)")
     if local_types != source_types:
         problems.append(f"a small batch's local relation has {local_types}, the Kafka source {source_types}")
     if tuple(local_row) != (2, 7, 1_700_000_000_123):

@@ -35,8 +35,9 @@ Row = tuple[Any, Any, str, int, int, int, int]  # key, value, topic, partition, 
 
 def read_ranges(settings: KafkaSettings, group: str, ranges: Sequence[OffsetRange], max_bytes: int = MAX_BYTES,
                 timeout_s: float = TIMEOUT_S) -> list[Row] | None:
-    """Every record in `ranges` (read_committed), or None when they hold more than `max_bytes` or confluent-kafka
-    is missing here (a cluster's driver may lack it: Spark's source reads the batch)."""
+    """Every record in `ranges` (read_committed) by topic, partition and offset, as Spark's source lists them, or
+    None when they hold more than `max_bytes` or confluent-kafka is missing here (a cluster's driver may lack it:
+    Spark's source reads the batch)."""
     if Consumer is None:
         return None
     pending = {(r.topic, r.partition): r for r in ranges if r.size > 0}
@@ -93,6 +94,7 @@ def read_ranges(settings: KafkaSettings, group: str, ranges: Sequence[OffsetRang
                     return None
                 if message.offset() == wanted.end - 1:
                     del pending[where]
+        rows.sort(key=lambda row: row[2:5])  # partitions arrive interleaved
         return rows
     finally:
         consumer.close()

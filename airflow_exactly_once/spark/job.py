@@ -61,9 +61,7 @@ FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
 # A batch is read in more Spark partitions than Kafka's only when each part keeps this many records: each
 # extra task opens a Kafka consumer of its own (read_layout).
 SPLIT_PART_RECORDS = 150_000
-# The columns of Spark's Kafka source (without headers), which a small batch's local relation has too.
-KAFKA_SOURCE_SCHEMA = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
-                       "timestampType INT")
+KAFKA_SOURCE_SCHEMA = ", ".join(f"{name} {sql_type}" for name, sql_type in records.KAFKA_SOURCE_COLUMNS)
 _COUNT = "records"  # the metric an Observation of the write counts into (_counted, _observed_records)
 
 
@@ -103,7 +101,6 @@ def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout |
         settings = KafkaSettings.of(config)
         rows = range_read.read_ranges(settings, settings.reader_group(config.pipeline_id), batch.ranges)
         if rows is not None:
-            rows.sort(key=lambda row: row[2:5])  # by topic, partition, offset: as Spark's source lists them
             frame = local_frame(spark, rows)
             return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
     options = kafka_read_options(batch, config)
@@ -116,16 +113,13 @@ def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout |
 def local_frame(spark, rows: list) -> Any:
     """Records read by kafka.range_read as the DataFrame Spark's Kafka source gives (its columns and types)."""
     import pyarrow as pa
-
-    columns = list(zip(*rows)) if rows else [[] for _ in range(7)]
-    table = pa.table({
-        "key": pa.array(columns[0], pa.binary()), "value": pa.array(columns[1], pa.binary()),
-        "topic": pa.array(columns[2], pa.string()), "partition": pa.array(columns[3], pa.int32()),
-        "offset": pa.array(columns[4], pa.int64()),
-        "timestamp": pa.array(columns[5], pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-        "timestampType": pa.array(columns[6], pa.int32())})
     import pyspark
 
+    arrow_types = {"BINARY": pa.binary(), "STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(),
+                   "TIMESTAMP": pa.timestamp("ms", tz="UTC")}  # range_read's timestamps are epoch milliseconds
+    columns = list(zip(*rows)) if rows else [()] * len(records.KAFKA_SOURCE_COLUMNS)
+    table = pa.table({name: pa.array(column, arrow_types[sql_type])
+                      for (name, sql_type), column in zip(records.KAFKA_SOURCE_COLUMNS, columns)})
     if int(pyspark.__version__.split(".")[0]) < 4:  # PySpark 3.5 takes pandas, not a pyarrow Table
         return spark.createDataFrame(table.to_pandas(), schema=KAFKA_SOURCE_SCHEMA)
     return spark.createDataFrame(table)

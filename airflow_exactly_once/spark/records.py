@@ -37,7 +37,11 @@ SOURCE = "_source"
 BAD_RECORD = "_bad_record"
 DECODE_ERROR = "_aeo_decode_error"
 UNKNOWN_ID = "unknown schema id "  # the start of the reason of a record whose id no subject version had
-KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+# The columns of Spark's Kafka source (without headers) and their Spark SQL types; a small batch's local relation
+# (job.local_frame, from kafka.range_read's rows in this order) has them too.
+KAFKA_SOURCE_COLUMNS = (("key", "BINARY"), ("value", "BINARY"), ("topic", "STRING"), ("partition", "INT"),
+                        ("offset", "BIGINT"), ("timestamp", "TIMESTAMP"), ("timestampType", "INT"))
+KAFKA_COLUMNS = tuple(name for name, _ in KAFKA_SOURCE_COLUMNS)
 INTERNAL = (SOURCE, BAD_RECORD, DECODE_ERROR)
 BAD_RECORD_FOUND = "airflow-exactly-once found a bad record in the one-pass write: "  # see failing_at_bad_record
 
