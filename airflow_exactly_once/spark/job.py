@@ -93,21 +93,31 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
     return options
 
 
-def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout | None = None):
+@dataclass(frozen=True)
+class BatchInput:
+    """A batch's records as a DataFrame, and their number when it is known without Spark (a small batch read
+    here: the rows it read), which spares the write an Observation of its input."""
+
+    frame: Any
+    records: int | None = None
+
+
+def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout | None = None) -> BatchInput:
     """The batch's records from Kafka, one Spark partition per offset range unless `layout` (read_layout) says
     otherwise; a batch of at most `local_read_max_records` offsets is read here (kafka.range_read) and becomes a
     local relation, which Spark slices by its parallelism."""
+    tasks = layout.tasks if layout is not None else None
     if 0 < batch.offset_span <= config.local_read_max_records:
         settings = KafkaSettings.of(config)
         rows = range_read.read_ranges(settings, settings.reader_group(config.pipeline_id), batch.ranges)
         if rows is not None:
             frame = local_frame(spark, rows)
-            return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
+            return BatchInput(frame.coalesce(tasks) if tasks else frame, len(rows))
     options = kafka_read_options(batch, config)
     if layout is not None and layout.parts:
         options["minPartitions"] = str(layout.parts)
     frame = spark.read.format("kafka").options(**options).load()
-    return frame.coalesce(layout.tasks) if layout is not None and layout.tasks else frame
+    return BatchInput(frame.coalesce(tasks) if tasks else frame)
 
 
 def local_frame(spark, rows: list) -> Any:
@@ -229,14 +239,15 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     # Observations sit outside our own columns: Spark does not prune columns through them, so an
     # observation above `_source` would copy every key and value once more.
     seen_in, seen_out = Observation("input"), Observation("output")
-    source = read_batch(spark, batch, config, read_layout(spark, batch, sink))
+    batch_input = read_batch(spark, batch, config, read_layout(spark, batch, sink))
+    source = batch_input.frame
     checks_decoding = records.checks_decoding(config)
     if _is_connect(spark):
         _observe_on_connect(spark)
     # Else _count counts the input; the dead letters of undecodable and of marked records are a union of two
     # branches of this plan, which Spark Connect refuses when both carry the same observation ("multiple values
-    # for keyword argument 'input'").
-    observes_input = not checks_decoding
+    # for keyword argument 'input'"). A small batch read here needs no count: its rows were counted as read.
+    observes_input = not checks_decoding and batch_input.records is None
     if observes_input:
         source = _counted(source, seen_in)
     if checks_decoding:  # one pass when the batch turns out to have no bad record
@@ -255,13 +266,15 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
             staged = _counted(records.without_internal(output), seen_out)
             committable = sink.stage(staged, batch, run_writers)
-            input_records, output_records = _observed_records(seen_in), _observed_records(seen_out)
+            output_records = _observed_records(seen_out)
+            input_records = batch_input.records if batch_input.records is not None else _observed_records(seen_in)
             # A count Spark did not report: the staged output may know its own, and without a transform the input
             # is the output record for record; else the input is counted again, a second read of the range.
             if output_records is None:
                 output_records = committable.records
             if input_records is None:
-                input_records = output_records if transform is None else read_batch(spark, batch, config).count()
+                input_records = output_records if transform is None else \
+                    read_batch(spark, batch, config).frame.count()
             return _Staged(committable, input_records, output_records)
         if marks:
             if records.SOURCE not in output.columns:

@@ -409,7 +409,7 @@ def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, 
 
     # Attempt A claims the batch, pre-commits its transactions, then stalls (GC pause, lost worker)...
     zombie = pipe.claim(batch_id)
-    zombie_handles = pipe.stage(upper_value(read_batch(spark, zombie, coordinator.config)), zombie)
+    zombie_handles = pipe.stage(upper_value(read_batch(spark, zombie, coordinator.config).frame), zombie)
     # ...so Airflow retries the write: attempt B re-opens the same transactional ids, which fences A.
     assert run_write(spark, coordinator, batch_id, transform=upper_value)["action"] == "prepared"
 

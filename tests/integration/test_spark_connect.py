@@ -101,10 +101,12 @@ def test_parquet_and_kafka_sinks_write_exactly_once_on_spark_connect(kafka, spar
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, f"{name}-out"))
 
 
+@pytest.mark.parametrize("local_read_max_records", [0, 5000], ids=["spark-source", "read-by-the-write"])
 def test_a_transform_that_filters_gets_both_counts_from_the_writes_observations(
-        kafka, spark_connect, tmp_path, monkeypatch):
+        kafka, spark_connect, tmp_path, monkeypatch, local_read_max_records):
     """Spark Connect reports the observations of a write command (with its plan cache off: SPARK-53908), the
-    input's and the output's: the range is read once."""
+    input's and the output's: the range is read once. A small batch read by the write counts its input as it
+    reads it (no Observation of the input), and is not read a second time either."""
     from airflow_exactly_once.spark import job
 
     reads = []
@@ -112,7 +114,8 @@ def test_a_transform_that_filters_gets_both_counts_from_the_writes_observations(
     name = f"connect-filter-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 90)
-    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")})
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")},
+                    local_read_max_records=local_read_max_records)
     batch = pipe.plan("run-1").batch
     summary = ConnectWrite(pipe.coordinator, spark_connect.url, every_third).run(batch.id)
     assert (summary["input_records"], summary["output_records"]) == (90, 30)
