@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 
-import sqlalchemy
-
 from airflow_exactly_once.core.drift import mirror_metadata
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
-from tests.conftest import K2K_INPUT, K2K_OUTPUT
+from tests.conftest import AIRFLOW_DATABASE, K2K_INPUT, K2K_OUTPUT
 from tests.harness import airflow_ledger, operator_cli
-from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
+from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, pg_query, produce
 from tests.kafka_helpers import alter_group, delete_group_offset, group_offsets, read_all, settled_ends, wait_transactions_ended
 
 TEST_DAG = "eo_kafka_test"
@@ -34,7 +32,8 @@ def new_pipeline(kafka, name: str, records: int, **params) -> tuple[dict, list[s
     return conf, [value.upper() for value in sent]  # what eo_kafka_transforms.upper_value makes of them
 
 
-def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka, airflow, warm_spark):
+def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka, airflow, airflow_database,
+                                                                          warm_spark):
     # warm_spark: the example's write runs on the session's Spark Connect server (its environment says so)
     create_topic(kafka.bootstrap_servers, K2K_INPUT, partitions=3)
     create_topic(kafka.bootstrap_servers, K2K_OUTPUT, partitions=3)
@@ -58,10 +57,10 @@ def test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group(kafka,
     # The lag dashboards' view: the group's offsets are the ledger's committed positions.
     assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == {(K2K_INPUT, p): 200 for p in range(3)}
     assert group_offsets(kafka.bootstrap_servers, "kafka_to_kafka") == ledger.committed_positions("kafka_to_kafka")
-    check_drift_made_on_purpose_and_repaired(kafka, airflow, "kafka_to_kafka")
+    check_drift_made_on_purpose_and_repaired(kafka, airflow, airflow_database.dsn(AIRFLOW_DATABASE), "kafka_to_kafka")
 
 
-def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> None:
+def check_drift_made_on_purpose_and_repaired(kafka, airflow, airflow_dsn: str, pipeline: str) -> None:
     """`airflow-exactly-once check` against the real group and Airflow's real Asset events: each kind of drift is
     found with its cause, and the repairs it names work. The DAG (the Kafka example) is named as its pipeline."""
     check = operator_cli(airflow, "check", pipeline)
@@ -75,14 +74,9 @@ def check_drift_made_on_purpose_and_repaired(kafka, airflow, pipeline: str) -> N
     # Airflow: batch 2's event gone (Airflow never recorded it: the state a notify_complete leaves that failed
     # after its commit and was marked success), and events posted by hand: for a batch the ledger never had,
     # with other offsets than batch 1's, and naming no batch.
-    engine = sqlalchemy.create_engine(airflow.database_url)  # the stack's PostgreSQL (tests/conftest.py)
-    with engine.begin() as db:
-        asset_id = db.execute(sqlalchemy.text("SELECT id FROM asset WHERE uri = :uri"),
-                              {"uri": f"x-exactly-once://{pipeline}"}).scalar_one()
-        deleted = db.execute(sqlalchemy.text(
-            "DELETE FROM asset_event WHERE CAST(CAST(extra AS TEXT) AS JSON) ->> 'batch_seq' = '2' "
-            "AND asset_id = :asset_id"), {"asset_id": asset_id}).rowcount
-    engine.dispose()
+    [(asset_id,)] = pg_query(airflow_dsn, "SELECT id FROM asset WHERE uri = %s", (f"x-exactly-once://{pipeline}",))
+    deleted = len(pg_query(airflow_dsn, "DELETE FROM asset_event WHERE CAST(CAST(extra AS TEXT) AS JSON) ->> "
+                                        "'batch_seq' = '2' AND asset_id = %s RETURNING id", (asset_id,)))
     assert deleted == 1
     posted = ({"batch_seq": 7, "ranges": []}, {"note": "by hand"},
               {"batch_seq": 1, "ranges": [{"topic": K2K_INPUT, "partition": 0, "start": 0, "end": 999}]})
