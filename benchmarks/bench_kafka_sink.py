@@ -7,7 +7,10 @@ writes the *same* offset range to a fresh output topic with as many partitions a
 * `spark`: Spark's own batch writer, `df.write.format("kafka")` of Spark's own Kafka read of
   the range (what a user without this package would write: at least once, no transaction);
 * `EXACTLY_ONCE`, `AT_LEAST_ONCE`, `NONE`: this package's write step (claim, Spark reads the
-  range, the sink writes, PREPARED) plus notify_complete (the commit).
+  range, the sink writes, PREPARED) plus notify_complete (the commit);
+* `spark_read`: Spark's read of the range alone, into Spark's `noop` format: the floor of every
+  writer that starts from Spark's Kafka source, so "CPU s beyond the read" is what each writer's
+  own work costs (what a faster writer could still win).
 
 Throughput = records / seconds of the write (+ commit). A warm-up round (--warmup) runs first, uncounted.
 Beside the seconds, each run's CPU seconds (user + system, from /proc) of the broker, of Spark's JVM and of
@@ -47,7 +50,7 @@ from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import use_prefetched_connector
 
-CONTENDERS = ("spark", "EXACTLY_ONCE", "AT_LEAST_ONCE", "NONE")
+CONTENDERS = ("spark", "EXACTLY_ONCE", "AT_LEAST_ONCE", "NONE", "spark_read")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -149,15 +152,29 @@ def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, wo
             "commit_s": committed - written, "seconds": committed - started}
 
 
+def spark_frame(spark, range_batch, config):
+    """Spark's own read of the range, with Spark's default isolation."""
+    options = kafka_read_options(range_batch, config)
+    options.pop("kafka.isolation.level")
+    return spark.read.format("kafka").options(**options).load().select("key", "value")
+
+
 def spark_writer(spark, bootstrap: str, source: str, range_batch, config, partitions: int) -> dict:
     output = new_topic(bootstrap, f"bench-spark-{uuid.uuid4().hex[:6]}", partitions)
-    options = kafka_read_options(range_batch, config)
-    options.pop("kafka.isolation.level")  # Spark's default read
     started = time.perf_counter()
-    (spark.read.format("kafka").options(**options).load().select("key", "value")
-     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", output).save())
+    spark_frame(spark, range_batch, config).write.format("kafka").option("kafka.bootstrap.servers", bootstrap) \
+        .option("topic", output).save()
     seconds = time.perf_counter() - started
     return {"contender": "spark", "records": records_in(bootstrap, output), "write_s": seconds, "commit_s": 0.0,
+            "seconds": seconds}
+
+
+def spark_read(spark, range_batch, config) -> dict:
+    """The read alone (Spark's `noop` sink consumes every row and writes nothing)."""
+    started = time.perf_counter()
+    spark_frame(spark, range_batch, config).write.format("noop").mode("overwrite").save()
+    seconds = time.perf_counter() - started
+    return {"contender": "spark_read", "records": range_batch.offset_span, "write_s": seconds, "commit_s": 0.0,
             "seconds": seconds}
 
 
@@ -195,9 +212,12 @@ def main() -> None:
                                  lambda: KafkaOffsetSource(KafkaSettings.of(reference)), "range").batch
         rounds = []
         for n in range(-args.warmup, args.repeats):
-            for contender in CONTENDERS[n % 4:] + CONTENDERS[:n % 4]:
+            turn = n % len(CONTENDERS)
+            for contender in CONTENDERS[turn:] + CONTENDERS[:turn]:
                 if contender == "spark":
                     result = spark_writer(spark, bootstrap, source, range_batch, reference, args.partitions)
+                elif contender == "spark_read":
+                    result = spark_read(spark, range_batch, reference)
                 else:
                     result = ours(spark, bootstrap, source, contender, args.partitions, workdir, args.producer_config)
                 result["records_per_s"] = result["records"] / result["seconds"]
@@ -219,10 +239,12 @@ def main() -> None:
     print(f"\nmedian of {args.repeats} round(s), {args.records:,} records of {args.size} bytes, {args.partitions} "
           f"partitions, Spark {args.spark_master}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after:")
     cpu = {c: statistics.median(sum(r["cpu_s"].values()) for r in rounds if r["contender"] == c) for c in CONTENDERS}
-    print(f"{'contender':<14} {'records/s':>10} {'vs Spark writer':>16} {'CPU s (all)':>12} {'vs Spark':>9}")
+    print(f"{'contender':<14} {'records/s':>10} {'vs Spark writer':>16} {'CPU s (all)':>12} {'vs Spark':>9} "
+          f"{'CPU s beyond the read':>22}")
     for contender in CONTENDERS:
         print(f"{contender:<14} {medians[contender]:>10,.0f} {medians[contender] / medians['spark']:>15.2f}x "
-              f"{cpu[contender]:>12.2f} {cpu[contender] / cpu['spark']:>8.2f}x")
+              f"{cpu[contender]:>12.2f} {cpu[contender] / cpu['spark']:>8.2f}x "
+              f"{cpu[contender] - cpu['spark_read']:>22.2f}")
     print(json.dumps({"medians_records_per_s": medians, "load": [load_before, load_after], "rounds": rounds}))
 
 
