@@ -23,11 +23,13 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from devtools.airflow_stack import AirflowStack
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
+from devtools.postgres import LocalPostgres
 from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "kafka_to_parquet"
 TOPIC = "events"
+AIRFLOW_DATABASE = "airflow"
 
 
 def say(message: str) -> None:
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None,
                         help="where the broker, Airflow and the output live (default: a new temporary folder, "
                              "so runs never share or depend on leftovers; an existing folder is emptied first)")
-    parser.add_argument("--keep", action="store_true", help="leave Kafka and Airflow running at the end")
+    parser.add_argument("--keep", action="store_true",
+                        help="leave Kafka and Airflow (and its PostgreSQL) running at the end")
     parser.add_argument("--spark-connect", action="store_true",
                         help="write on a Spark Connect server (started here) instead of a Spark driver per task")
     args = parser.parse_args(argv)
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"starting a Kafka broker (KRaft) in {workdir / 'kafka'}")
     broker = LocalKafkaBroker(workdir / "kafka").start()
-    stack = connect = None
+    stack = connect = metadata = None
     try:
         if args.spark_connect:
             say("starting a Spark Connect server (local mode, with Spark's Kafka connector)")
@@ -165,8 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         if connect is not None:  # the example DAG's spark_conn_id: a spark_connect connection
             env["AIRFLOW_CONN_SPARK_CONNECT_DEMO"] = json.dumps(connect.connection())
             env["EXACTLY_ONCE_DEMO_SPARK_CONN_ID"] = "spark_connect_demo"
+        # Airflow's metadata in PostgreSQL, as platforms run it: on SQLite a backfill or clear made in the UI
+        # while the scheduler writes can fail with "database is locked" (HTTP 500).
+        say("starting PostgreSQL for Airflow's metadata")
+        metadata = LocalPostgres(workdir / "airflow-metadata", max_prepared_transactions=0).start()
+        metadata.create_database(AIRFLOW_DATABASE)
         say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
-        stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env).start()
+        stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env,
+                             database_url=metadata.url(AIRFLOW_DATABASE)).start()
         stack.wait_for_dag(DAG_ID)
         say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
 
@@ -202,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             if stack is not None:
                 stack.stop()
+            if metadata is not None:
+                metadata.stop()
             if connect is not None:
                 connect.stop()
             broker.stop()
         else:
-            say("--keep: Kafka and Airflow are left running")
+            say("--keep: Kafka, Airflow and its PostgreSQL are left running")
 
 
 if __name__ == "__main__":
