@@ -159,7 +159,7 @@ def spark_frame(spark, range_batch, config):
     return spark.read.format("kafka").options(**options).load().select("key", "value")
 
 
-def spark_writer(spark, bootstrap: str, source: str, range_batch, config, partitions: int) -> dict:
+def spark_writer(spark, bootstrap: str, range_batch, config, partitions: int) -> dict:
     output = new_topic(bootstrap, f"bench-spark-{uuid.uuid4().hex[:6]}", partitions)
     started = time.perf_counter()
     spark_frame(spark, range_batch, config).write.format("kafka").option("kafka.bootstrap.servers", bootstrap) \
@@ -215,7 +215,7 @@ def main() -> None:
             turn = n % len(CONTENDERS)
             for contender in CONTENDERS[turn:] + CONTENDERS[:turn]:
                 if contender == "spark":
-                    result = spark_writer(spark, bootstrap, source, range_batch, reference, args.partitions)
+                    result = spark_writer(spark, bootstrap, range_batch, reference, args.partitions)
                 elif contender == "spark_read":
                     result = spark_read(spark, range_batch, reference)
                 else:

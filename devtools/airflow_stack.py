@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.ports import reserve_port
+from devtools.postgres import LocalPostgres
 from devtools.processes import check_alive, marked_processes, stop_session
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,17 @@ FINISHED = {"success", "failed"}
 # exceeds. SQLite still refuses at once a write that would deadlock (a read transaction upgrading to a write while
 # another process writes): fine for the demo, not for a test suite that posts backfills beside a busy scheduler.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
+METADATA_DATABASE = "airflow"  # the database metadata_server creates for Airflow
+
+
+def metadata_server(folder: Path) -> LocalPostgres:
+    """A PostgreSQL server of its own for Airflow's metadata (database METADATA_DATABASE), started; pass
+    `server.url(METADATA_DATABASE)` as the stack's `database_url`. As platforms run Airflow: on SQLite a request
+    that reads before it writes (the UI's Backfill) fails at once with "database is locked" while the scheduler
+    writes. No prepared transactions: Airflow uses none."""
+    server = LocalPostgres(folder, max_prepared_transactions=0).start()
+    server.create_database(METADATA_DATABASE)
+    return server
 
 
 class AirflowStack:

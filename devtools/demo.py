@@ -20,16 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
-from devtools.airflow_stack import AirflowStack
+from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
-from devtools.postgres import LocalPostgres
 from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "kafka_to_parquet"
 TOPIC = "events"
-AIRFLOW_DATABASE = "airflow"
 
 
 def say(message: str) -> None:
@@ -168,14 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         if connect is not None:  # the example DAG's spark_conn_id: a spark_connect connection
             env["AIRFLOW_CONN_SPARK_CONNECT_DEMO"] = json.dumps(connect.connection())
             env["EXACTLY_ONCE_DEMO_SPARK_CONN_ID"] = "spark_connect_demo"
-        # Airflow's metadata in PostgreSQL, as platforms run it: on SQLite a backfill or clear made in the UI
-        # while the scheduler writes can fail with "database is locked" (HTTP 500).
+        # Airflow's metadata in PostgreSQL (a backfill or clear made in the UI must not meet SQLite's lock)
         say("starting PostgreSQL for Airflow's metadata")
-        metadata = LocalPostgres(workdir / "airflow-metadata", max_prepared_transactions=0).start()
-        metadata.create_database(AIRFLOW_DATABASE)
+        metadata = metadata_server(workdir / "airflow-metadata")
         say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env,
-                             database_url=metadata.url(AIRFLOW_DATABASE)).start()
+                             database_url=metadata.url(METADATA_DATABASE)).start()
         stack.wait_for_dag(DAG_ID)
         say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
 

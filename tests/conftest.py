@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
+from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.maven import spark_conf_dir
@@ -33,7 +34,7 @@ from tests.no_secret import new_markers
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_TOPIC = "events"
 PG_DATABASE = "exactly_once"  # sink tables and the PostgreSQL ledger of the tests
-AIRFLOW_DATABASE = "airflow"  # the test Airflow's metadata, on the `airflow_database` server
+AIRFLOW_DATABASE = METADATA_DATABASE  # the test Airflow's metadata, on the `airflow_database` server
 PG_CONN_ID = "eo_test_postgres"
 PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
@@ -196,15 +197,11 @@ def postgres(pg_data_root) -> LocalPostgres:
 
 @pytest.fixture(scope="session")
 def airflow_database(pg_data_root) -> LocalPostgres:
-    """Airflow's metadata database: PostgreSQL, as platforms run Airflow, on a server of its own.
+    """Airflow's metadata database: PostgreSQL on a server of its own (devtools.airflow_stack.metadata_server).
 
-    Not SQLite: there a request that read before it writes (POST /backfills) fails at once with "database is
-    locked" while the scheduler writes, a 500 no user of a real deployment sees. Not the `postgres` server: tests
-    crash that one (stop -m immediate) under a running stack.
+    Not the `postgres` server: tests crash that one (stop -m immediate) under a running stack.
     """
-    server = LocalPostgres(pg_data_root / "airflow-metadata", max_prepared_transactions=0)
-    server.start()
-    server.create_database(AIRFLOW_DATABASE)
+    server = metadata_server(pg_data_root / "airflow-metadata")
     yield server
     server.stop()
 
@@ -316,7 +313,6 @@ def openlineage_env(events: Path) -> dict[str, str]:
 def airflow(request, kafka, postgres, airflow_database, faults_dir, example_output, example_spark_output, example_lakehouse,
             arrival_output, unreachable, hang_up_ledger, statsd, openlineage_events, tmp_path_factory):
     """The session's Airflow: api-server, scheduler, dag-processor and triggerer (Asset watchers)."""
-    from devtools.airflow_stack import AirflowStack
     from tests.helpers import create_topic
 
     # The backlog triggers of the event-driven example and of the metrics test start polling as soon as the
