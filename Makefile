@@ -19,9 +19,10 @@ NEWEST_TESTS := tests/unit \
 
 # The newest Kafka release the Kafka tests also run against (transactions v2, KIP-890, on by default).
 KAFKA4_VERSION ?= 4.4.0
-# What test-kafka4 runs: the transaction adapter, the Kafka sink, the sink contract's kafka case, and the
+# What test-kafka4 runs: the transaction adapter, the Kafka sink, hanging transactions, the sink contract's kafka case, and the
 # system test in which notify_complete resumes a pre-committed transaction in a fresh process.
 KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/test_kafka_sink.py \
+	tests/integration/test_kafka_hanging.py \
 	tests/integration/test_sink_contract.py \
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 

@@ -47,7 +47,7 @@ class BatchCoordinator:
         self.config = config
         self.ledger = ledger
         ledger.hide(config.secret_texts())  # no error or event it records holds one
-        self.sink = sink.bind(config)
+        self.sink = sink.bind(config, history=self.staged_history)
         self.stop_attempts = stop_attempts
         self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery
         self.recovery_lost: list[BatchId] = []  # batches recovery found lost (now ABORTED, processed again)
@@ -55,6 +55,11 @@ class BatchCoordinator:
     @property
     def pipeline_id(self) -> str:
         return self.config.pipeline_id
+
+    def staged_history(self) -> list[tuple[Batch, Committable]]:
+        """Every batch of the pipeline whose committable the ledger still holds (core.sink.StagedHistory)."""
+        return [(batch, self.sink.committable(batch.handles)) for batch in self.ledger.list_batches(self.pipeline_id)
+                if batch.handles]
 
     # -- recovery (the plan step, before anything new) ------------------------------
 

@@ -77,6 +77,11 @@ class PartitionWriter(ABC):
 # How a sink gets its partition writers run: (DataFrame, writer) -> one commit message per partition.
 RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 
+# The pipeline's batches whose committables the ledger still holds, each with its committable. A sink reads it
+# only when it finds something left open in its system and must tell whether that is its own (a hanging Kafka
+# transaction of an earlier batch); the coordinator binds it, a sink used without a ledger has none.
+StagedHistory = Callable[[], list[tuple[Batch, Committable]]]
+
 
 class Sink(ABC):
     """One sink type, built from a JSON spec, so it works after spark-submit too."""
@@ -100,6 +105,7 @@ class Sink(ABC):
         self.spec_type.check(spec)
         self.spec = spec
         self.pipeline: PipelineConfig | None = None
+        self.history: StagedHistory | None = None
 
     @property
     def name(self) -> str:
@@ -114,12 +120,14 @@ class Sink(ABC):
     def guarantee(self) -> str:
         return str(self.spec.get("guarantee") or "EXACTLY_ONCE")
 
-    def bind(self, config: PipelineConfig) -> "Sink":
-        """Give the sink the pipeline settings it may share (servers, client settings)."""
+    def bind(self, config: PipelineConfig, history: StagedHistory | None = None) -> "Sink":
+        """Give the sink the pipeline settings it may share (servers, client settings), and the ledger's
+        record of what the pipeline's batches staged (`history`), when a ledger is at hand."""
         if self.guarantee not in GUARANTEES or self.guarantee not in self.guarantees:
             raise ConfigurationError(f"the {self.name} sink does not implement guarantee={self.guarantee!r}; "
                                      f"choose one of {', '.join(self.guarantees)}")
         self.pipeline = config
+        self.history = history
         return self
 
     def lineage_dataset(self) -> DatasetName | None:

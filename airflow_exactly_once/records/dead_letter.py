@@ -20,7 +20,7 @@ from typing import Any
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink
+from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink, StagedHistory
 
 DEAD_LETTER_HANDLES = "dead_letter"
 
@@ -63,10 +63,13 @@ class SinkWithDeadLetters(Sink):
     def guarantee(self) -> str:
         return self.output.guarantee
 
-    def bind(self, config: PipelineConfig) -> "SinkWithDeadLetters":
-        self.output.bind(config)
-        self.dead.bind(config)
+    def bind(self, config: PipelineConfig, history: StagedHistory | None = None) -> "SinkWithDeadLetters":
+        """Each of the two sinks sees its own part of every batch's committable."""
+        self.output.bind(config, None if history is None else lambda: [(b, c.output) for b, c in history()])
+        self.dead.bind(config, None if history is None else
+                       lambda: [(b, c.dead_letters) for b, c in history() if c.dead_letters is not None])
         self.pipeline = config
+        self.history = history
         return self
 
     def check(self, pipeline_id: str) -> None:

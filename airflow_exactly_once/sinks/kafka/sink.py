@@ -26,6 +26,7 @@ import dataclasses
 import logging
 from typing import Any
 
+import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaProducer
 
 from airflow_exactly_once.core.errors import (
@@ -37,12 +38,13 @@ from airflow_exactly_once.core.errors import (
 )
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.sink import RunWriters, Sink
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
 from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_connection_failure
 from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_COLUMNS
-from airflow_exactly_once.sinks.kafka import librdkafka, probe
+from airflow_exactly_once.sinks.kafka import hanging, librdkafka, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaSpec
 from airflow_exactly_once.sinks.kafka.transactions import (
@@ -231,6 +233,7 @@ class KafkaSink(Sink):
         reports = {r.transactional_id: r for r in committable.transactions}
         admin = self._coordinator(settings, f"committing the Kafka transactions of batch {batch.seq}")
         with contextlib.closing(admin):  # one client: its connections serve the describe, EndTxn and aborts
+            ended = self._end_hanging(settings, admin, committable)
             status = self._states_before_commit(settings, admin, list(reports.values()))
             to_commit = [reports[t] for t, s in status.items() if s == _OPEN]
             if to_commit and _ABORTED not in status.values():  # else commit nothing: the batch is lost or partial
@@ -239,7 +242,7 @@ class KafkaSink(Sink):
             if aborted:
                 self._lost(batch, settings, admin, reports, status, aborted)
         return (f"committed {len(reports)} Kafka transaction(s) of batch {batch.seq} ({committable.records} records) "
-                f"to {committable.topic!r}")
+                f"to {committable.topic!r}{ended}")
 
     def verify_staged(self, batch: Batch, committable: KafkaCommittable) -> None:
         """Every transaction of the batch still open (or committed): else the batch is lost, before any commit."""
@@ -253,6 +256,7 @@ class KafkaSink(Sink):
             log.warning("cannot check the Kafka transactions of batch %s before committing (%s)", batch.seq, exc)
             return
         with contextlib.closing(admin):
+            self._end_hanging(settings, admin, committable)
             status = self._states_before_commit(settings, admin, list(reports.values()))
             aborted = sorted(t for t, s in status.items() if s == _ABORTED)
             if aborted:
@@ -326,9 +330,26 @@ class KafkaSink(Sink):
                             "output was deleted by retention before the commit could be checked.") from exc
         if visible is None:
             raise SinkError(f"cannot tell yet whether transaction {report.transactional_id!r} was committed: the last "
-                            f"stable offset of {topic}[{partition}] has not passed offset {offset} (another open "
-                            "transaction holds it back); retrying later decides it", retriable=True)
+                            f"stable offset of {topic}[{partition}] has not passed offset {offset}; "
+                            f"{self._holders(settings, topic, partition, offset)}; retrying later decides it",
+                            retriable=True)
         return _COMMITTED if visible else _ABORTED
+
+    def _holders(self, settings: KafkaSettings, topic: str, partition: int, offset: int) -> str:
+        """Which open transactions hold a partition's last stable offset at or below `offset`, and whose."""
+        try:
+            with probe.admin_client(settings) as admin:
+                held = [t for t in hanging.open_transactions(admin, [(topic, partition)]) if t.start_offset <= offset]
+                views = hanging.coordinator_views(admin, {t.producer_id for t in held}, {})
+        except Exception as exc:  # noqa: BLE001 - only the message's detail: the wait's own error stands
+            return f"which transaction holds it back cannot be asked ({type(exc).__name__}: {exc})"
+        if not held:
+            return "no transaction holds it back any more"
+        owners = self._owners()
+        return "held back by " + "; ".join(
+            f"{t.describe()}, {views[t.producer_id][0].describe()}, "
+            + (f"this pipeline's batch {owners[t.producer_id].batch_seq}" if t.producer_id in owners
+               else "not this pipeline's") for t in held)
 
     def _lost(self, batch: Batch, settings: KafkaSettings, admin: KafkaAdminClient,
               reports: dict[str, PartitionReport], status: dict[str, str], aborted: list[str]) -> None:
@@ -367,31 +388,100 @@ class KafkaSink(Sink):
             return f"records written under {guarantee} cannot be taken back"
         try:
             settings = self.client_settings(committable.bootstrap_servers if committable is not None else None)
-            if committable is not None:
-                aborted = self._abort_all(settings, [r.transaction for r in committable.transactions])
-            else:
-                with probe.admin_client(settings) as admin:
+            with probe.admin_client(settings) as admin:
+                if committable is not None:
+                    aborted = self._abort_all(settings, admin, [r.transaction for r in committable.transactions])
+                else:
                     known = probe.matching_transactions(admin, transactional_id_pattern(self.id_prefix, batch.seq))
-                for tid in sorted(known):
-                    librdkafka.fence({**settings.librdkafka(), **self.producer_config}, tid,
-                                     self.transaction_timeout_ms)
-                aborted = sum(state == "Ongoing" for state in known.values())
+                    for tid in sorted(known):
+                        librdkafka.fence({**settings.librdkafka(), **self.producer_config}, tid,
+                                         self.transaction_timeout_ms)
+                    aborted = sum(state == "Ongoing" for state in known.values())
+                ended = self._end_hanging(settings, admin, committable)
         except ExactlyOnceError:
             raise
         except Exception as exc:
             raise self._failure(settings, exc, f"aborting the transactions of batch {batch.seq}") from exc
-        return f"aborted {aborted} open Kafka transaction(s) of batch {batch.seq}"
+        return f"aborted {aborted} open Kafka transaction(s) of batch {batch.seq}{ended}"
 
-    def _abort_all(self, settings: KafkaSettings, handles: list[TransactionHandle]) -> int:
+    def _abort_all(self, settings: KafkaSettings, admin: KafkaAdminClient, handles: list[TransactionHandle]) -> int:
         """Abort exactly these transactions (EndTxn pipelined); how many the broker confirmed. Raises the
         first refusal or unanswered abort once all were tried (the caller keeps the release pending)."""
         if not any(h.started for h in handles):
             return 0
-        with probe.admin_client(settings) as admin:
-            answers = end_transactions(admin, handles, commit=False, timeout_ms=self._end_timeout_ms(settings))
+        answers = end_transactions(admin, handles, commit=False, timeout_ms=self._end_timeout_ms(settings))
         for handle, exc in answers.items():
             if isinstance(exc, TransactionLost):
                 log.info("Nothing to abort for %s: %s", handle, exc.reason)
             elif exc is not None:
                 raise exc
         return sum(1 for h, e in answers.items() if e is None and h.started)
+
+    # -- hanging transactions (KIP-664) ----------------------------------------------
+
+    def _end_hanging(self, settings: KafkaSettings, admin: KafkaAdminClient,
+                     committable: KafkaCommittable | None) -> str:
+        """End the output topic's hanging transactions this pipeline can show are its own and safe to abort.
+
+        Runs on every path that commits, judges or aborts a batch (notify_complete, recovery, abort and the
+        release of a lost batch). Raises, not retriable, naming each hanging transaction it must not end
+        and the command that ends it; returns what it ended, for the task's log. Without the ledger's
+        history (a sink used on its own) it does nothing; without READ on the topic (DescribeProducers) it
+        logs that it cannot look.
+        """
+        if self.history is None or self.guarantee != "EXACTLY_ONCE":
+            return ""
+        known = {} if committable is None else {r.transaction.producer_id: r.transactional_id
+                                                for r in committable.transactions}
+        try:
+            found = hanging.scan(admin, [(self.topic, p) for p in range(probe.topic_partitions(admin, self.topic))],
+                                 known)
+        except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
+            log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic (DescribeProducers) "
+                        "so that the pipeline finds and ends them itself", self.topic, type(exc).__name__)
+            return ""
+        except Errors.KafkaError as exc:  # a leader or coordinator not ready yet (a broker restarting): retry
+            raise self._failure(settings, exc, f"looking for hanging transactions in {self.topic!r}") from exc
+        if not found.hanging:
+            return ""
+        owners = self._owners()
+        def visible(topic: str, partition: int, offset: int) -> bool | None:
+            return probe.record_visible(settings, topic, partition, offset, timeout_s=5.0)
+
+        reasons = {h: hanging.why_not_abort(h, owners.get(h.txn.producer_id), found.open_keys, visible)
+                   for h in found.hanging}
+        safe = [h for h, why in reasons.items() if why is None]
+        refused = {h: why for h, why in reasons.items() if why is not None}
+        servers = settings.bootstrap_servers
+        try:
+            ended = hanging.abort(admin, safe)
+        except Errors.ClusterAuthorizationFailedError as exc:
+            raise SinkError(
+                f"{len(safe)} hanging transaction(s) of this pipeline hold the output {self.topic!r} back "
+                f"({'; '.join(h.describe() for h in safe)}), and ending them needs ALTER on the Cluster resource, "
+                f"which {settings.principal} lacks ({exc}). Grant it (kafka-acls --add --allow-principal <principal> "
+                "--operation Alter --cluster; docs/connections.md, ACLs) and retry, or end them yourself: " + "; ".join(h.txn.abort_command(servers) for h in safe),
+                retriable=False) from exc
+        for txn in ended:
+            log.warning("ended a hanging transaction with an abort marker: %s", txn.describe())
+        if refused:
+            raise SinkError(
+                f"hanging transaction(s) hold the output {self.topic!r} back (read_committed consumers see nothing "
+                "after them) and the pipeline must not end them: "
+                + "; ".join(f"{h.describe()}: not aborted because {why}" for h, why in refused.items())
+                + ". Decide by hand; where aborting is right, run: "
+                + "; ".join(h.txn.abort_command(servers) for h in refused)
+                + ". Then clear this task.", retriable=False)
+        return f"; ended {len(ended)} hanging transaction(s): " + "; ".join(t.describe() for t in ended)
+
+    def _owners(self) -> dict[int, hanging.Owner]:
+        """The producer ids this pipeline's ledger recorded, with their batch's state and transactions."""
+        owners: dict[int, hanging.Owner] = {}
+        for batch, committable in (self.history() if self.history is not None else []):
+            if not isinstance(committable, KafkaCommittable):
+                continue
+            writes = tuple((r.transaction.producer_id, t, p, o) for r in committable.transactions
+                           for t, p, o in r.first_offsets if t == self.topic)
+            owner = hanging.Owner(batch.seq, batch.state in (BatchState.COMMITTED, BatchState.RETRACTED), writes)
+            owners.update({r.transaction.producer_id: owner for r in committable.transactions})
+        return owners
