@@ -8,6 +8,7 @@ real absence and not a slow broker.
 
 from __future__ import annotations
 
+import shutil
 import time
 from typing import Any
 
@@ -133,3 +134,15 @@ def wait_transactions_ended(bootstrap: Cluster, committable: Any, timeout_s: flo
         assert time.monotonic() < deadline, f"the broker never ended {tids}"
         time.sleep(0.5)
 
+
+
+def lose_coordinator_state(broker: Any) -> None:
+    """A real fault, made deterministic: the broker stopped, its `__transaction_state` logs removed, started
+    again (as an unclean election on that topic or a lost disk leaves it). The coordinator forgets every
+    transaction; the partitions keep theirs open, with no coordinator to end them."""
+    broker.stop()
+    folders = list((broker.data_dir / "logs").glob("__transaction_state-*"))
+    assert folders, "the broker has no transaction state to lose"
+    for folder in folders:
+        shutil.rmtree(folder)
+    broker.start()

@@ -14,7 +14,6 @@ reader, written by the sink's partition writer): the subject is what commit, rec
 from __future__ import annotations
 
 import re
-import shutil
 import uuid
 
 import pytest
@@ -34,7 +33,7 @@ from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from devtools.kafka_broker import LocalKafkaBroker
 from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, create_topic, produce
-from tests.kafka_helpers import read_all, settled_ends
+from tests.kafka_helpers import lose_coordinator_state, read_all, settled_ends
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +41,6 @@ def broker(tmp_path_factory):
     broker = LocalKafkaBroker(tmp_path_factory.mktemp("kafka-hanging")).start()
     yield broker
     broker.stop()
-
-
-def lose_coordinator_state(broker: LocalKafkaBroker) -> None:
-    """The coordinator forgets every transaction; the partitions keep theirs open."""
-    broker.stop()
-    folders = list((broker.data_dir / "logs").glob("__transaction_state-*"))
-    assert folders, "the broker has no transaction state to lose"
-    for folder in folders:
-        shutil.rmtree(folder)
-    broker.start()
 
 
 def new_pipe(broker, tmp_path) -> tuple[Pipe, str, str, list[str]]:

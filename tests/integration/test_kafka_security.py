@@ -16,14 +16,22 @@ are left consistent (no batch, or one that aborts with nothing visible, offsets 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.admin import AbortTransactionSpec
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
+from airflow_exactly_once.core.errors import (
+    ConfigurationError,
+    ExactlyOnceError,
+    SourceUnavailableError,
+    TransactionLostError,
+)
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
@@ -33,6 +41,7 @@ from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_sink
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.runner import run_partition_writers
+from devtools.kafka_secured import Grant
 from devtools.tls import make_ca
 from tests.conftest import (
     NO_READ_USER,
@@ -45,7 +54,7 @@ from tests.conftest import (
 )
 from tests.harness import Pipe, open_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce, read_parquet
-from tests.kafka_helpers import read_all, settled_ends
+from tests.kafka_helpers import lose_coordinator_state, read_all, settled_ends
 
 ORIGIN = f"connection {SECURED_CONN_ID!r}"
 # A refused login or certificate is known after the planning client's bootstrap wait (10 s) and one
@@ -160,6 +169,42 @@ def test_kafka_sink_pipeline_exactly_once_through_sasl_ssl(secured_kafka, names,
     assert_exactly_once([v.upper() for v in sent], read_all(admin, output))
     assert sorted(read_all(admin, output, "read_uncommitted")) == sorted(v.upper() for v in sent)
     assert pipe.ledger.committed_positions(name) == {(source, p): 20 for p in range(3)}
+
+
+def test_a_hanging_transaction_without_alter_on_the_cluster_fails_for_good_naming_the_grant(secured_kafka, names,
+                                                                                           spark, tmp_path, monkeypatch):
+    """The coordinator lost a PREPARED batch's transactions (its __transaction_state logs removed), so they hang in
+    the output. The pipeline's user may find them (READ on the output) but not end them (no ALTER on the Cluster):
+    notify_complete fails at once, not retried, naming the grant and the commands; nothing is aborted or committed.
+    Once an operator ran the commands, notify_complete finds the batch lost and the range is processed again."""
+    name, source, output = names
+    secured_kafka.grant([Grant(PIPELINE_USER, "READ", "TOPIC", output, prefixed=False)])
+    produce(secured_kafka.client_config(), source, 30)
+    use_connection(monkeypatch, secured_kafka)
+    pipe = secured_pipe(tmp_path, name, source, {"type": "kafka", "topic": output})
+    batch_id = pipe.plan("run-1").batch.id
+    assert run_write(spark, pipe.coordinator, batch_id, transform=upper_value)["action"] == "prepared"
+    lose_coordinator_state(secured_kafka)
+
+    error = refused(lambda: pipe.commit(batch_id))
+    assert "needs ALTER on the Cluster resource" in str(error) and "--operation Alter --cluster" in str(error)
+    commands = re.findall(r"kafka-transactions\.sh --bootstrap-server \S+ abort --topic (\S+) --partition (\d+) "
+                          r"--producer-id (\d+) --producer-epoch (\d+) --coordinator-epoch (\d+)", str(error))
+    assert commands and {c[0] for c in commands} == {output}
+    assert pipe.ledger.get_batch(batch_id).state is BatchState.PREPARED
+    assert read_all(secured_kafka.client_config(), output, settle=False) == []  # still held back: nothing ended
+
+    admin = KafkaAdminClient(**secured_kafka.client_config())  # the operator, with the grant, runs the commands
+    try:
+        for topic, partition, pid, epoch, coordinator_epoch in commands:
+            admin.abort_transaction(AbortTransactionSpec(TopicPartition(topic, int(partition)), int(pid), int(epoch),
+                                                         int(coordinator_epoch)))
+    finally:
+        admin.close()
+    with pytest.raises(TransactionLostError):
+        pipe.commit(batch_id)
+    assert pipe.ledger.get_batch(batch_id).state is BatchState.ABORTED
+    assert pipe.plan("run-2").batch.ranges == pipe.ledger.get_batch(batch_id).ranges
 
 
 # --------------------------------------------------------------------------- bad input

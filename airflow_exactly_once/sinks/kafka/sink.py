@@ -456,7 +456,7 @@ class KafkaSink(Sink):
         try:
             ended = hanging.abort(admin, safe)
         except Errors.ClusterAuthorizationFailedError as exc:
-            raise SinkError(
+            raise ConfigurationError(
                 f"{len(safe)} hanging transaction(s) of this pipeline hold the output {self.topic!r} back "
                 f"({'; '.join(h.describe() for h in safe)}), and ending them needs ALTER on the Cluster resource, "
                 f"which {settings.principal} lacks ({exc}). Grant it (kafka-acls --add --allow-principal <principal> "
