@@ -92,8 +92,9 @@ def test_the_embedded_ledger_on_two_workers_is_refused_before_anything_is_writte
     first = a.run(pipeline, "manual__1")
     assert first["error"]["step"] == "plan" and first["error"]["type"] == "AirflowFailException"
     message = first["error"]["message"]
-    assert message.startswith(f"ConfigurationError: the embedded SQLite ledger (sqlite:///{a.home / EMBEDDED_LEDGER_FILE}) "
-                              "cannot be used under executor CeleryExecutor ([core] executor = 'CeleryExecutor')")
+    assert message.startswith(f"ConfigurationError: the embedded SQLite ledger (sqlite:///{a.home}/"
+                              f"{EMBEDDED_LEDGER_FILE}) cannot be used under executor CeleryExecutor ([core] executor "
+                              "= 'CeleryExecutor')")
     assert "each worker would keep its own ledger" in message
     assert "ledger_conn_id='<connection>'" in message and "[exactly_once] embedded_ledger_shared = True" in message
     assert any(w.startswith(f"EmbeddedLedgerWarning: pipeline {pipeline['pipeline_id']}: its tasks will fail")
@@ -150,9 +151,9 @@ def test_two_workers_sharing_one_ledger_commit_every_record_once(kafka, spark_co
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output))
     book = Ledger(url)
     batches = book.list_batches(pipeline["pipeline_id"], newest_first=False)
-    assert [(b.seq, b.state, b.run_id) for b in batches] == [(1, BatchState.COMMITTED, "manual__1"),
-                                                               (2, BatchState.COMMITTED, "manual__2")]
-    assert sum(b.input_records for b in batches) == 2 * RECORDS
+    assert [(batch.seq, batch.state, batch.run_id) for batch in batches] == [(1, BatchState.COMMITTED, "manual__1"),
+                                                                               (2, BatchState.COMMITTED, "manual__2")]
+    assert sum(batch.input_records for batch in batches) == 2 * RECORDS
     assert_ranges_tile(book, pipeline["pipeline_id"])  # batch 2 starts where batch 1 ended
     if ledger == "postgresql":  # and no worker made a file of its own
         assert not (a.home / EMBEDDED_LEDGER_FILE).exists() and not (b.home / EMBEDDED_LEDGER_FILE).exists()
