@@ -12,6 +12,9 @@ class, configuration, authentication, the DB session), which exist only where it
 `Stats`, Airflow's metrics layer (airflow_exactly_once.metrics emits through it), comes from
 common-compat too (`airflow.stats` on 3.1, the SDK's observability module on later releases).
 `openlineage()` gives the OpenLineage provider's classes when the optional extra is installed.
+Airflow's configuration (airflow.cfg and its AIRFLOW__SECTION__OPTION variables) is read here too,
+one small function per value the package needs (`legacy_metric_names`, `configured_executors_setting`,
+`config_flag`).
 
 Below the floor (`AIRFLOW_FLOOR`) the task SDK lacks what the package needs (Airflow 3.0 has
 no `airflow.sdk.BaseHook`), so importing this module there fails at once with the release to
@@ -82,6 +85,20 @@ def legacy_metric_names() -> bool:
     return conf.getboolean("metrics", "legacy_names_on", fallback=True)
 
 
+def configured_executors_setting() -> str:
+    """Airflow's `[core] executor`: the executors tasks may run under, a comma-separated list, the default first."""
+    from airflow.configuration import conf
+
+    return conf.get("core", "executor", fallback="") or ""
+
+
+def config_flag(section: str, option: str) -> bool:
+    """A yes/no option of airflow.cfg (or its AIRFLOW__SECTION__OPTION variable); False when not set."""
+    from airflow.configuration import conf
+
+    return conf.getboolean(section, option, fallback=False)
+
+
 def openlineage() -> SimpleNamespace | None:
     """The OpenLineage provider's OperatorLineage, the client's dataset and facet classes and attrs (its facets
     are attrs classes), or None when the
@@ -117,6 +134,8 @@ __all__ = [
     "TriggerEvent",
     "airflow_release",
     "check_airflow_version",
+    "config_flag",
+    "configured_executors_setting",
     "legacy_metric_names",
     "mask_secret",
     "openlineage",

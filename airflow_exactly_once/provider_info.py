@@ -72,10 +72,14 @@ TRIGGER_MODULES = ["airflow_exactly_once.triggers.backlog"]
 # The ledger page (a FastAPI app and a UI entry). Also the `airflow.plugins` entry point in setup.cfg:
 # Airflow 3.1 loads providers' plugins only with lazy_discover_providers off, entry points always.
 PLUGIN = {"name": "exactly_once", "plugin-class": "airflow_exactly_once.ui.plugin.ExactlyOncePlugin"}
-# [exactly_once] in airflow.cfg (AIRFLOW__EXACTLY_ONCE__...): what the ledger page reads.
+# [exactly_once] in airflow.cfg (AIRFLOW__EXACTLY_ONCE__...): what the ledger page reads, and whether the tasks may
+# use the embedded ledger where they may run on several machines.
+CONFIG_SECTION = "exactly_once"
+EMBEDDED_LEDGER_SHARED = "embedded_ledger_shared"
 CONFIG: dict[str, Any] = {
-    "exactly_once": {
-        "description": "The ledger page (Browse -> Exactly-once ledger) of airflow-exactly-once.",
+    CONFIG_SECTION: {
+        "description": "The ledger page (Browse -> Exactly-once ledger) of airflow-exactly-once, and where its "
+                       "tasks may use the embedded ledger.",
         "options": {
             "ledger_conn_id": {
                 "description": "The connection of the offset ledger the page shows (the one the pipelines' "
@@ -91,6 +95,14 @@ CONFIG: dict[str, Any] = {
             "kafka_timeout_ms": {
                 "description": "How long the page waits for Kafka's offsets before it shows the lag as unknown.",
                 "version_added": "0.1.0", "type": "integer", "example": "5000", "default": "5000",
+            },
+            EMBEDDED_LEDGER_SHARED: {
+                "description": "True: every worker opens the same embedded ledger file (its AIRFLOW_HOME is one "
+                               "folder they share, with working file locks), so the tasks of pipelines without "
+                               "ledger_conn_id / ledger_url may use it under an executor that runs tasks on several "
+                               "machines (Celery, Kubernetes, ...). Otherwise they refuse it there: each worker "
+                               "would keep its own ledger and write records again.",
+                "version_added": "0.1.0", "type": "boolean", "example": "True", "default": "False",
             },
         },
     },

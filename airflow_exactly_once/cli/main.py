@@ -14,8 +14,8 @@
     airflow-exactly-once db current
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
-$AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME; these
-options and --json go before or after the command.
+$AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME (stderr says
+which, without its password); these options and --json go before or after the command.
 `rewind`, `prune` and `mirror` only print what they would do unless --execute is given.
 Reading commands never change the ledger's schema: a ledger older than this code asks for
 `db upgrade`, which brings it to this code's version (`db current` shows where it stands).
@@ -36,7 +36,7 @@ from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import Retention, prune
@@ -199,15 +199,28 @@ def _days_or_none(text: str) -> float | None:
 
 
 def _ledger_url(args: argparse.Namespace) -> str:
+    """The ledger's URL; says on stderr which ledger it is (without its password), and when it is the embedded file
+    that the pipelines' tasks refuse (their executor may run them on other machines, each with its own file)."""
     if args.ledger_url:
-        return args.ledger_url
+        return _reading(args.ledger_url, "--ledger-url")
     if args.ledger_conn_id or not os.environ.get(LEDGER_URL_ENV):
         from airflow_exactly_once.hooks.ledger import (
             LedgerHook,  # Airflow only when asked for
         )
 
-        return LedgerHook(ledger_conn_id=args.ledger_conn_id).get_url()
-    return os.environ[LEDGER_URL_ENV]
+        hook = LedgerHook(ledger_conn_id=args.ledger_conn_id)
+        print(f"ledger: {hook.describe()}", file=sys.stderr)
+        problem = hook.placement_problem()
+        if problem:
+            print(f"warning: this may not be the pipelines' ledger: their tasks refuse it: {problem} Read theirs "
+                  f"with --ledger-conn-id or --ledger-url.", file=sys.stderr)
+        return hook.get_url()
+    return _reading(os.environ[LEDGER_URL_ENV], f"${LEDGER_URL_ENV}")
+
+
+def _reading(url: str, origin: str) -> str:
+    print(f"ledger: {redacted_url(url)} ({origin})", file=sys.stderr)
+    return url
 
 
 def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:

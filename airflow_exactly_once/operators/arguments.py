@@ -36,7 +36,9 @@ TASK_ARGUMENTS = (
     Argument("kafka_conn_id", "kafka_default", "The official `kafka` connection: bootstrap servers and client "
                                                "security settings (librdkafka names) in its extra."),
     Argument("ledger_conn_id", None, "Connection of the offset ledger (postgres, sqlite or exactly_once_ledger); "
-                                     "default: the embedded SQLite file in AIRFLOW_HOME."),
+                                     "default: the embedded SQLite file in AIRFLOW_HOME, for one machine only: "
+                                     "refused under executors that run tasks on several machines (Celery, "
+                                     "Kubernetes) unless [exactly_once] embedded_ledger_shared; see docs/ledger.md."),
     Argument("ledger_url", None, "SQLAlchemy URL of the ledger, instead of ledger_conn_id."),
     Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*]. "
                                  "Keys matching Spark's `spark.redaction.regex` (secret, password, token, access "

@@ -65,6 +65,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
         for name, value in values.items():
             setattr(self, name, value)
         _mask(arguments.secret_texts(values))  # literal secrets: out of the logs from the start
+        # When the DAG is parsed: the embedded ledger where this task may run on several machines is a warning here,
+        # and an error when the task runs.
+        self.ledger_hook().warn_placement(self.pipeline_id)
 
     __init__.__signature__ = arguments.signature()  # type: ignore[attr-defined]
 
@@ -112,7 +115,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         return config
 
     def ledger_hook(self) -> LedgerHook:
-        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url)
+        """The pipeline's ledger, as this task opens it (under the executor the task runs under)."""
+        return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url, executor=self.executor)
 
     def spark_connect_url(self) -> str | None:
         """The Spark Connect server the writes run on (None: in the task, or spark-submitted); read once."""
@@ -144,6 +148,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         """The step; its XCom (a batch id, a message, a write's counts) and a failure's message hold no secret."""
         secrets = self.argument_secrets()
         try:
+            self.ledger_hook().check_placement()  # before any server is asked, and before the ledger is opened
             return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)

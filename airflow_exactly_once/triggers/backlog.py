@@ -103,8 +103,11 @@ class _Probe:
         from airflow_exactly_once.hooks.ledger import LedgerHook
 
         if self._ledger_url is None:
-            self._ledger_url = LedgerHook(ledger_conn_id=self.trigger.ledger_conn_id,
-                                          ledger_url=self.trigger.ledger_url).get_url()
+            hook = LedgerHook(ledger_conn_id=self.trigger.ledger_conn_id, ledger_url=self.trigger.ledger_url)
+            # The triggerer's own embedded file is not the one tasks on other machines would write: refused like them
+            # (logged at every distinct error, never firing on a position it cannot know).
+            hook.check_placement()
+            self._ledger_url = hook.get_url()
         if missing_sqlite_file(self._ledger_url):  # the embedded ledger before any pipeline ran
             return {}, 0, None
         if self._ledger is None:

@@ -27,6 +27,7 @@ from sqlalchemy import select
 
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.monitor import PipelineReport, utc
+from airflow_exactly_once.provider_info import CONFIG_SECTION
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from airflow_exactly_once.ui.loading import (
     DEFAULT_KAFKA_TIMEOUT_MS,
@@ -40,16 +41,24 @@ from airflow_exactly_once.ui.loading import (
 )
 from airflow_exactly_once.ui.page import error_page, pipeline_page
 
-CONFIG_SECTION = "exactly_once"
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _RUN_ID_CHUNK = 500
 
 
-def ledger_url() -> str:
+def ledger_hook() -> LedgerHook:
     """The ledger the page reads: [exactly_once] ledger_conn_id or ledger_url, else the embedded file (like the tasks)."""
     conn_id = conf.get(CONFIG_SECTION, "ledger_conn_id", fallback=None) or None
     url = conf.get(CONFIG_SECTION, "ledger_url", fallback=None) or None
-    return LedgerHook(ledger_conn_id=conn_id, ledger_url=url).get_url()
+    return LedgerHook(ledger_conn_id=conn_id, ledger_url=url)
+
+
+def ledger_warning(hook: LedgerHook) -> str | None:
+    """When the page reads the embedded file of its own machine while the pipelines' tasks refuse the embedded
+    ledger (they may run on other machines): what the page shows is then not the pipelines' ledger."""
+    problem = hook.placement_problem()
+    return (f"This page reads the embedded ledger of the api-server's own AIRFLOW_HOME, which the pipelines' tasks "
+            f"refuse: {problem} Point the page at the pipelines' ledger with [{CONFIG_SECTION}] ledger_conn_id "
+            "(or ledger_url).") if problem else None
 
 
 def kafka_timeout_ms() -> int:
@@ -113,7 +122,8 @@ def report_json(report: PipelineReport, lag: LagResult, drift: DriftResult) -> d
 
 def _reader() -> LedgerReader:
     try:
-        return LedgerReader(ledger_url())
+        hook = ledger_hook()
+        return LedgerReader(hook.get_url(), hook.describe(), ledger_warning(hook))
     except Exception as exc:  # a missing connection, a bad URL: the page says so instead of failing
         raise LedgerUnavailable(f"the ledger is not configured correctly ([{CONFIG_SECTION}] ledger_conn_id / "
                                 f"ledger_url): {type(exc).__name__}: {exc}") from exc
@@ -128,10 +138,10 @@ def create_app() -> FastAPI:
                     ) -> HTMLResponse:
         now = datetime.now(timezone.utc)
         base = request.url.path
-        description = "(not configured)"
+        description, warning = "(not configured)", None
         try:
             reader = _reader()
-            description = reader.description
+            description, warning = reader.description, reader.warning
             pipelines = visible(reader, user, session)
             names = [p.pipeline_id for p in pipelines]
             # Unless one is asked for: the pipeline that changed last (most likely the one being looked after).
@@ -141,13 +151,13 @@ def create_app() -> FastAPI:
                       else None)
             report = reader.report(chosen, now=now) if chosen else None
         except LedgerUnavailable as exc:
-            return HTMLResponse(error_page(description, str(exc), now), status_code=503)
+            return HTMLResponse(error_page(description, str(exc), now, warning), status_code=503)
         if report is not None:
             report.dag_ids = next(p.dag_ids for p in pipelines if p.pipeline_id == chosen)
         lag = read_lag(report, kafka_timeout_ms()) if report is not None else None
         drift = read_drift(reader, report, session, kafka_timeout_ms()) if report is not None else None
         return HTMLResponse(pipeline_page(ledger=description, now=now, pipelines=pipelines, report=report, lag=lag,
-                                          base=base, notice=notice, drift=drift))
+                                          base=base, notice=notice, drift=drift, ledger_warning=warning))
 
     @app.get("/api/pipelines")
     def list_pipelines(user: GetUserDep, session: SessionDep) -> JSONResponse:
@@ -156,7 +166,7 @@ def create_app() -> FastAPI:
             pipelines = visible(reader, user, session)
         except LedgerUnavailable as exc:
             raise HTTPException(503, str(exc)) from exc
-        return JSONResponse({"ledger": reader.description, "pipelines": [
+        return JSONResponse({"ledger": reader.description, "ledger_warning": reader.warning, "pipelines": [
             {"pipeline_id": p.pipeline_id, "dag_ids": sorted(p.dag_ids), "epoch": p.epoch, "counts": p.counts}
             for p in pipelines]})
 

@@ -18,7 +18,7 @@ from kafka.errors import KafkaError
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
-from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.kafka.consumer_group import read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
@@ -30,14 +30,6 @@ DEFAULT_KAFKA_TIMEOUT_MS = 5_000
 
 class LedgerUnavailable(Exception):
     """The ledger could not be read; the message says which one and why."""
-
-
-def redacted_url(url: str) -> str:
-    """The ledger's URL without its password, for the page."""
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa.exc.ArgumentError:
-        return "(not a SQLAlchemy URL)"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -72,9 +64,12 @@ class LagResult:
 class LedgerReader:
     """The ledger the page shows, opened read-only (SQLite: the file must exist; PostgreSQL: read-only sessions)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, description: str | None = None, warning: str | None = None) -> None:
+        """`description`: which ledger this is, as the page names it (default: the URL without its password);
+        `warning`: why the pipelines' tasks may not write to this ledger (the page shows it above everything)."""
         self.url = url
-        self.description = redacted_url(url)
+        self.description = description or redacted_url(url)
+        self.warning = warning
         self._ledger: Ledger | None = None
 
     def _open(self) -> Ledger:

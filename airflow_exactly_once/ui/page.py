@@ -78,14 +78,19 @@ def _document(title: str, body: str) -> str:
             f"<style>{CSS}</style></head><body>{body}</body></html>")
 
 
-def _header(ledger: str, now: datetime, refresh: str = "?") -> str:
-    return (f"<h1>Exactly-once pipelines</h1><div class='muted small'>ledger <code>{_e(ledger)}</code> &middot; "
-            f"read at {_e(_time(now))} UTC &middot; <a href='{_e(refresh)}' id='refresh'>refresh</a></div>")
+def _header(ledger: str, now: datetime, refresh: str = "?", ledger_warning: str | None = None) -> str:
+    """Which ledger the page read, and when; `ledger_warning`: why it may not be the one the pipelines write."""
+    warning = (f'<div class="error" id="ledger-warning"><b>Not the pipelines\' ledger?</b> {_e(ledger_warning)}</div>'
+               if ledger_warning else "")
+    return (f"<h1>Exactly-once pipelines</h1><div class='muted small'>ledger <code id='ledger'>{_e(ledger)}</code> "
+            f"&middot; read at {_e(_time(now))} UTC &middot; <a href='{_e(refresh)}' id='refresh'>refresh</a></div>"
+            + warning)
 
 
-def error_page(ledger: str, message: str, now: datetime) -> str:
+def error_page(ledger: str, message: str, now: datetime, ledger_warning: str | None = None) -> str:
     """The page when the ledger itself cannot be read."""
-    body = _header(ledger, now) + f'<div class="error" id="ledger-error"><b>The ledger cannot be read.</b> {_e(message)}</div>'
+    body = (_header(ledger, now, ledger_warning=ledger_warning)
+            + f'<div class="error" id="ledger-error"><b>The ledger cannot be read.</b> {_e(message)}</div>')
     return _document("Exactly-once pipelines: ledger unavailable", body)
 
 
@@ -251,9 +256,10 @@ def _charts(chart: list[ChartPoint]) -> str:
 
 
 def pipeline_page(*, ledger: str, now: datetime, pipelines: list[PipelineSummary], report: PipelineReport | None,
-                  lag: LagResult | None, base: str, notice: str | None = None, drift: DriftResult | None = None) -> str:
+                  lag: LagResult | None, base: str, notice: str | None = None, drift: DriftResult | None = None,
+                  ledger_warning: str | None = None) -> str:
     """The whole page: the pipelines this user may see, and the chosen one in detail."""
-    body = _header(ledger, now, f"{base}?pipeline={quote(report.pipeline_id)}" if report else base)
+    body = _header(ledger, now, f"{base}?pipeline={quote(report.pipeline_id)}" if report else base, ledger_warning)
     if notice:
         body += f"<p class='muted' id='notice'>{_e(notice)}</p>"
     if not pipelines:

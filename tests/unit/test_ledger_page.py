@@ -163,7 +163,8 @@ def test_provider_info_lists_the_trigger_modules_and_the_config_section():
     assert entry["python-modules"] == provider_info.TRIGGER_MODULES
     for module in entry["python-modules"]:
         importlib.import_module(module)
-    assert set(info["config"]["exactly_once"]["options"]) == {"ledger_conn_id", "ledger_url", "kafka_timeout_ms"}
+    assert set(info["config"]["exactly_once"]["options"]) == {"ledger_conn_id", "ledger_url", "kafka_timeout_ms",
+                                                              "embedded_ledger_shared"}
 
 
 def test_the_backlog_trigger_serializes_to_what_rebuilds_it():

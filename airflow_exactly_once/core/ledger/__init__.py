@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from airflow_exactly_once.core.ledger.base import Floor
 from airflow_exactly_once.core.ledger.batch import RELEASE_PENDING, BatchLedger, OpenWork
-from airflow_exactly_once.core.ledger.engine import create_ledger_engine, missing_sqlite_file
+from airflow_exactly_once.core.ledger.engine import create_ledger_engine, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.ledger.event import EventLedger
 from airflow_exactly_once.core.ledger.interval import IntervalLedger
 from airflow_exactly_once.core.ledger.pipeline import PipelineLedger
@@ -42,6 +42,7 @@ __all__ = [
     "RELEASE_PENDING", "Boundary", "Floor", "Keep", "Ledger", "OpenWork", "Pruned", "Reset", "TopicPartition",
     "batch_intervals", "batch_offsets", "batches", "boundaries", "create_ledger_engine", "events", "metadata",
     "missing_sqlite_file", "partition_floors", "partitions", "pipeline_dags", "pipelines", "position_resets", "prune_floors",
+    "redacted_url",
 ]
 
 

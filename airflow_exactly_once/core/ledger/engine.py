@@ -17,6 +17,14 @@ from sqlalchemy.engine import Connection, Engine
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 
 
+def redacted_url(url: str) -> str:
+    """A ledger's URL without its password: what the ledger page and the CLI show of the ledger they read."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "(not a SQLAlchemy URL)"
+
+
 def create_ledger_engine(url: str, *, read_only: bool = False) -> Engine:
     """An engine whose write transactions serialize properly on SQLite as well.
 
