@@ -16,7 +16,9 @@ scenario and starts it again 3 s later:
 After the restart it waits until the transactions must have been ended (their timeout and cleanup, plus
 10 s), then looks for hanging transactions (sinks.kafka.hanging.scan: open in a partition, not open at
 the coordinator). The sink runs without the ledger's history, so it ends none of them itself: this
-counts what Kafka leaves, not what the provider mends. A stress tool, not a test: it prints its counts.
+counts what Kafka leaves, not what the provider mends. Each trial also counts the broker's log lines saying its
+coordinator completed the trial's transactions without sending some markers ("partitions are likely deleted
+already and hence can be skipped"). A stress tool, not a test: it prints its counts.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -74,6 +77,17 @@ def notify_complete(config: PipelineConfig, committable: KafkaCommittable, seq: 
         said.append(f"{type(exc).__name__}")
 
 
+# What the broker's transaction coordinator logs when it completes a transaction without writing some of its
+# markers, because its metadata cache does not know the partitions' leaders yet (right after a restart).
+SKIPPED_MARKERS = "these partitions are likely deleted already and hence can be skipped"
+
+
+def skipped_markers(broker: LocalKafkaBroker, name: str) -> int:
+    """How many times the coordinator skipped the markers of this trial's transactions."""
+    return sum(1 for line in broker.log_file.read_text(errors="replace").splitlines()
+               if SKIPPED_MARKERS in line and name in line)
+
+
 def trial(broker: LocalKafkaBroker, scenario: str, rng: random.Random) -> tuple[int, float, list[str], list[str]]:
     name = f"stress-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
@@ -109,6 +123,7 @@ def trial(broker: LocalKafkaBroker, scenario: str, rng: random.Random) -> tuple[
         found = hanging.scan(admin, [(f"{name}-out", p) for p in range(3)], known)
     finally:
         admin.close()
+    said.append(f"markers skipped by the coordinator: {skipped_markers(broker, name)}")
     return len(found.hanging), delay, [h.describe() for h in found.hanging], said
 
 
@@ -118,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=12, help="trials per scenario")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="(repeatable) default: all")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep-log", help="copy the broker's log here at the end")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     counts: Counter = Counter()
@@ -126,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Kafka {broker.version}, transaction_timeout_ms={TIMEOUT_MS}, {args.trials} trials per scenario")
         with contextlib.ExitStack() as stack:
             stack.callback(broker.stop)
+            if args.keep_log:
+                stack.callback(lambda: shutil.copyfile(broker.log_file, args.keep_log))
             for scenario in args.scenario or SCENARIOS:
                 for n in range(args.trials):
                     found, delay, described, said = trial(broker, scenario, rng)
