@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import dataclass
 
 import pytest
 from kafka import KafkaAdminClient, TopicPartition
@@ -22,7 +23,7 @@ from kafka.admin import AbortTransactionSpec
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import SinkError, TransactionLostError
-from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.range_read import read_ranges
@@ -41,6 +42,35 @@ def broker(tmp_path_factory):
     broker = LocalKafkaBroker(tmp_path_factory.mktemp("kafka-hanging")).start()
     yield broker
     broker.stop()
+
+
+@dataclass
+class Scene:
+    """A pipeline left in one state when the coordinator lost its transactions."""
+
+    pipe: Pipe
+    output: str
+    sent: list[str]
+    first: Batch  # its first batch, as planned
+
+
+@pytest.fixture(scope="module")
+def scenes(broker, tmp_path_factory) -> dict[str, Scene]:
+    """Three pipelines, then one loss of the coordinator's state (a broker restart) for all of them: two with a
+    PREPARED batch (for notify_complete, for the next run's recovery), one whose write attempt died after opening
+    its transactions and before the ledger recorded them."""
+    folder = tmp_path_factory.mktemp("hanging-ledgers")
+    made = {}
+    for scene in ("notify", "recovery", "unrecorded"):
+        pipe, _, output, sent = new_pipe(broker, folder)
+        first = pipe.plan("run-1").batch
+        if scene == "unrecorded":
+            stage(pipe, first.id)
+        else:
+            write(pipe, first.id)
+        made[scene] = Scene(pipe, output, sent, first)
+    lose_coordinator_state(broker)
+    return made
 
 
 def new_pipe(broker, tmp_path) -> tuple[Pipe, str, str, list[str]]:
@@ -82,14 +112,11 @@ def stuck(broker, output: str) -> bool:
     return False
 
 
-def test_a_prepared_batch_whose_coordinator_forgot_it_is_ended_lost_and_processed_again(broker, tmp_path):
+def test_a_prepared_batch_whose_coordinator_forgot_it_is_ended_lost_and_processed_again(broker, scenes):
     """notify_complete finds the batch's transactions hanging (open in the partitions, unknown to the coordinator,
     never committed by the ledger, no commit marker anywhere): it aborts them, the batch is lost, the next run
     processes the same range and the output is exact."""
-    pipe, source, output, sent = new_pipe(broker, tmp_path)
-    first = pipe.plan("run-1").batch
-    write(pipe, first.id)
-    lose_coordinator_state(broker)
+    pipe, output, first = scenes["notify"].pipe, scenes["notify"].output, scenes["notify"].first
     assert stuck(broker, output)
 
     with pytest.raises(TransactionLostError, match="processed again by the next run"):
@@ -101,15 +128,13 @@ def test_a_prepared_batch_whose_coordinator_forgot_it_is_ended_lost_and_processe
     assert again.ranges == first.ranges
     write(pipe, again.id)
     assert "COMMITTED" in pipe.commit(again.id)
-    assert_exactly_once(sent, read_all(broker.bootstrap_servers, output))
+    assert_exactly_once(scenes["notify"].sent, read_all(broker.bootstrap_servers, output))
 
 
-def test_recovery_ends_the_hanging_transactions_of_a_batch_left_prepared(broker, tmp_path):
+def test_recovery_ends_the_hanging_transactions_of_a_batch_left_prepared(broker, scenes):
     """The same fault found by the next run's plan (recovery) instead of notify_complete."""
-    pipe, source, output, sent = new_pipe(broker, tmp_path)
-    first = pipe.plan("run-1").batch
-    write(pipe, first.id)
-    lose_coordinator_state(broker)
+    pipe, output, first = scenes["recovery"].pipe, scenes["recovery"].output, scenes["recovery"].first
+    assert stuck(broker, output)
 
     planned = pipe.plan("run-2")
     assert pipe.coordinator.recovery_lost == [first.id]
@@ -117,17 +142,14 @@ def test_recovery_ends_the_hanging_transactions_of_a_batch_left_prepared(broker,
     assert not stuck(broker, output)
     write(pipe, planned.batch.id)
     pipe.commit(planned.batch.id)
-    assert_exactly_once(sent, read_all(broker.bootstrap_servers, output))
+    assert_exactly_once(scenes["recovery"].sent, read_all(broker.bootstrap_servers, output))
 
 
-def test_a_hanging_transaction_the_ledger_never_recorded_is_not_aborted_but_named_with_its_command(broker, tmp_path):
+def test_a_hanging_transaction_the_ledger_never_recorded_is_not_aborted_but_named_with_its_command(broker, scenes):
     """A write attempt died after it opened its transactions and before the ledger recorded them; then the
     coordinator lost its state. Nothing shows the producer is the pipeline's: the abort task fails for good,
     naming the partition, producer id, epoch and the command; once an operator ran it, the pipeline goes on."""
-    pipe, source, output, sent = new_pipe(broker, tmp_path)
-    first = pipe.plan("run-1").batch
-    stage(pipe, first.id)  # the attempt that died before PREPARED
-    lose_coordinator_state(broker)
+    pipe, output, first = scenes["unrecorded"].pipe, scenes["unrecorded"].output, scenes["unrecorded"].first
 
     with pytest.raises(SinkError) as refused:
         pipe.new_coordinator().abort(first.id, "the write failed")  # the abort task
@@ -153,4 +175,4 @@ def test_a_hanging_transaction_the_ledger_never_recorded_is_not_aborted_but_name
     assert planned.ranges == first.ranges
     write(pipe, planned.id)
     pipe.commit(planned.id)
-    assert_exactly_once(sent, read_all(broker.bootstrap_servers, output))
+    assert_exactly_once(scenes["unrecorded"].sent, read_all(broker.bootstrap_servers, output))
