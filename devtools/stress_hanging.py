@@ -35,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from kafka import KafkaAdminClient
+from kafka.admin import NewTopic
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import Batch
@@ -92,8 +93,6 @@ def trial(broker: LocalKafkaBroker, scenario: str, rng: random.Random) -> tuple[
     name = f"stress-{uuid.uuid4().hex[:8]}"
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
     try:
-        from kafka.admin import NewTopic
-
         admin.create_topics([NewTopic(f"{name}-out", 3, 1)])
     finally:
         admin.close()

@@ -38,8 +38,8 @@ from airflow_exactly_once.core.errors import (
 )
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.sink import RunWriters, Sink
+from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
 from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_connection_failure
 from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
