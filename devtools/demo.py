@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         # Airflow's metadata in PostgreSQL (a backfill or clear made in the UI must not meet SQLite's lock)
         say("starting PostgreSQL for Airflow's metadata")
         metadata = metadata_server(workdir / "airflow-metadata")
-        say("starting Airflow (api-server, scheduler, dag-processor; LocalExecutor)")
+        say("starting Airflow (api-server, scheduler, dag-processor, triggerer; LocalExecutor)")
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env,
-                             database_url=metadata.url(METADATA_DATABASE)).start()
+                             database_url=metadata.url(METADATA_DATABASE), triggerer=True).start()
         stack.wait_for_dag(DAG_ID)
         say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
 
