@@ -25,9 +25,10 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import kafka.errors as Errors
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.admin import AbortTransactionSpec
+
+from airflow_exactly_once.sinks.kafka import probe
 
 # Coordinator states in which the transaction is still being worked on: not hanging (yet).
 _UNDER_WAY = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -142,7 +143,7 @@ def coordinator_views(admin: KafkaAdminClient, producer_ids: Iterable[int],
     if unlisted:
         for rows in admin.list_transactions(producer_id_filters=unlisted).values():
             ids.update({row.producer_id: row.transactional_id for row in rows if row.producer_id in unlisted})
-    described = _describe(admin, sorted(set(ids.values())))
+    described = probe.describe_transactions(admin, sorted(set(ids.values())))
     views: dict[int, tuple[CoordinatorView, set[TopicPartitionKey]]] = {}
     for pid in wanted:
         found = described.get(ids.get(pid, ""))
@@ -152,23 +153,6 @@ def coordinator_views(admin: KafkaAdminClient, producer_ids: Iterable[int],
             views[pid] = (CoordinatorView(ids[pid], found.state.value, found.producer_id, found.producer_epoch),
                           {(tp.topic, tp.partition) for tp in found.topic_partitions})
     return views
-
-
-def _describe(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict:
-    """DescribeTransactions of every id its coordinator still knows (kafka-python fails a whole
-    answer for one unknown id: those are then asked one by one)."""
-    if not transactional_ids:
-        return {}
-    try:
-        return admin.describe_transactions(transactional_ids)
-    except Errors.TransactionalIdNotFoundError:
-        found = {}
-        for tid in transactional_ids:
-            try:
-                found.update(admin.describe_transactions([tid]))
-            except Errors.TransactionalIdNotFoundError:
-                pass
-        return found
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import contextlib
 import re
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -87,21 +87,29 @@ class TransactionState:
     epoch: int
 
 
-def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict[str, TransactionState | None]:
-    """The coordinator's view of each id; None when it no longer knows the id.
+def describe_transactions(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict[str, Any]:
+    """kafka-python's TransactionDescription of every id its coordinator still knows (the others are left out).
 
     All ids in one request per coordinator; kafka-python fails the whole answer when one id is
     unknown, and then each id is asked alone.
     """
+    if not transactional_ids:
+        return {}
     try:
-        described = admin.describe_transactions(transactional_ids)
+        return admin.describe_transactions(transactional_ids)
     except Errors.TransactionalIdNotFoundError:
         described = {}
         for tid in transactional_ids:
             try:
-                described[tid] = admin.describe_transactions([tid])[tid]
+                described.update(admin.describe_transactions([tid]))
             except Errors.TransactionalIdNotFoundError:
                 pass
+        return described
+
+
+def transaction_states(admin: KafkaAdminClient, transactional_ids: list[str]) -> dict[str, TransactionState | None]:
+    """The coordinator's view of each id; None when it no longer knows the id."""
+    described = describe_transactions(admin, transactional_ids)
     return {tid: (TransactionState(described[tid].state.value, described[tid].producer_id,
                                    described[tid].producer_epoch) if tid in described else None)
             for tid in transactional_ids}
