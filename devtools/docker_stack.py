@@ -17,6 +17,7 @@ from typing import Any
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import KAFKA_VERSION
 from devtools.postgres import LocalPostgres
+from devtools.schema_registry import apicurio_version
 from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
 from devtools.spark_connect import server_command, server_conf
 
@@ -32,6 +33,12 @@ SPARK_CONNECT_PORT = 15002
 DATA = "/data"  # mounted by the Airflow worker (the Spark driver) and every Spark worker
 ICEBERG_CATALOG_CONN = "iceberg_catalog"  # dags/kafka_to_iceberg.py's catalog
 ICEBERG_CATALOG_DATABASE = "iceberg_catalog"
+# The tests' Schema Registry (Apicurio, devtools/schema_registry.py) as its project publishes it, storing its schemas
+# in a database of the stack's PostgreSQL: a restart keeps every schema id that records in Kafka refer to.
+SCHEMA_REGISTRY_IMAGE = f"apicurio/apicurio-registry-sql:{apicurio_version()}"
+SCHEMA_REGISTRY_DATABASE = "schema_registry"
+SCHEMA_REGISTRY_URL = "http://schema-registry:8080/apis/ccompat/v7"  # Confluent's REST API, as the tests use it
+SINK_DATABASE = "exactly_once"  # dags/kafka_to_postgres.py: its table and its ledger, beside the other pipelines'
 
 # Host-specific broker properties: everything else is the tests' broker, unchanged.
 KAFKA_CONTAINER_PROPERTIES = {
@@ -96,6 +103,13 @@ def _airflow_environment() -> dict[str, str]:
             "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
             "password": POSTGRES_PASSWORD, "schema": "exactly_once"}),
         "EXACTLY_ONCE_LEDGER_CONN_ID": "exactly_once_ledger",
+        # dags/kafka_to_postgres.py's sink and ledger (its default EXACTLY_ONCE_DEMO_POSTGRES_CONN).
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": json.dumps({
+            "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
+            "password": POSTGRES_PASSWORD, "schema": SINK_DATABASE}),
+        # dags/kafka_to_parquet_registry.py's registry: the schema-registry service.
+        "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": json.dumps({"conn_type": "schema_registry",
+                                                            "host": SCHEMA_REGISTRY_URL}),
         # The Iceberg sink's production catalog: Iceberg's JDBC catalog in its own database (postgres-init.sql).
         f"AIRFLOW_CONN_{ICEBERG_CATALOG_CONN.upper()}": json.dumps({
             "conn_type": "postgres", "host": "postgres", "port": 5432, "login": "postgres",
@@ -190,6 +204,17 @@ def compose_spec() -> dict[str, Any]:
                 "depends_on": ["kafka"],
                 "restart": "unless-stopped",
             },
+            # Topics in the Schema Registry wire format (value_format="avro", ...) read their writer schemas here.
+            "schema-registry": {
+                "image": SCHEMA_REGISTRY_IMAGE,
+                "hostname": "schema-registry",
+                "environment": {
+                    "REGISTRY_DATASOURCE_URL": f"jdbc:postgresql://postgres:5432/{SCHEMA_REGISTRY_DATABASE}",
+                    "REGISTRY_DATASOURCE_USERNAME": "postgres", "REGISTRY_DATASOURCE_PASSWORD": POSTGRES_PASSWORD},
+                "ports": ["8082:8080"],
+                "depends_on": {"postgres": {"condition": "service_healthy"}},
+                "restart": "unless-stopped",
+            },
             "airflow-init": {
                 **_airflow_service("db migrate", shared, restart="no"),
                 "depends_on": {"postgres": {"condition": "service_healthy"}},
@@ -208,8 +233,8 @@ def compose_spec() -> dict[str, Any]:
 
 
 HEADER = """\
-# Kafka (KRaft) + Spark standalone (master, worker) + a Spark Connect server + PostgreSQL + Airflow with
-# airflow-exactly-once. GENERATED from the settings the tests use; do not edit by hand. Change devtools/ and run
+# Kafka (KRaft) + Spark standalone (master, worker) + a Spark Connect server + PostgreSQL + a Schema Registry
+# (Apicurio, Confluent's API) + Airflow with airflow-exactly-once. GENERATED from the settings the tests use; do not edit by hand. Change devtools/ and run
 #   python -m devtools docker-compose --write
 # Usage: see "Trying it with Docker" in docs/cluster.md (docker compose -f docker/docker-compose.yml up).
 """

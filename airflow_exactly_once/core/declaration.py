@@ -108,6 +108,23 @@ class SinkSpec:
     def owner(cls) -> str:
         return f"the {cls.type_name} sink"
 
+    # Keys whose value is a folder the sink writes files to, and what a deployment on several machines uses instead of
+    # a folder one machine holds (the placement warning, airflow_exactly_once.placement).
+    local_folder_keys: ClassVar[tuple[str, ...]] = ()
+    shared_storage: ClassVar[str] = ""
+
+    @classmethod
+    def local_folders(cls, spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(key, value) of the spec's folders that are paths of the machine a task runs on: no `scheme://`, or
+        `file://` (templates not yet rendered are left out: they are looked at when the task runs)."""
+        found = []
+        for key in cls.local_folder_keys:
+            value = spec.get(key)
+            if isinstance(value, str) and value and "{{" not in value and (
+                    "://" not in value or value.startswith("file://")):
+                found.append((key, value))
+        return found
+
     @classmethod
     def check_keys(cls, spec: Mapping[str, Any]) -> None:
         """Unknown keys only: what can be checked when a DAG is parsed, before templates are rendered."""

@@ -15,11 +15,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.compat import BaseHook, config_flag, configured_executors_setting
+from airflow_exactly_once.compat import BaseHook, config_flag
 from airflow_exactly_once.connections import connection_to_url
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger, redacted_url
-from airflow_exactly_once.executors import task_executor
+from airflow_exactly_once.placement import several_machines
 from airflow_exactly_once.provider_info import (
     CONFIG_SECTION,
     EMBEDDED_LEDGER_SHARED,
@@ -48,13 +48,10 @@ def embedded_ledger_problem(executor: str | None = None) -> str | None:
     ledger, or None when it may: the executor keeps every task on one machine, or the workers share the file."""
     if config_flag(CONFIG_SECTION, EMBEDDED_LEDGER_SHARED):
         return None
-    setting = configured_executors_setting()
-    entry = task_executor(executor, setting)
-    if entry.runs_on_one_machine:
+    where = several_machines(executor)
+    if where is None:
         return None
-    source = f"the task's executor={executor.strip()!r}" if executor and executor.strip() else \
-        f"[core] executor = {setting!r}"
-    return (f"the embedded SQLite ledger ({embedded_ledger_url()}) cannot be used under executor {entry} ({source}): "
+    return (f"the embedded SQLite ledger ({embedded_ledger_url()}) cannot be used under {where}: "
             "it may run the pipeline's tasks on several machines, and each worker would keep its own ledger in its "
             "own AIRFLOW_HOME, so a run on another worker would start the pipeline again from startup_mode and write "
             "its records again. Give the pipeline a ledger every worker reaches: ledger_conn_id='<connection>' (an "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from datetime import datetime, timezone
 from typing import Any, Sequence
 
@@ -42,6 +43,7 @@ from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems
 from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
 from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
 
@@ -68,6 +70,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         # When the DAG is parsed: the embedded ledger where this task may run on several machines is a warning here,
         # and an error when the task runs.
         self.ledger_hook().warn_placement(self.pipeline_id)
+        for problem in self.local_folder_problems():
+            warnings.warn(f"pipeline {self.pipeline_id}: {problem}", LocalFolderWarning, stacklevel=2)
 
     __init__.__signature__ = arguments.signature()  # type: ignore[attr-defined]
 
@@ -118,6 +122,11 @@ class ExactlyOnceBaseOperator(BaseOperator):
         """The pipeline's ledger, as this task opens it (under the executor the task runs under)."""
         return LedgerHook(ledger_conn_id=self.ledger_conn_id, ledger_url=self.ledger_url, executor=self.executor)
 
+    def local_folder_problems(self) -> list[str]:
+        """The sink's folders that other workers may not see under the executor this task runs under (a warning:
+        a folder every worker mounts is a valid setup)."""
+        return local_folder_problems(self.sink, self.dead_letter, self.executor)
+
     def spark_connect_url(self) -> str | None:
         """The Spark Connect server the writes run on (None: in the task, or spark-submitted); read once."""
         if "_connect_url" not in self.__dict__:
@@ -149,6 +158,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         secrets = self.argument_secrets()
         try:
             self.ledger_hook().check_placement()  # before any server is asked, and before the ledger is opened
+            for problem in self.local_folder_problems():  # rendered now: templated paths too
+                self.log.warning("%s", problem)
             return scrub_value(self.run_step(context), secrets)
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)

@@ -86,6 +86,15 @@ def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:
     return spec_type(spec).secret_paths(spec)
 
 
+def spec_local_folders(spec: Any, what: str = "sink") -> list[tuple[str, str, str]]:
+    """(where, value, what to use instead) of each folder of a sink spec that only the task's machine sees; none for a
+    spec that is still a template or of an unknown type (the sink's own checks name those)."""
+    if not isinstance(spec, dict) or spec.get("type") not in SPECS:
+        return []
+    declaration = SPECS[spec["type"]]
+    return [(f"{what} {key}", value, declaration.shared_storage) for key, value in declaration.local_folders(spec)]
+
+
 def dead_letter_spec(config: PipelineConfig) -> dict[str, Any]:
     """The dead-letter destination of a pipeline: the given one, or the output sink's default beside it,
     completed for its use as a dead-letter destination."""

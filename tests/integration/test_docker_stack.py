@@ -21,6 +21,7 @@ from devtools.airflow_stack import AirflowStack
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import KAFKA_VERSION
 from devtools.postgres import LocalPostgres
+from devtools.schema_registry import apicurio_version
 from devtools.spark_cluster import DAEMON_MEMORY, WORKER_CORES, WORKER_MEMORY
 from devtools.spark_connect import LocalSparkConnectServer
 
@@ -113,3 +114,12 @@ def test_the_iceberg_example_gets_its_catalog_database(services):
     assert f"CREATE DATABASE {conn['schema']};" in (COMPOSE.parent / "postgres-init.sql").read_text()
     assert env["EXACTLY_ONCE_DEMO_ICEBERG_CATALOG_CONN"] == docker_stack.ICEBERG_CATALOG_CONN
     assert env["EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE"].startswith(docker_stack.DATA)
+
+
+def test_the_registry_service_runs_the_tests_registry_on_its_own_database(services):
+    registry = services["schema-registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry-sql:{apicurio_version()}"  # the tests' release
+    database = registry["environment"]["REGISTRY_DATASOURCE_URL"].rsplit("/", 1)[1]
+    assert f"CREATE DATABASE {database};" in (COMPOSE.parent / "postgres-init.sql").read_text()
+    conn = json.loads(services["airflow-scheduler"]["environment"]["AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT"])
+    assert conn["host"].startswith("http://schema-registry:8080/apis/ccompat/")  # Confluent's API of Apicurio

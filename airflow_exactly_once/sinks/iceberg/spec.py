@@ -12,6 +12,9 @@ from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
 @dataclass(kw_only=True)
 class IcebergSpec(SinkSpec):
     type_name = "iceberg"
+    local_folder_keys = ("warehouse",)
+    shared_storage = ("object storage (warehouse 's3://...', with a PostgreSQL catalog) or a folder every worker mounts "
+                      "at the same path")
 
     table: str = argument(doc="`namespace.name` in the catalog (Spark names it `<catalog name>.<namespace>.<name>`)")
     warehouse: str = argument(doc="Where table files go: an absolute path, or a URI (`s3://...`) with a PostgreSQL "

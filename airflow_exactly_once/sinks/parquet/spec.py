@@ -11,6 +11,9 @@ from airflow_exactly_once.core.declaration import SinkSpec, argument
 @dataclass(kw_only=True)
 class ParquetSpec(SinkSpec):
     type_name = "parquet"
+    local_folder_keys = ("path",)
+    shared_storage = ("a folder every worker mounts at the same path (a shared volume, NFS; not object storage: "
+                      "publishing is a rename)")
 
     path: str = argument(doc="The output folder, on a local or mounted file system; one path belongs to one "
                              "pipeline")
