@@ -62,6 +62,7 @@ class KafkaSinkWriter(SinkWriter):
             producer_config=output.producer_config)
         if output.wire_writers:
             frame = encoded(frame, output.wire_writers, self.pipeline)
+        # [START failed_stage]
         try:
             reports = run_writers(self._key_value(frame), writer)
         except Exception as exc:
@@ -71,6 +72,7 @@ class KafkaSinkWriter(SinkWriter):
                     self.committer.abort(batch, None)
                 except ExactlyOnceError as failed:  # the write's own error matters more; abort/recovery retry this
                     log.warning("%s", failed)
+        # [END failed_stage]
             explained = output.explained(settings, exc)
             if explained is None:
                 raise

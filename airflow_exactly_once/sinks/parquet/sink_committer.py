@@ -19,6 +19,7 @@ from airflow_exactly_once.sinks.parquet.layout import ParquetLayout
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 
 
+# [START committer_class]
 class ParquetSinkCommitter(SinkCommitter):
     spec_type = ParquetSpec
     supports_retract = True
@@ -26,7 +27,8 @@ class ParquetSinkCommitter(SinkCommitter):
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        self.layout = ParquetLayout(spec)
+        self.layout = ParquetLayout(spec)  # the folders, shared with the writer (sinks/parquet/layout.py)
+    # [END committer_class]
 
     def lineage_dataset(self) -> DatasetName:
         return file_dataset(str(self.layout.root))

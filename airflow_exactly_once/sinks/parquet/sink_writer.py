@@ -13,6 +13,7 @@ from airflow_exactly_once.sinks.parquet.layout import ParquetLayout
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 
 
+# [START writer]
 class ParquetSinkWriter(SinkWriter):
     """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
 
@@ -32,3 +33,4 @@ class ParquetSinkWriter(SinkWriter):
             raise
         files = tuple(sorted(p.name for p in staging.glob("*.parquet")))
         return StagedFolder(str(staging), str(self.layout.final_dir(batch)), files)
+# [END writer]
