@@ -19,18 +19,19 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, StagedHistory
+from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, SinkSide, StagedHistory
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 
 DEAD_LETTER_HANDLES = "dead_letter"
+Side = TypeVar("Side", SinkWriter, SinkCommitter)
 
 
 @dataclass(frozen=True)
@@ -68,22 +69,26 @@ def paired_committable(output_type: type[Committable], dead_letter_type: type[Co
                 {"output_type": output_type, "dead_letter_type": dead_letter_type, "__module__": __name__})
 
 
-class PairedCommitter(SinkCommitter):
-    """The committers of the pipeline's output and of its dead-letter destination, as one."""
+class Pair(SinkSide, Generic[Side]):
+    """What the paired writer and the paired committer share: the output's side and the dead-letter
+    destination's, and the output's spec (and so its type and guarantees) as the pair's."""
 
-    def __init__(self, output: SinkCommitter, dead: SinkCommitter) -> None:
+    def __init__(self, output: Side, dead: Side) -> None:
         self.output = output
         self.dead = dead
         super().__init__(output.spec)
 
     @property
     def spec_type(self) -> type[SinkSpec]:  # type: ignore[override]
-        """The output's spec (and type), checked by it."""
         return self.output.spec_type
 
     @property
     def guarantees(self) -> tuple[str, ...]:  # type: ignore[override]
         return self.output.guarantees
+
+
+class PairedCommitter(Pair[SinkCommitter], SinkCommitter):
+    """The committers of the pipeline's output and of its dead-letter destination, as one."""
 
     @property
     def supports_retract(self) -> bool:  # type: ignore[override]
@@ -149,23 +154,10 @@ class PairedCommitter(SinkCommitter):
         return [f"dead letters: {outcome}"]
 
 
-class PairedWriter(SinkWriter):
+class PairedWriter(Pair[SinkWriter], SinkWriter):
     """The writers of the pipeline's output and of its dead-letter destination, as one."""
 
     committer: PairedCommitter | None
-
-    def __init__(self, output: SinkWriter, dead: SinkWriter) -> None:
-        self.output = output
-        self.dead = dead
-        super().__init__(output.spec)
-
-    @property
-    def spec_type(self) -> type[SinkSpec]:  # type: ignore[override]
-        return self.output.spec_type
-
-    @property
-    def guarantees(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.output.guarantees
 
     @property
     def splits_reads(self) -> bool:  # type: ignore[override]

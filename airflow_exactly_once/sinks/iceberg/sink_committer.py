@@ -38,12 +38,12 @@ class IcebergSinkCommitter(SinkCommitter):
     supports_retract = True
     committable_type = StagedSnapshot
 
-    def __init__(self, spec: dict[str, Any]) -> None:
-        super().__init__(spec)
-        self.target = IcebergTarget(spec)
-
     def lineage_dataset(self) -> DatasetName:
         return self.target.lineage_dataset()
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec)
+        self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the writer
 
     def check(self, pipeline_id: str) -> None:
         """The catalog reachable, the table there (or created on first write), WAP enabled on it."""
