@@ -106,9 +106,9 @@ def test_rewind_retract_rounds_to_batch_boundaries_and_withdraws_output(ledger, 
                commit(ledger, two(20, 30, 20, 25))]
     sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
     for batch in batches:
-        sink.final_dir(batch).mkdir(parents=True)
-        sink.manifest_entry(batch).parent.mkdir(parents=True, exist_ok=True)
-        sink.manifest_entry(batch).write_text("{}")
+        sink.layout.final_dir(batch).mkdir(parents=True)
+        sink.layout.manifest_entry(batch).parent.mkdir(parents=True, exist_ok=True)
+        sink.layout.manifest_entry(batch).write_text("{}")
     plan = plan_rewind(ledger, "p", {TP: 15})
     assert [b.seq for b in plan.retract] == [2, 3]  # batch 2 holds t[0] 10..19, so it goes as a whole
     assert plan.moves == {TP: (30, 10), ("t", 1): (25, 10)}
@@ -130,14 +130,14 @@ def test_rewind_retract_rounds_to_batch_boundaries_and_withdraws_output(ledger, 
 def test_an_interrupted_rewind_is_finished_by_recovery(ledger, tmp_path):
     batch = commit(ledger, two(0, 10, 0, 10))
     sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
-    sink.final_dir(batch).mkdir(parents=True)
+    sink.layout.final_dir(batch).mkdir(parents=True)
     plan = plan_rewind(ledger, "p", {TP: 0})
     # The ledger step of apply_rewind, and then the process dies before the sink step.
     ledger.rewind("p", expected_epoch=plan.epoch, retract=[1], resets={TP: (0, "x")}, reason="crash")
     assert [b.seq for b in ledger.pending_retractions("p")] == [1]
     assert not audit_pipeline(ledger, "p").ok  # the audit tells
     assert finish_retractions(ledger, sink, "p") == ["batch 1: withdrew batch_seq=1"]
-    assert not sink.final_dir(batch).exists()
+    assert not sink.layout.final_dir(batch).exists()
     assert finish_retractions(ledger, sink, "p") == []
 
 
