@@ -2,7 +2,7 @@
 
 A local broker (or --bootstrap); per round, --transactions partition writers (librdkafka, as the
 Spark executors run them) each write --records records into one output topic and leave their
-transaction open, then KafkaSink.commit commits the batch. Prints per round the write of one
+transaction open, then KafkaSinkCommitter.commit commits the batch. Prints per round the write of one
 partition (median), its release (DescribeTransactions before and after releasing the producer),
 and the commit of all transactions; then the medians of the rounds and the load average. Each round
 commits two batches, side by side: one as notify_complete does (the sink bound to the ledger's history,

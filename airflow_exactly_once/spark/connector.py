@@ -161,7 +161,7 @@ def with_kafka_connector(conf: Mapping[str, Any]) -> dict[str, Any]:
 def for_installed_spark(coordinates: str, version: str | None = None, scala: str | None = None) -> str:
     """Maven coordinates with `{spark_line}` ("4.0") and `{scala}` ("2.13") of the installed pyspark filled in.
 
-    A sink names its Spark packages as such templates (Sink.spark_packages()), so it needs no
+    A sink names its Spark packages as such templates (SinkWriter.spark_packages()), so it needs no
     knowledge of the Spark it runs on; coordinates without placeholders pass through.
     """
     version = version or spark_version()

@@ -59,7 +59,8 @@ def reachable(start: str) -> set[str]:
                                     *(SPECS[k].committer_class.partition(":")[0] for k in sorted(SPECS))])
 def test_the_commit_side_never_imports_a_writer(module):
     """notify_complete, recovery and the CLI build committers only: no sink writer module is even imported."""
-    writers = {name for name in MODULES if name.startswith("airflow_exactly_once.sinks.") and name.endswith(".sink_writer")}
+    writers = {name for name in MODULES
+               if name.startswith("airflow_exactly_once.sinks.") and name.endswith(".sink_writer")}
     assert module in MODULES and reachable(module) & writers == set()
 
 
