@@ -44,7 +44,7 @@ from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems
-from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
+from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_sink
 from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
 
 
@@ -60,9 +60,10 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def __init__(self, **kwargs: Any) -> None:
         values = arguments.take_arguments(kwargs)
-        # When the DAG is parsed: a sink type that does not exist or a mistyped key fails the DAG's import.
-        check_sink_keys(values.get("sink"))
-        check_sink_keys(values.get("dead_letter"), "dead_letter")
+        # When the DAG is parsed: a sink type that does not exist, a mistyped key or a value its declaration does not
+        # allow fails the DAG's import (templated values are checked when the task renders them).
+        check_sink_spec_at_parse(values.get("sink"))
+        check_sink_spec_at_parse(values.get("dead_letter"), "dead_letter")
         super().__init__(**kwargs)
         for name, value in values.items():
             setattr(self, name, value)
