@@ -16,7 +16,7 @@ import time
 import warnings
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
 from airflow_exactly_once.compat import (
@@ -126,9 +126,15 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     # -- building blocks (called once the fields are rendered: from execute, and from the OpenLineage methods) ----
 
-    # What the OpenLineage methods report: the batch this step worked on, the batches plan's recovery committed.
+    # What the OpenLineage methods (called after execute) report: the batch this step worked on and the batches plan's
+    # recovery committed. Each step records them itself, as soon as it knows them (record_lineage).
     _lineage_batch_id: BatchId | None = None
     _lineage_recovered: tuple[str, ...] = ()
+
+    def record_lineage(self, batch_id: BatchId | None, recovered: Iterable[BatchId] = ()) -> None:
+        """Keep what this step worked on for the OpenLineage methods."""
+        self._lineage_batch_id = batch_id
+        self._lineage_recovered = tuple(str(b) for b in recovered)
 
     def pipeline_config(self) -> PipelineConfig:
         """The pipeline's settings with its connections resolved (the step and the OpenLineage listener both ask)."""
@@ -291,9 +297,9 @@ class _BatchStepOperator(ExactlyOnceBaseOperator):
         (arguments.keyword("batch_id", None),))
 
     def resolved_batch_id(self) -> BatchId | None:
+        """The rendered batch_id as a batch id; None when plan returned none (nothing was planned)."""
         text = (self.batch_id or "").strip()
-        self._lineage_batch_id = None if text in ("", "None") else BatchId.parse(text)
-        return self._lineage_batch_id
+        return None if text in ("", "None") else BatchId.parse(text)
 
 
 class PlanBatchOperator(ExactlyOnceBaseOperator):
@@ -329,7 +335,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
                                  _cleared_run_after(context))
         finally:  # what recovery did counts even when planning failed after it
             self._report_recovery(coordinator)
-            self._lineage_recovered = tuple(str(batch_id) for batch_id in coordinator.recovered)
+            self.record_lineage(None, coordinator.recovered)
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)
@@ -339,7 +345,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         if outcome.batch is not None:
             _log_ranges(self.log, outcome.batch)
         self._report_plan(coordinator, outcome, time.monotonic() - started)
-        self._lineage_batch_id = outcome.batch.id if outcome.batch is not None else None
+        self.record_lineage(outcome.batch.id if outcome.batch is not None else None, coordinator.recovered)
         if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
             if coordinator.recovered:
                 return None  # succeed, so that the recovered batches' Asset events are emitted
@@ -384,6 +390,7 @@ class WriteBatchOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        self.record_lineage(batch_id)
         started = time.monotonic()
         self.launcher = write_launcher(self.coordinator, spark_conn_id=self.spark_conn_id,
                                        connect_url=self.spark_connect_url(), spark_conf=self.spark_conf,
@@ -411,6 +418,7 @@ class NotifyCompleteOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        self.record_lineage(batch_id)
         started = time.monotonic()
         coordinator = self.coordinator()
         metrics = self.metrics
@@ -455,7 +463,8 @@ class AbortBatchOperator(_BatchStepOperator):
             batch = coordinator.ledger.latest_batch_for_run(coordinator.pipeline_id, context["run_id"])
             if batch is None:
                 raise AirflowSkipException("this run planned no batch; nothing to abort")
-            batch_id = self._lineage_batch_id = batch.id
+            batch_id = batch.id
+        self.record_lineage(batch_id)
         before = coordinator.ledger.get_batch(batch_id).state
         message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
         self.log.info("abort: %s", message)
