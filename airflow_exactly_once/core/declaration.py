@@ -57,7 +57,7 @@ def whole_number(value: Any) -> int | None:
     try:
         number = int(value)
         return number if float(value) == number else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
         return None
 
 

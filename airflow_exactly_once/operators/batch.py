@@ -122,7 +122,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def argument_secrets(self) -> list[str]:
         """The secrets of this operator's arguments as they stand now (rendered, once the task runs)."""
-        return arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
+        return arguments.secret_texts({a.name: getattr(self, a.name) for a in arguments.ARGUMENTS})
 
     # -- building blocks (called once the fields are rendered: from execute, and from the OpenLineage methods) ----
 

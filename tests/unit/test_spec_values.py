@@ -31,6 +31,9 @@ BAD_VALUES = {
     "text that is no whole number": (
         PG, "page_size", "many", "the postgres sink's page_size must be a whole number, not 'many' (e.g. 1000, the "
                                  "default)"),
+    "an infinite number": (
+        PG, "lock_timeout_ms", float("inf"), "the postgres sink's lock_timeout_ms must be a whole number, not inf (e.g. "
+                                             "60000, the default)"),
     "a fraction for a whole number": (
         KAFKA, "transaction_timeout_ms", 1.5, "the kafka sink's transaction_timeout_ms must be a whole number, not "
                                               "1.5 (e.g. 600000, the default)"),
