@@ -197,12 +197,12 @@ class SinkSpec:
     @classmethod
     def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:
         """Each given value against its declaration: the kind of its declared type, its choices, and for the
-        guarantee the ones the sink implements. None is a setting not given (its default, or the sink names a
-        missing required key); before rendering, templates are left out."""
+        guarantee the ones the sink implements. None, and "" (what an unset template renders), is a setting not
+        given: its default, or the sink names a missing required key. Before rendering, templates are left out."""
         declared = get_type_hints(cls)
         for option in cls.options():
             value = spec.get(option.name)
-            if value is None or (not rendered and is_template(value)):
+            if value is None or value == "" or (not rendered and is_template(value)):
                 continue
             problem = cls.value_problem(option, declared[option.name], value)
             if problem is not None:

@@ -93,6 +93,7 @@ def test_a_templated_value_is_checked_when_the_task_renders_it(tmp_path):
 def test_good_values_pass_as_given_or_as_a_rendered_template_gives_them():
     for spec in ({**KAFKA, "guarantee": "AT_LEAST_ONCE", "transaction_timeout_ms": "60000", "register_schemas": True,
                   "producer_config": {"linger.ms": 5}},
+                 {**KAFKA, "guarantee": "", "transaction_timeout_ms": ""},  # how unset templates render: defaults
                  {**PG, "mode": "upsert", "page_size": 500, "key_columns": "id", "writers": None},
                  {**ICEBERG, "create_table": True, "partitioned_by": ["day"]}):
         parse_dag("good_values", sink=spec)
