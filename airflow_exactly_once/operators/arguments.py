@@ -4,7 +4,9 @@ Every pipeline setting is a field of `PipelineConfig` (core.config) with its def
 sentence of documentation; the few settings that only say where things run (connections,
 Spark) are `TASK_ARGUMENTS` below. The operators' keyword arguments, their signature (which
 Airflow's `default_args` reads), their `template_fields` and their `:param` lines are all
-made from these two lists, so an argument is added in one place.
+made from these two lists. An argument added here is also assigned, by name and with its type,
+in `ExactlyOnceBaseOperator.__init__` (operators.batch), where readers and type checkers see it;
+tests/unit/test_arguments.py fails until the two agree.
 """
 
 from __future__ import annotations

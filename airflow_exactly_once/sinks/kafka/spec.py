@@ -16,6 +16,7 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
 @dataclass(kw_only=True)
 class KafkaSpec(SinkSpec):
     type_name = "kafka"
+    guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 
     topic: str = argument(doc="Output topic (must exist)")
     guarantee: str | None = argument(None, "`EXACTLY_ONCE`, `AT_LEAST_ONCE` or `NONE` (below); the task group's old "
