@@ -39,6 +39,13 @@ class LedgerVersionError(ConfigurationError):
     """The ledger's schema is not the version this provider's code reads (older for a reader, or newer than known)."""
 
 
+class HandlesVersionError(ConfigurationError):
+    """A batch's handles in the ledger are in a format this release cannot read (written by a newer one).
+
+    Never guessed at: misreading a PREPARED batch's handles could commit the wrong output or lose it.
+    """
+
+
 class FencedError(ExactlyOnceError):
     """Another run (or a newer attempt) took the pipeline or the batch over; this one must stop."""
 
