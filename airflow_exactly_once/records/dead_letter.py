@@ -37,7 +37,8 @@ class PairedCommittable(Committable):
         return self.output.records
 
     def to_handles(self) -> Handles:
-        # The output's own handles at the top: a ledger written before dead letters existed reads the same.
+        # The output's own handles at the top: a ledger written before dead letters existed reads the same. No
+        # format version of the pair's: each part's handles carry their own committable's (core.handles).
         return {**self.output.to_handles(),
                 DEAD_LETTER_HANDLES: None if self.dead_letters is None else self.dead_letters.to_handles()}
 

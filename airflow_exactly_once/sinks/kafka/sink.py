@@ -50,7 +50,6 @@ from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS
 from airflow_exactly_once.sinks.kafka.transactions import (
     END_TIMEOUT_MS,
     TransactionHandle,
-    TransactionLost,
     end_transactions,
 )
 from airflow_exactly_once.sinks.kafka.wire_format import check_given_schemas, encoded, part_writers
@@ -303,7 +302,7 @@ class KafkaSink(Sink):
         lost meanwhile, what its output says. Raises when Kafka refused or did not answer for any."""
         by_handle = {r.transaction: r for r in reports}
         answers = end_transactions(admin, list(by_handle), commit=True, timeout_ms=self._end_timeout_ms(settings))
-        failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLost)]
+        failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLostError)]
         if failed:  # their outcome is unknown: a retry describes the batch again and decides
             handle, exc = failed[0]
             others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
@@ -366,12 +365,13 @@ class KafkaSink(Sink):
         if still_open:
             answers = end_transactions(admin, still_open, commit=False, timeout_ms=self._end_timeout_ms(settings))
             for handle, exc in answers.items():
-                if exc is not None and not isinstance(exc, TransactionLost):  # never committed: it times out
+                if exc is not None and not isinstance(exc, TransactionLostError):  # never committed: it times out
                     log.warning("could not abort %s now (%s); it times out on its own", handle.transactional_id, exc)
         raise TransactionLostError(
             f"the Kafka transactions of batch {batch.seq} were aborted before notify_complete committed them "
             f"({', '.join(aborted)}: timed out after transaction_timeout_ms={self.transaction_timeout_ms}, or "
-            f"fenced); read_committed consumers never saw their {lost_records} records")
+            f"fenced); read_committed consumers never saw their {lost_records} records",
+            sink=self.type_name, batch=batch.seq, lost=aborted, reason="aborted by the broker before the commit")
 
     # -- abort ---------------------------------------------------------------------
 
@@ -411,7 +411,7 @@ class KafkaSink(Sink):
             return 0
         answers = end_transactions(admin, handles, commit=False, timeout_ms=self._end_timeout_ms(settings))
         for handle, exc in answers.items():
-            if isinstance(exc, TransactionLost):
+            if isinstance(exc, TransactionLostError):
                 log.info("Nothing to abort for %s: %s", handle, exc.reason)
             elif exc is not None:
                 raise exc

@@ -45,11 +45,13 @@ class StagedFolder(Committable):
     final: str
     files: tuple[str, ...] = ()
 
-    def to_handles(self) -> Handles:
+    handles_version = 1
+
+    def write_handles(self) -> Handles:
         return {"staging": self.staging, "final": self.final, "files": list(self.files)}
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "StagedFolder":
+    def read_handles_v1(cls, handles: Handles) -> "StagedFolder":
         return cls(str(handles["staging"]), str(handles["final"]), tuple(handles.get("files", ())))
 
 
@@ -111,7 +113,8 @@ class ParquetSink(Sink):
     def verify_staged(self, batch: Batch, committable: StagedFolder) -> None:
         if not Path(committable.final).exists() and not Path(committable.staging).exists():
             raise TransactionLostError(f"the staged output {committable.staging} of batch {batch.seq} is gone and "
-                                       "was never published")
+                                       "was never published", sink=self.type_name, batch=batch.seq,
+                                       lost=[committable.staging], reason="the staged folder was removed")
 
     def commit(self, batch: Batch, committable: StagedFolder) -> str:
         self.verify_staged(batch, committable)

@@ -169,9 +169,9 @@ class PostgresSink(Sink):
             outcomes = [pgx.commit_prepared(self.dsn, g, marker_schema=self.marker_schema)
                         for g in gids if g in prepared]
             orphans = self._rollback_dead_attempts(batch, keep=gids)
-        except pgx.TransactionLost as exc:  # rolled back between our look and our commit
+        except TransactionLostError as exc:  # found lost, or rolled back between our look and our commit
             self._prepared_gids(batch, gids)  # one committed already: "half committed", never replayed as lost
-            raise TransactionLostError(str(exc)) from exc
+            raise exc.restated(str(exc), batch=batch.seq) from exc
         except pgx.PostgresTransactionError as exc:
             raise SinkError(f"postgres sink commit of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
         now = outcomes.count("committed")
@@ -222,7 +222,8 @@ class PostgresSink(Sink):
         self._rollback_dead_attempts(batch, keep=())
         raise TransactionLostError(
             f"prepared transaction(s) {lost} of batch {batch.seq} are gone and were never committed (rolled back "
-            f"by an operator or lost with the server's data); nothing of the batch was committed")
+            f"by an operator or lost with the server's data); nothing of the batch was committed",
+            sink=self.type_name, batch=batch.seq, lost=lost, reason="rolled back: neither prepared nor committed")
 
     def _rollback_dead_attempts(self, batch: Batch, keep=(), keep_epoch: int | None = None) -> list[str]:
         """Roll back this pipeline's prepared gids that can no longer be committed.
