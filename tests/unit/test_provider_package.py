@@ -30,19 +30,28 @@ PACKAGE = Path(airflow_exactly_once.__file__).resolve().parent
 # -- the Airflow floor ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", ["3.1.0", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
+@pytest.mark.parametrize("version", ["3.1.2", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
 def test_supported_airflow_releases_pass_the_floor(version):
     from airflow_exactly_once.compat import AIRFLOW_FLOOR, airflow_release, check_airflow_version
 
-    assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 0)
+    assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 2)
     assert check_airflow_version(version) is None  # raises ImportError below the floor (the test below)
 
 
-@pytest.mark.parametrize("version", ["3.0.6", "3.0.0", "2.11.0"])
+def test_the_import_floor_is_the_one_setup_cfg_requires():
+    from devtools.install_matrix import floor_versions
+
+    from airflow_exactly_once.compat import AIRFLOW_FLOOR
+
+    assert ".".join(map(str, AIRFLOW_FLOOR)) == floor_versions()["apache-airflow"]
+
+
+@pytest.mark.parametrize("version", ["3.1.1", "3.1.0", "3.0.6", "2.11.0"])
 def test_older_airflow_fails_naming_the_release_to_install(version):
     from airflow_exactly_once.compat import check_airflow_version
 
-    with pytest.raises(ImportError, match=r"needs Apache Airflow >= 3\.1\.0 \(this is Airflow " + version):
+    with pytest.raises(ImportError, match=r"needs Apache Airflow >= 3\.1\.2 \(this is Airflow " + version +
+                       r"\): upgrade with pip install 'apache-airflow>=3\.1\.2,<4'"):
         check_airflow_version(version)
 
 
@@ -52,7 +61,7 @@ def test_the_check_runs_when_an_airflow_facing_module_is_imported(monkeypatch):
     monkeypatch.setattr(airflow, "__version__", "3.0.6")
     for name in ("airflow_exactly_once.compat", "airflow_exactly_once.hooks.ledger"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'apache-airflow>=3\.1\.0,<4'"):
+    with pytest.raises(ImportError, match=r"pip install 'apache-airflow>=3\.1\.2,<4'"):
         importlib.import_module("airflow_exactly_once.hooks.ledger")
 
 
