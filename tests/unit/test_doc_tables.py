@@ -127,6 +127,22 @@ def test_extras_and_what_they_install():
                     f"what the [{extra}] extra installs, in docs/install.md")
 
 
+def test_the_install_matrix_stacks_and_their_extras():
+    from devtools.install_matrix import stacks
+
+    floor, newest = stacks()
+    rows = {row[0]: row for row in doc_table("docs/install.md", "")}
+    oldest = rows["oldest allowed"]
+    assert (oldest[1], oldest[2]) == (floor.airflow, floor.pyspark), "docs/install.md: the oldest allowed stack"
+    assert_same([n for n in code_names(oldest[4]) if n in setup_cfg()["options.extras_require"]], floor.extras,
+                "the extras of the install matrix's floor stack in docs/install.md")
+    (matrix,) = [row for row in doc_table("docs/install.md", "command") if row[0].startswith("`make install-matrix`")]
+    assert f"Airflow {floor.airflow} + pyspark {floor.pyspark} with the " in matrix[1]
+    assert_same([n for n in code_names(matrix[1]) if n in setup_cfg()["options.extras_require"]], floor.extras,
+                "the install matrix's extras in docs/install.md's `make install-matrix` row")
+    assert f"Airflow {newest.airflow} + pyspark {newest.pyspark}, no extras" in matrix[1] and not newest.extras
+
+
 def test_value_formats():
     from airflow_exactly_once.core.config import VALUE_FORMATS
 
@@ -154,6 +170,14 @@ def test_kafka_sink_guarantees_and_their_default():
     assert_same(first_column(rows), GUARANTEES, "the Kafka sink's guarantee in docs/sinks/kafka.md")
     (guarantee,) = [o for o in KafkaSpec.options() if o.name == "guarantee"]
     assert default_row(rows) == code_names(guarantee.default_text())[0], "docs/sinks/kafka.md: the default guarantee"
+
+
+def test_the_kafka_sink_page_names_the_columns_it_writes_with_their_types():
+    from airflow_exactly_once.sinks.kafka.sink import HEADERS_TYPE
+
+    page = (REPO / "docs" / "sinks" / "kafka.md").read_text()
+    assert "must return a `value` column (STRING or BINARY) and may return `key` (STRING or\nBINARY) and `headers` " \
+           f"(`{HEADERS_TYPE}`" in page, "docs/sinks/kafka.md: the columns the Kafka sink writes"
 
 
 def test_dead_letter_destinations_of_every_sink():
