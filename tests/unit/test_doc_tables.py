@@ -95,6 +95,30 @@ def test_cli_commands_and_their_options():
         assert_same(documented[command], options, f"the options of `{command}` in docs/operations.md")
 
 
+def listed_commands(text: str, after: str) -> list[str]:
+    """The command names of the comma-separated list that follows `after` in `text` ("a, b and c" or "a, b, c")."""
+    start = text.index(after) + len(after)
+    words = re.match(r"[\s(]*([a-z, \n]+)", text[start:]).group(1)
+    return [w for w in re.split(r"[,\s]+", words.replace(" and ", ", ")) if w]
+
+
+def test_the_cli_help_and_the_docs_list_every_command():
+    from airflow_exactly_once.cli import main
+    from airflow_exactly_once.cli.definition import get_cli_commands
+
+    commands = cli_commands(main._parser())
+    top = {command.split()[0] for command in commands}
+    (airflow_command,) = get_cli_commands()
+    assert_same(listed_commands(airflow_command.description, "console script:"), top,
+                "the commands in `airflow exactly-once --help` (cli/definition.py)")
+    # `batches PIPELINE [--state ...]` -> batches, `db upgrade` -> db upgrade
+    usage = {" ".join(w for w in line.split()[:2] if re.fullmatch(r"[a-z]+", w))
+             for line in re.findall(r"^    airflow-exactly-once (.*)$", main.__doc__, re.M)}
+    assert_same(usage, commands, "the usage lines of `airflow-exactly-once --help` (cli/main.py's docstring)")
+    assert_same(listed_commands((REPO / "docs" / "install.md").read_text(), "The console script `airflow-exactly-once`"),
+                top, "the commands docs/install.md lists")
+
+
 def setup_cfg() -> configparser.ConfigParser:
     config = configparser.ConfigParser(interpolation=None)
     config.read(REPO / "setup.cfg")
