@@ -48,7 +48,7 @@ system-deps:
 	  echo ">> installing Debian packages: chromium"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
 	fi
-	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
+	@# A compose client validates docker/docker-compose.yml (tests/integration/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
 	  echo ">> installing Debian packages: docker-compose"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \

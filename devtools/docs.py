@@ -40,6 +40,7 @@ checked against their declarations by tests/unit/test_doc_tables.py, with `doc_t
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import textwrap
@@ -118,6 +119,15 @@ def doc_table(doc: str, first_header: str) -> list[list[str]]:
 def code_names(cell: str) -> list[str]:
     """The names a cell shows as code (`earliest`, `"bytes"` -> bytes), in order."""
     return [name.strip('"') for name in _CODE.findall(cell)]
+
+
+def cli_commands(parser: argparse.ArgumentParser, path: str = "") -> dict[str, set[str]]:
+    """Each command of an argparse parser (`db upgrade` for a nested one) with its --options."""
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not nested:
+        return {path: {o for a in parser._actions for o in a.option_strings if o.startswith("--")}}
+    return {command: options for action in nested for name, sub in action.choices.items()
+            for command, options in cli_commands(sub, f"{path} {name}".strip()).items()}
 
 
 def stale(write: bool = False) -> list[Path]:

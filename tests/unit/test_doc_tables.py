@@ -8,7 +8,6 @@ generated instead, and test_docs.py keeps them fresh.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import configparser
 import inspect
@@ -19,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from devtools.docs import REPO, code_names, doc_table, tables
+from devtools.docs import REPO, cli_commands, code_names, doc_table, tables
 
 
 def assert_same(documented: Iterable, declared: Iterable, what: str) -> None:
@@ -67,15 +66,6 @@ def test_backlog_trigger_arguments():
         if len(code_names(names)) == 1:
             (name,) = code_names(names)
             assert shown_default(default) == parameters[name].default, f"docs/triggers.md: the default of {name}"
-
-
-def cli_commands(parser: argparse.ArgumentParser, path: str = "") -> dict[str, set[str]]:
-    """Each command of the parser (`db upgrade` for a nested one) with its --options."""
-    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not nested:
-        return {path: {o for a in parser._actions for o in a.option_strings if o.startswith("--")}}
-    return {command: options for action in nested for name, sub in action.choices.items()
-            for command, options in cli_commands(sub, f"{path} {name}".strip()).items()}
 
 
 def test_cli_commands_and_their_options():
