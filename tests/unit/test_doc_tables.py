@@ -105,8 +105,9 @@ def test_the_cli_help_and_the_docs_list_every_command():
     usage = {" ".join(w for w in line.split()[:2] if re.fullmatch(r"[a-z]+", w))
              for line in re.findall(r"^    airflow-exactly-once (.*)$", main.__doc__, re.M)}
     assert_same(usage, commands, "the usage lines of `airflow-exactly-once --help` (cli/main.py's docstring)")
-    assert_same(listed_commands((REPO / "docs" / "install.md").read_text(), "The console script `airflow-exactly-once`"),
-                top, "the commands docs/install.md lists")
+    install = (REPO / "docs" / "install.md").read_text()
+    assert_same(listed_commands(install, "The console script `airflow-exactly-once`"), top,
+                "the commands docs/install.md lists")
 
 
 def setup_cfg() -> configparser.ConfigParser:

@@ -54,7 +54,8 @@ _TEST_FILE = re.compile(r"(?<![\w<-])((?:[\w-]+/)*(?:test|bench)_\w+\.py)(?:::(\
 # `make demo` in code, or a command line of a code block or recipe; not the verb in a sentence.
 _MAKE_TARGET = re.compile(r"(?:`|^\s+|\$ )make ([a-z][\w-]*)", re.M)
 # The ledger CLI (console script or Airflow's CLI) in code: what follows it up to the code's end.
-_LEDGER_CLI = re.compile(r"(?:`|^[ \t]+(?:# )?|\$ )(?:airflow-exactly-once|airflow exactly-once)((?: +[^\s`#]+)*)", re.M)
+_LEDGER_CLI = re.compile(r"(?:`|^[ \t]+(?:# )?|\$ )(?:airflow-exactly-once|airflow exactly-once)((?: +[^\s`#]+)*)",
+                         re.M)
 # The repository's tools: `python -m devtools COMMAND` or `-m devtools.module`.
 _DEVTOOLS = re.compile(r"-m devtools(?:\.(\w+)| ([a-z][\w-]*))")
 _PLACEHOLDER = re.compile(r"[A-Z]{3,}_|<")  # NNNN_what.py, test_<sink>.py
@@ -162,7 +163,8 @@ def test_missing_tests_names_moved_files_and_tests_that_do_not_exist():
             "exist, test_pipeline_parquet.py::test_no_such_test does not, test_<sink>.py is a placeholder, "
             "bench_scale.py is a benchmark, tests/unit/test_docs.py::test_missing_tests_names_moved_files_and_tests"
             "_that_do_not_exist is this one")
-    assert missing_tests(text, source) == ["tests/test_pipeline_parquet.py", "test_pipeline_parquet.py::test_no_such_test"]
+    assert missing_tests(text, source) == ["tests/test_pipeline_parquet.py",
+                                           "test_pipeline_parquet.py::test_no_such_test"]
 
 
 def test_missing_cli_commands_checks_the_command_and_its_options():
