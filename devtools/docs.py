@@ -31,7 +31,7 @@ and the table of every metric (made by airflow_exactly_once.metrics.markdown_tab
     | metric | ...
     <!-- /metrics -->
 
-`python -m devtools.docs` rewrites the included blocks; tests/unit/test_docs.py fails when a
+`python -m devtools.docs` (`make docs`) rewrites the included blocks and tables; tests/unit/test_docs.py fails when a
 block and its source disagree, so the docs never show code that was not tested.
 
 The docs' other tables of names (a trigger's arguments, CLI commands, extras) are hand-written and

@@ -11,7 +11,7 @@ from devtools import docs
 
 
 def test_included_code_matches_the_tested_files():
-    assert docs.stale(write=False) == [], "run `python -m devtools.docs` to update the docs' code"
+    assert docs.stale(write=False) == [], "run `make docs` (python -m devtools.docs) to update the docs' generated parts"
 
 
 def test_an_include_of_a_missing_region_fails():
