@@ -110,6 +110,20 @@ def test_the_cli_help_and_the_docs_list_every_command():
                 "the commands docs/install.md lists")
 
 
+def test_the_readme_performance_table_gives_one_figure_per_row_and_its_command():
+    """The history of a figure belongs in docs/benchmarks.md, not in parentheses beside it."""
+    rows = doc_table("README.md", "benchmark")
+    assert rows
+    for what, figure, _, command in rows:
+        assert re.fullmatch(r"[\d.]+(?:x| s)(?: the [\w/ ]+)?", figure), f"README: one figure for {what!r}: {figure!r}"
+        (line,) = code_names(command)
+        script = re.search(r"benchmarks/\w+\.py", line)
+        assert script, f"README: the command of {what!r} runs a benchmark script"
+        source = (REPO / script.group(0)).read_text()
+        unknown = [o for o in re.findall(r"--[a-z][\w-]*", line) if f'"{o}"' not in source]
+        assert not unknown, f"README: {script.group(0)} has no option {unknown}"
+
+
 def setup_cfg() -> configparser.ConfigParser:
     config = configparser.ConfigParser(interpolation=None)
     config.read(REPO / "setup.cfg")
