@@ -182,6 +182,35 @@ def test_missing_devtools_asks_the_tools_themselves():
     assert missing_devtools(text) == ["python -m devtools fetch-all", "-m devtools.no_such_tool"]
 
 
+def test_troubleshooting_has_a_section_for_every_error_class_and_for_no_other():
+    page = (docs.REPO / "docs" / "troubleshooting.md").read_text()
+    sections = re.findall(r"<!-- error: ([\w.]+) -->", page)
+    classes = [docs.class_path(cls) for cls in docs.error_classes()]
+    assert len(sections) == len(set(sections)), "docs/troubleshooting.md: one section per class"
+    assert sorted(set(classes) - set(sections)) == [], "add a section for each of these to docs/troubleshooting.md " \
+                                                       "(<!-- error: CLASS --><!-- /error -->, What to do, make docs)"
+    assert sorted(set(sections) - set(classes)) == [], "docs/troubleshooting.md: these classes do not exist"
+    for path, after in re.findall(r"<!-- error: ([\w.]+) -->.*?<!-- /error -->\n(.*?)(?=<!-- error: |\Z)", page, re.S):
+        assert re.search(r"\*\*What to do\*\*: \S", after), f"docs/troubleshooting.md: what to do about {path}"
+
+
+def test_an_error_section_of_a_class_that_is_gone_names_it():
+    try:
+        docs.render("<!-- error: airflow_exactly_once.core.errors.NoSuchError -->\n<!-- /error -->")
+    except LookupError as error:
+        assert "section for airflow_exactly_once.core.errors.NoSuchError, which is not an error class" in str(error)
+    else:
+        raise AssertionError("a section of a class that does not exist must fail")
+
+
+def test_error_classes_finds_the_sinks_own_classes_beside_the_core():
+    paths = [docs.class_path(cls) for cls in docs.error_classes()]
+    assert "airflow_exactly_once.core.errors.ExactlyOnceError" in paths
+    assert "airflow_exactly_once.core.errors.ConfigurationError" in paths
+    assert any(p.startswith("airflow_exactly_once.sinks.") for p in paths)
+    assert all(p.startswith("airflow_exactly_once.") for p in paths)  # no test's or library's classes
+
+
 def test_every_airflow_config_section_has_its_generated_table_in_the_docs():
     from airflow_exactly_once.provider_info import CONFIG
 
