@@ -10,6 +10,7 @@ into fresh virtualenvs for the real thing.
 from __future__ import annotations
 
 import argparse
+import configparser
 import importlib
 import json
 import pkgutil
@@ -352,3 +353,31 @@ def test_airflow_cli_command_forwards_to_the_ledger_cli(tmp_path, capsys):
         command.func(parser.parse_args(["--ledger-url", url, "show", "nope", "1"]))
     assert failed.value.code == 2
     assert "no pipeline 'nope'" in capsys.readouterr().err
+
+
+# -- release hygiene ---------------------------------------------------------------------------
+
+
+def test_the_version_is_written_in_one_place():
+    """airflow_exactly_once.__version__; setup.cfg reads it (`attr:`), the provider info and the install matrix too."""
+    from setuptools.config.setupcfg import read_configuration
+
+    from devtools.install_matrix import REPO, package_version
+
+    assert read_configuration(REPO / "setup.cfg")["metadata"]["version"] == airflow_exactly_once.__version__
+    assert package_version() == airflow_exactly_once.__version__
+    assert airflow_exactly_once.get_provider_info()["versions"] == [airflow_exactly_once.__version__]
+    written = [line for line in (REPO / "setup.cfg").read_text().splitlines() if line.startswith("version")]
+    assert written == ["version = attr: airflow_exactly_once.__version__"]
+    assert "version" not in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_package_says_it_is_typed_and_ships_the_marker():
+    from devtools.install_matrix import REPO
+
+    assert (PACKAGE / "py.typed").is_file()
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(REPO / "setup.cfg")
+    package_data = config["options.package_data"]["airflow_exactly_once"].split()
+    assert "py.typed" in package_data
+    assert "py.typed" in (REPO / "MANIFEST.in").read_text()
