@@ -57,7 +57,7 @@ import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
 _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```)",
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
