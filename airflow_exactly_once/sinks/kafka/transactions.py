@@ -324,7 +324,7 @@ def end_txn_version(broker_version_data: Any, bootstrap_servers: Any = "") -> in
 
 def _internals_message(problems: list[str]) -> str:
     return (
-        f"airflow_exactly_once.sinks.kafka_transactions drives kafka-python internals read off "
+        f"{__name__} drives kafka-python internals read off "
         f"kafka-python {KAFKA_PYTHON_VERSION_READ}, but the installed kafka-python "
         f"{getattr(kafka, '__version__', '?')} lacks: {', '.join(problems)}. "
         f"Install kafka-python=={KAFKA_PYTHON_VERSION_READ} or adapt this module to the new internals."
