@@ -28,7 +28,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
 	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
-	clean
+	docs clean
 
 setup: system-deps python-deps jars registry
 
@@ -48,7 +48,7 @@ system-deps:
 	  echo ">> installing Debian packages: chromium"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
 	fi
-	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
+	@# A compose client validates docker/docker-compose.yml (tests/integration/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
 	  echo ">> installing Debian packages: docker-compose"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \
@@ -144,6 +144,11 @@ install-matrix: python-deps
 # The Kafka tests again, against Kafka $(KAFKA4_VERSION) instead of the default 3.9.1.
 test-kafka4: setup
 	$(KAFKA4_RUN)
+
+# The docs' generated parts anew from their sources: the arguments' and sinks' option tables, airflow.cfg's options,
+# the metrics, and the code included from tested files (devtools/docs.py; tests/unit/test_docs.py fails when stale).
+docs: python-deps
+	$(PY) -m devtools.docs
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps

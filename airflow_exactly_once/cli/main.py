@@ -1,4 +1,4 @@
-"""`airflow-exactly-once`: look into the offset ledger, check it, and rewind a pipeline.
+"""`airflow-exactly-once`: look into the offset ledger, check it, mirror, rewind or prune a pipeline.
 
     airflow-exactly-once pipelines
     airflow-exactly-once batches PIPELINE [--state COMMITTED] [--limit 20]
@@ -12,6 +12,7 @@
     airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
     airflow-exactly-once db upgrade
     airflow-exactly-once db current
+    airflow-exactly-once db version
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME (stderr says

@@ -165,9 +165,9 @@ class BatchCoordinator:
             log.warning("batch %s lost its output (%s); releasing what is left of it: %s", batch_id, exc,
                         self.sink.abort(batch, committable))
             self.ledger.mark_aborted(batch_id, f"sink output lost: {exc}", from_state=BatchState.PREPARED)
-            raise TransactionLostError(
-                f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run."
-            ) from exc
+            raise exc.restated(
+                f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run.",
+                batch=batch.seq) from exc
         fault_point("notify.after_sink_commit")
         changed = self.ledger.mark_committed(batch_id, retracts=[replaced.seq] if replaced is not None else [])
         bad = batch.details.get("bad_records")

@@ -28,6 +28,7 @@ from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.handles import format_version, stamped
 from airflow_exactly_once.core.model import Batch
 
 Handles = dict[str, Any]
@@ -45,21 +46,52 @@ def column_names(value: Any, what: str) -> tuple[str, ...]:
 
 
 class Committable(ABC):
-    """A batch's staged output, as its committer needs it."""
+    """A batch's staged output, as its committer needs it; kept in the ledger as versioned JSON handles.
+
+    Handles outlive the release that wrote them (a batch left PREPARED before an upgrade is committed
+    after it), so a committable's format is versioned (core.handles): `write_handles` writes the format
+    numbered `handles_version`, and a classmethod `read_handles_v<n>` reads each version n it ever wrote.
+    To change the fields: raise `handles_version`, write the new format, add its reader, keep the old ones.
+    `to_handles` and `from_handles` stamp and check the version; subclasses do not override them (a pair
+    of committables writes each part's own handles, each with its version: sinks.dead_letters).
+    """
+
+    # The format `write_handles` writes. Handles from before formats were numbered are version 1.
+    handles_version: ClassVar[int] = 1
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Checked when the class is made, not when a PREPARED batch is read after an upgrade: a committable
+        that writes through `to_handles` has `write_handles`, and one that reads through `from_handles` has a
+        reader for every version it wrote."""
+        super().__init_subclass__(**kwargs)
+        missing = []
+        if cls.to_handles is Committable.to_handles and cls.write_handles is Committable.write_handles:
+            missing.append("write_handles")
+        if cls.from_handles.__func__ is Committable.from_handles.__func__:  # type: ignore[attr-defined]
+            missing += [f"read_handles_v{v}" for v in range(1, cls.handles_version + 1)
+                        if not callable(getattr(cls, f"read_handles_v{v}", None))]
+        if missing:
+            raise TypeError(f"{cls.__name__} (handles_version {cls.handles_version}) must define "
+                            f"{', '.join(missing)}: see core.sink.Committable")
 
     @property
     def records(self) -> int | None:
         """How many records the attempt staged, if the committable knows (a count Spark did not report)."""
         return None
 
-    @abstractmethod
     def to_handles(self) -> Handles:
-        """JSON for the ledger; `from_handles` must read it back in any later release."""
+        """JSON for the ledger: this release's format, stamped with its version."""
+        return stamped(self.write_handles(), self.handles_version)
+
+    def write_handles(self) -> Handles:
+        """The committable in the format numbered `handles_version`, without the version (to_handles adds it)."""
+        raise NotImplementedError  # every subclass that writes through to_handles defines it (__init_subclass__)
 
     @classmethod
-    @abstractmethod
     def from_handles(cls, handles: Handles) -> "Committable":
-        ...
+        """Read handles of any version this committable wrote; HandlesVersionError for a newer one."""
+        version = format_version(handles, cls.__name__, cls.handles_version)
+        return getattr(cls, f"read_handles_v{version}")(handles)
 
 
 class PartitionWriter(ABC):
@@ -92,9 +124,6 @@ class SinkSide:
 
     # The declaration of its spec: which keys it may hold, their defaults and choices, which are secret.
     spec_type: ClassVar[type[SinkSpec]] = SinkSpec
-    # The guarantees this sink implements; staged-and-published sinks have only one.
-    guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
-
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec_type.check(spec)
         self.spec = spec
@@ -108,6 +137,11 @@ class SinkSide:
     def type_name(self) -> str:
         """The sink type of its spec ("parquet"), as its declaration names it."""
         return self.spec_type.type_name
+
+    @property
+    def guarantees(self) -> tuple[str, ...]:
+        """The guarantees this sink implements, as its declaration states them (staged-and-published sinks: one)."""
+        return self.spec_type.guarantees
 
     @property
     def guarantee(self) -> str:

@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.declaration import SinkSpec
+from airflow_exactly_once.core.declaration import SinkSpec, is_template
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
@@ -77,13 +77,14 @@ def stored_commit_deadline_ms(config: dict[str, Any]) -> int | None:
         return None
 
 
-def check_sink_keys(spec: Any, what: str = "sink") -> None:
-    """When a DAG is parsed: the sink type exists and the spec has no unknown key (values may be templates).
+def check_sink_spec_at_parse(spec: Any, what: str = "sink") -> None:
+    """When a DAG is parsed: the sink type exists, the spec has no unknown key, and each value that is not a
+    template is one its declaration allows (the messages the task gives).
 
-    A spec that is itself a template (a string) is checked when the task renders it.
+    A spec that is itself a template (a string), or whose type is, is checked when the task renders it.
     """
-    if isinstance(spec, dict):
-        spec_type(spec, what).check_keys(spec)
+    if isinstance(spec, dict) and not is_template(spec.get("type")):
+        spec_type(spec, what).check_before_rendering(spec)
 
 
 def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:

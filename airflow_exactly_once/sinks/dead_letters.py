@@ -52,7 +52,8 @@ class PairedCommittable(Committable):
         return self.output.records
 
     def to_handles(self) -> Handles:
-        # The output's own handles at the top: a ledger written before dead letters existed reads the same.
+        # The output's own handles at the top: a ledger written before dead letters existed reads the same. No
+        # format version of the pair's: each part's handles carry their own committable's (core.handles).
         return {**self.output.to_handles(),
                 DEAD_LETTER_HANDLES: None if self.dead_letters is None else self.dead_letters.to_handles()}
 
@@ -81,10 +82,6 @@ class Pair(SinkSide, Generic[Side]):
     @property
     def spec_type(self) -> type[SinkSpec]:  # type: ignore[override]
         return self.output.spec_type
-
-    @property
-    def guarantees(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.output.guarantees
 
 
 class PairedCommitter(Pair[SinkCommitter], SinkCommitter):

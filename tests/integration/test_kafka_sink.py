@@ -32,7 +32,6 @@ from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
-    TransactionLost,
     abort_transaction,
     commit_transaction,
     open_transaction,
@@ -193,7 +192,7 @@ def test_each_transaction_records_where_it_begins_in_every_partition_it_wrote(ka
 
 def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics):
     """The adapter's known ambiguity: a retried commit after the transactional id was reused
-    raises TransactionLost although the data is committed. The output decides: no abort."""
+    raises TransactionLostError although the data is committed. The output decides: no abort."""
     name, source, output = topics
     config = pipeline(kafka, name, source, output)
     sink = bound_sink(config)
@@ -201,7 +200,7 @@ def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics
     sink.commit(fake_batch(config, 4), handles)
     handle = handles.reports[0].transaction
     open_transaction(kafka.bootstrap_servers, handle.transactional_id, 60_000).close()  # bumps the id's epoch
-    with pytest.raises(TransactionLost):  # what the adapter alone would conclude
+    with pytest.raises(TransactionLostError):  # what the adapter alone would conclude
         commit_transaction(kafka.bootstrap_servers, handle)
 
     assert "committed 1 Kafka transaction(s)" in sink.commit(fake_batch(config, 4), handles)
@@ -417,7 +416,7 @@ def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, 
     with pytest.raises(FencedError):
         coordinator.prepare(zombie, zombie_handles, 60, 60)
     for report in zombie_handles.transactions:
-        with pytest.raises(TransactionLost):
+        with pytest.raises(TransactionLostError):
             commit_transaction(kafka.bootstrap_servers, report.transaction)
     assert coordinator.ledger.get_batch(batch_id).state is BatchState.PREPARED
 

@@ -81,7 +81,7 @@ def test_guarantee_and_mirror_group_are_validated():
 
 @pytest.mark.parametrize("spec, expected", [
     ({"type": "kafka"}, "needs an output 'topic'"),
-    ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "not a number of milliseconds"),
+    ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "transaction_timeout_ms must be a whole"),
     ({"type": "kafka", "topic": "out", "producer_config": {"transactional_id": "x"}}, "must not set transactional.id"),
     ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not accept: lingerms"),
     ({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": "soon"}}, "does not accept: linger.ms"),

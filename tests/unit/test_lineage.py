@@ -15,6 +15,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset, kafka_dataset, postgres_dataset
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.operators.batch import AbortBatchOperator
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.sinks import create_committer
 
@@ -97,6 +98,23 @@ def test_before_its_batch_a_step_reports_the_datasets_only():
     facet = found.run_facets[lineage.FACET_NAME]
     assert (facet.pipelineId, facet.batchId, facet.ranges) == ("orders", None, [])
     assert [o.outputFacets for o in found.outputs] == [{}, {}] and found.inputs[0].inputFacets == {}
+
+
+def test_a_step_reports_the_batch_its_execute_recorded_and_reading_the_batch_id_records_nothing(tmp_path):
+    """The OpenLineage methods report what execute recorded; resolved_batch_id() is a pure accessor."""
+    common = dict(pipeline_id="p", topics="t", sink={"type": "parquet", "path": str(tmp_path / "out")},
+                  bootstrap_servers="127.0.0.1:9", ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    ledger = AbortBatchOperator(task_id="setup", **common).coordinator().ledger
+    config = PipelineConfig(**{k: v for k, v in common.items() if k != "ledger_url"})
+    ledger.ensure_pipeline("p", config.fingerprint(), config.to_dict())
+    batch = ledger.create_batch("p", "run1", [OffsetRange("t", 0, 0, 5)], expected_epoch=ledger.pipeline("p")["epoch"])
+    abort = AbortBatchOperator(task_id="abort", batch_id=str(batch.id), **common)
+
+    assert abort.resolved_batch_id() == batch.id
+    assert abort.get_openlineage_facets_on_complete(None).run_facets[lineage.FACET_NAME].batchId is None
+    abort.execute({"run_id": "run1"})
+    facet = abort.get_openlineage_facets_on_complete(None).run_facets[lineage.FACET_NAME]
+    assert (facet.batchId, facet.state) == (str(batch.id), "ABORTED")
 
 
 def test_without_the_openlineage_extra_nothing_is_reported(monkeypatch):

@@ -19,7 +19,7 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, probe
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, TransactionLost, end_transactions
+from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, end_transactions
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class BatchTransactions:
         by_handle = {r.transaction: r for r in reports}
         answers = end_transactions(self.admin, list(by_handle), commit=True,
                                    timeout_ms=self.output.end_timeout_ms(self.settings))
-        failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLost)]
+        failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLostError)]
         if failed:  # their outcome is unknown: a retry describes the batch again and decides
             handle, exc = failed[0]
             others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
@@ -133,12 +133,13 @@ class BatchTransactions:
             answers = end_transactions(self.admin, still_open, commit=False,
                                        timeout_ms=self.output.end_timeout_ms(self.settings))
             for handle, exc in answers.items():
-                if exc is not None and not isinstance(exc, TransactionLost):  # never committed: it times out
+                if exc is not None and not isinstance(exc, TransactionLostError):  # never committed: it times out
                     log.warning("could not abort %s now (%s); it times out on its own", handle.transactional_id, exc)
         raise TransactionLostError(
             f"the Kafka transactions of batch {batch.seq} were aborted before notify_complete committed them "
             f"({', '.join(aborted)}: timed out after transaction_timeout_ms={timeout_ms}, or "
-            f"fenced); read_committed consumers never saw their {lost_records} records")
+            f"fenced); read_committed consumers never saw their {lost_records} records",
+            sink="kafka", batch=batch.seq, lost=aborted, reason="aborted by the broker before the commit")
 
     def abort_all(self, handles: list[TransactionHandle]) -> int:
         """Abort exactly these transactions (EndTxn pipelined); how many the broker confirmed. Raises the
@@ -148,7 +149,7 @@ class BatchTransactions:
         answers = end_transactions(self.admin, handles, commit=False,
                                    timeout_ms=self.output.end_timeout_ms(self.settings))
         for handle, exc in answers.items():
-            if isinstance(exc, TransactionLost):
+            if isinstance(exc, TransactionLostError):
                 log.info("Nothing to abort for %s: %s", handle, exc.reason)
             elif exc is not None:
                 raise exc

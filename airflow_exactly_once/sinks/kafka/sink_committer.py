@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 
 class KafkaSinkCommitter(SinkCommitter):
     spec_type = KafkaSpec
-    guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     committable_type = KafkaCommittable
 
     def __init__(self, spec: dict[str, Any]) -> None:

@@ -41,7 +41,6 @@ DEAD_LETTER_HEADER_PREFIX = "aeo."
 
 class KafkaSinkWriter(SinkWriter):
     spec_type = KafkaSpec
-    guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
     joins_reads = True  # a producer and a transaction per Spark partition: many ranges are read a core's share each
 
     def __init__(self, spec: dict[str, Any]) -> None:

@@ -15,9 +15,11 @@ class StagedFolder(Committable):
     final: str
     files: tuple[str, ...] = ()
 
-    def to_handles(self) -> Handles:
+    handles_version = 1
+
+    def write_handles(self) -> Handles:
         return {"staging": self.staging, "final": self.final, "files": list(self.files)}
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "StagedFolder":
+    def read_handles_v1(cls, handles: Handles) -> "StagedFolder":
         return cls(str(handles["staging"]), str(handles["final"]), tuple(handles.get("files", ())))

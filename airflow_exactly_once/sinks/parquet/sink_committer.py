@@ -50,7 +50,8 @@ class ParquetSinkCommitter(SinkCommitter):
     def verify_staged(self, batch: Batch, committable: StagedFolder) -> None:
         if not Path(committable.final).exists() and not Path(committable.staging).exists():
             raise TransactionLostError(f"the staged output {committable.staging} of batch {batch.seq} is gone and "
-                                       "was never published")
+                                       "was never published", sink=self.type_name, batch=batch.seq,
+                                       lost=[committable.staging], reason="the staged folder was removed")
 
     def commit(self, batch: Batch, committable: StagedFolder) -> str:
         self.verify_staged(batch, committable)

@@ -62,9 +62,9 @@ class PostgresSinkCommitter(SinkCommitter):
             prepared = self._prepared_gids(batch, gids)
             outcomes = [pgx.commit_prepared(dsn, g, marker_schema=marker_schema) for g in gids if g in prepared]
             orphans = self.attempts.rollback_dead(batch, keep=gids)
-        except pgx.TransactionLost as exc:  # rolled back between our look and our commit
+        except TransactionLostError as exc:  # found lost, or rolled back between our look and our commit
             self._prepared_gids(batch, gids)  # one committed already: "half committed", never replayed as lost
-            raise TransactionLostError(str(exc)) from exc
+            raise exc.restated(str(exc), batch=batch.seq) from exc
         except pgx.PostgresTransactionError as exc:
             raise SinkError(f"postgres sink commit of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
         now = outcomes.count("committed")
@@ -104,4 +104,5 @@ class PostgresSinkCommitter(SinkCommitter):
         self.attempts.rollback_dead(batch, keep=())
         raise TransactionLostError(
             f"prepared transaction(s) {lost} of batch {batch.seq} are gone and were never committed (rolled back "
-            f"by an operator or lost with the server's data); nothing of the batch was committed")
+            f"by an operator or lost with the server's data); nothing of the batch was committed",
+            sink=self.type_name, batch=batch.seq, lost=lost, reason="rolled back: neither prepared nor committed")
