@@ -3,6 +3,7 @@ with the message the task gives for the same value; a templated value waits for 
 
 from __future__ import annotations
 
+import importlib
 from datetime import datetime
 from typing import Any, get_type_hints
 
@@ -102,10 +103,12 @@ def test_good_values_pass_as_given_or_as_a_rendered_template_gives_them():
         create_writer(spec)
 
 
-def test_a_sinks_writer_and_committer_implement_the_guarantees_its_declaration_states():
+def test_a_sinks_writer_and_committer_are_made_from_its_declaration_and_so_implement_its_guarantees():
     for kind, declaration in SPECS.items():
-        spec = {"type": kind}
-        assert create_writer(spec).guarantees == create_committer(spec).guarantees == declaration.guarantees, kind
+        for side in ("writer_class", "committer_class"):
+            module, _, name = getattr(declaration, side).partition(":")
+            made = getattr(importlib.import_module(module), name)
+            assert made.spec_type is declaration, (kind, side)  # SinkSide.guarantees reads spec_type.guarantees
 
 
 def test_every_declared_setting_is_checked_by_kind_unless_it_takes_anything():
