@@ -141,8 +141,14 @@ class SinkSpec:
     """
 
     type_name: ClassVar[str] = ""
-    # The delivery guarantees the sink implements (core.sink.Sink.guarantees, which the sink checks when it binds).
+    # The delivery guarantees the sink implements: its writer and committer read them (core.sink.SinkSide checks the
+    # spec's guarantee against them when it binds).
     guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
+    # The sink's write side and commit side, as "module:Class" (core.sink_writer.SinkWriter and
+    # core.sink_committer.SinkCommitter subclasses): imported only when a pipeline uses the sink, so its
+    # client library is needed only then, and a declaration stays light enough to check a DAG when it is parsed.
+    writer_class: ClassVar[str] = ""
+    committer_class: ClassVar[str] = ""
 
     guarantee: str | None = argument(None, "The delivery guarantee; only the Kafka sink has more than "
                                            "EXACTLY_ONCE (see its page)", shown_default="`EXACTLY_ONCE`")

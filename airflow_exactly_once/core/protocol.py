@@ -1,4 +1,4 @@
-"""The two-phase commit of one batch, step by step, on top of the ledger and a sink.
+"""The two-phase commit of one batch, step by step, on top of the ledger and a sink's committer.
 
 Flink's TwoPhaseCommitSinkFunction mapped onto Airflow tasks:
   plan            = initializeState (recover: commit PREPARED batches) + fix the range (core.planning)
@@ -29,7 +29,8 @@ from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger, OpenWork
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import AUTO_PRUNE_BATCHES, AUTO_PRUNE_MIN, Retention, prune
 from airflow_exactly_once.core.rewind import finish_retractions
-from airflow_exactly_once.core.sink import Committable, Sink
+from airflow_exactly_once.core.sink import Committable
+from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,13 @@ StopAttempts = Callable[[Batch], str]
 
 
 class BatchCoordinator:
-    """recover / claim / prepare / commit / abort of one pipeline's batches."""
+    """recover / claim / prepare / commit / abort of one pipeline's batches.
 
-    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: Sink,
+    It holds the commit side of the pipeline's sink only (`sink`, bound to the ledger's history); the
+    write step stages with the sink's writer (spark.job) and hands its committable to `prepare`.
+    """
+
+    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: SinkCommitter,
                  stop_attempts: StopAttempts | None = None) -> None:
         self.config = config
         self.ledger = ledger

@@ -45,7 +45,7 @@ from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems
-from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_sink
+from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer
 from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
 
 
@@ -184,7 +184,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
+        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_committer(config),
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
     @cached_property

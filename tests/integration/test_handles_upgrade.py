@@ -19,7 +19,7 @@ import pytest
 from airflow_exactly_once.core.handles import VERSION_KEY
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.records.dead_letter import DEAD_LETTER_HANDLES
+from airflow_exactly_once.sinks.dead_letters import DEAD_LETTER_HANDLES
 from airflow_exactly_once.spark.runner import run_partition_writers
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import read_parquet, staging_leftovers
@@ -117,7 +117,7 @@ def test_a_dead_letter_pair_prepared_in_v1_handles_is_committed_after_the_upgrad
     good, values = rows(spark, "good", 11)
     bad = spark.createDataFrame([("k", "not json", "value is not JSON")], "key STRING, value STRING, error STRING")
     claimed = pipe.claim(pipe.planted_batch("run-1", [OffsetRange("in", 0, 0, 12)]).id)
-    staged = pipe.sink.stage_batch(good, bad, claimed, run_partition_writers)
+    staged = pipe.writer.stage_batch(good, bad, claimed, run_partition_writers)
     handles = {**parquet_v1(staged.output), DEAD_LETTER_HANDLES: parquet_v1(staged.dead_letters)}
     prepare_as_v1(pipe, claimed, handles, "dead-letter-parquet", len(values))
     assert read_parquet(root) == [] and read_parquet(root / "_dead_letter") == []

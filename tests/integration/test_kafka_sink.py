@@ -28,7 +28,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
@@ -72,15 +72,15 @@ def pipeline(kafka, name: str, source: str, output: str, **overrides) -> Pipelin
 
 
 def bound_sink(config: PipelineConfig):
-    return create_sink(config.sink).bind(config)
+    return create_committer(config.sink).bind(config)
 
 
 def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
                 timeout_ms: int = 120_000) -> KafkaCommittable:
     """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
-    sink = create_sink(config.sink)
+    sink = create_writer(config.sink)
     writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
-                                  KafkaSettings.of(config), sink.producer_config)
+                                  KafkaSettings.of(config), sink.output.producer_config)
     reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
     return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 
@@ -466,7 +466,7 @@ def test_many_partitions_are_written_a_transaction_per_core_and_a_crashed_attemp
     sent = produce(kafka.bootstrap_servers, source, 120, partitions=6)
     pipe, batch_id = planned(kafka, name, source, output, tmp_path)
     coordinator = pipe.coordinator
-    assert read_layout(spark, coordinator.ledger.get_batch(batch_id), coordinator.sink) == ReadLayout(tasks=2)
+    assert read_layout(spark, coordinator.ledger.get_batch(batch_id), create_writer(coordinator.config.sink)) == ReadLayout(tasks=2)
 
     monkeypatch.setenv(ENV, str(faults))
     arm(faults, "write.after_stage", "raise", times=1)  # staged, never PREPARED: what a killed write leaves

@@ -202,7 +202,7 @@ def test_kafka_sink_guarantees_and_their_default():
 
 
 def test_the_kafka_sink_page_names_the_columns_it_writes_with_their_types():
-    from airflow_exactly_once.sinks.kafka.sink import HEADERS_TYPE
+    from airflow_exactly_once.sinks.kafka.sink_writer import HEADERS_TYPE
 
     page = (REPO / "docs" / "sinks" / "kafka.md").read_text()
     assert "must return a `value` column (STRING or BINARY) and may return `key` (STRING or\nBINARY) and `headers` " \

@@ -17,11 +17,12 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError, HandlesVersionError
 from airflow_exactly_once.core.handles import VERSION_KEY
 from airflow_exactly_once.core.sink import Committable, Handles
-from airflow_exactly_once.records.dead_letter import DEAD_LETTER_HANDLES, PairedCommittable, SinkWithDeadLetters
+from airflow_exactly_once.sinks.dead_letters import DEAD_LETTER_HANDLES, PairedCommitter
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
-from airflow_exactly_once.sinks.parquet.sink import ParquetSink, StagedFolder
+from airflow_exactly_once.sinks.parquet.committable import StagedFolder
+from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "handles"
@@ -67,14 +68,14 @@ def test_kafka_v1():
         "orders-7-0", "orders-7-1", "orders-7-2"]
 
 
-def parquet_pair(tmp_path: Path) -> SinkWithDeadLetters:
-    return SinkWithDeadLetters(ParquetSink({"type": "parquet", "path": str(tmp_path / "out")}),
-                               ParquetSink({"type": "parquet", "path": str(tmp_path / "out" / "_dead_letter")}))
+def parquet_pair(tmp_path: Path) -> PairedCommitter:
+    return PairedCommitter(ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")}),
+                           ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out" / "_dead_letter")}))
 
 
 def test_dead_letter_pair_v1(tmp_path):
     read = parquet_pair(tmp_path).committable(fixture("dead-letter-parquet"))
-    assert read == PairedCommittable(
+    assert (read.output, read.dead_letters) == (
         StagedFolder("/data/orders/_staging/batch-000000007-e2", "/data/orders/batch_seq=7",
                      ("part-00000-5c1e.snappy.parquet",)),
         StagedFolder("/data/orders/_dead_letter/_staging/batch-000000007-e2", "/data/orders/_dead_letter/batch_seq=7",

@@ -1,4 +1,4 @@
-"""OpenLineage: the dataset names each sink gives (core/lineage_names.py, Sink.lineage_dataset), what a step
+"""OpenLineage: the dataset names each sink gives (core/lineage_names.py, SinkCommitter.lineage_dataset), what a step
 reports (airflow_exactly_once/lineage.py), that no secret reaches it, and nothing without the extra. Through a
 real Airflow with the OpenLineage provider: tests/system/test_lineage_airflow.py.
 """
@@ -17,7 +17,7 @@ from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.operators.batch import AbortBatchOperator
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 
 
 @pytest.mark.parametrize("location, expected", [
@@ -44,13 +44,13 @@ def test_topic_and_table_names_follow_the_openlineage_naming():
 def test_each_sink_names_where_it_writes(tmp_path):
     config = checked(PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": str(tmp_path)},
                                     bootstrap_servers="k:9092"))
-    assert create_sink({"type": "parquet", "path": str(tmp_path)}).lineage_dataset() == DatasetName("file",
+    assert create_committer({"type": "parquet", "path": str(tmp_path)}).lineage_dataset() == DatasetName("file",
                                                                                                    str(tmp_path))
-    assert create_sink({"type": "kafka", "topic": "out"}).bind(config).lineage_dataset() == DatasetName(
+    assert create_committer({"type": "kafka", "topic": "out"}).bind(config).lineage_dataset() == DatasetName(
         "kafka://k:9092", "out")  # the pipeline's cluster
-    assert create_sink({"type": "postgres", "url": "postgresql://u:pw@db:5432/shop", "table": "t"}) \
+    assert create_committer({"type": "postgres", "url": "postgresql://u:pw@db:5432/shop", "table": "t"}) \
         .lineage_dataset() == DatasetName("postgres://db:5432", "shop.public.t")
-    assert create_sink({"type": "iceberg", "table": "db.events", "warehouse": "s3://bucket/lake",
+    assert create_committer({"type": "iceberg", "table": "db.events", "warehouse": "s3://bucket/lake",
                         "catalog": {"type": "postgres", "url": "postgresql://u:pw@h/cat"}}) \
         .lineage_dataset() == DatasetName("s3://bucket", "lake/db/events")
 

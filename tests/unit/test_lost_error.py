@@ -17,7 +17,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks.kafka import transactions as kafka_transactions
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, transaction_lost
 from airflow_exactly_once.sinks.postgres import transactions as postgres_transactions
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 
 def test_it_carries_what_was_lost_and_is_not_retriable():
@@ -54,7 +54,7 @@ def test_the_transaction_modules_have_no_lost_error_of_their_own(module):
 def test_notify_complete_aborts_a_lost_batch_and_says_what_was_lost(tmp_path):
     config = pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")})
     pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 10}),
-                sink_factory=MarkerSink.of)
+                writer_factory=MarkerWriter.of)
     batch = pipe.plan("r1").batch
     staging = pipe.write(batch.id).handles["staging"]
     shutil.rmtree(staging)  # e.g. a cleanup job emptied _staging

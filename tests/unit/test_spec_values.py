@@ -3,6 +3,7 @@ with the message the task gives for the same value; a templated value waits for 
 
 from __future__ import annotations
 
+import importlib
 from datetime import datetime
 from typing import Any, get_type_hints
 
@@ -11,7 +12,7 @@ import pytest
 from airflow_exactly_once.core.declaration import value_kind
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.operators.batch import PlanBatchOperator
-from airflow_exactly_once.sinks import SPECS, create_sink, sink_class
+from airflow_exactly_once.sinks import SPECS, create_committer, create_writer
 from airflow_exactly_once.task_group import exactly_once_batch
 
 PG = {"type": "postgres", "url": "postgresql://db/shop", "table": "orders"}
@@ -65,7 +66,8 @@ def error_of(call, *args: Any, **kwargs: Any) -> str:
 @CASES
 def test_a_bad_value_fails_parsing_as_the_task_would(spec, key, value, message):
     bad = {**spec, key: value}
-    assert error_of(create_sink, bad) == message  # the task: its sink is built from the rendered spec
+    assert error_of(create_committer, bad) == message  # the task: its sink is built from the rendered spec
+    assert error_of(create_writer, bad) == message
     assert error_of(parse_dag, "bad_value", sink=bad) == message
 
 
@@ -97,12 +99,16 @@ def test_good_values_pass_as_given_or_as_a_rendered_template_gives_them():
                  {**PG, "mode": "upsert", "page_size": 500, "key_columns": "id", "writers": None},
                  {**ICEBERG, "create_table": True, "partitioned_by": ["day"]}):
         parse_dag("good_values", sink=spec)
-        create_sink(spec)
+        create_committer(spec)
+        create_writer(spec)
 
 
-def test_each_sinks_declared_guarantees_are_the_ones_it_implements():
+def test_a_sinks_writer_and_committer_are_made_from_its_declaration_and_so_implement_its_guarantees():
     for kind, declaration in SPECS.items():
-        assert declaration.guarantees == sink_class({"type": kind}).guarantees, kind
+        for side in ("writer_class", "committer_class"):
+            module, _, name = getattr(declaration, side).partition(":")
+            made = getattr(importlib.import_module(module), name)
+            assert made.spec_type is declaration, (kind, side)  # SinkSide.guarantees reads spec_type.guarantees
 
 
 def test_every_declared_setting_is_checked_by_kind_unless_it_takes_anything():

@@ -16,6 +16,8 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
 @dataclass(kw_only=True)
 class KafkaSpec(SinkSpec):
     type_name = "kafka"
+    writer_class = "airflow_exactly_once.sinks.kafka.sink_writer:KafkaSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.kafka.sink_committer:KafkaSinkCommitter"
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 
     topic: str = argument(doc="Output topic (must exist)")
