@@ -141,10 +141,13 @@ def check_extras(extras: set[str], problems: list[str]) -> dict[str, str]:
     if "openlineage" in extras:
         try:
             from airflow_exactly_once.core.config import PipelineConfig
-            from airflow_exactly_once.lineage import FACET_NAME, step_lineage
+            from airflow_exactly_once.airflow_integration.lineage import FACET_NAME, step_lineage
+            from airflow_exactly_once.sinks import pipeline_committer
+            from airflow_exactly_once.sinks.dead_letters import lineage_outputs
 
-            found = step_lineage(PipelineConfig(pipeline_id="p", topics=["t"], bootstrap_servers="k:9092",
-                                                sink={"type": "parquet", "path": "/data/p"}), None)
+            config = PipelineConfig(pipeline_id="p", topics=["t"], bootstrap_servers="k:9092",
+                                    sink={"type": "parquet", "path": "/data/p"})
+            found = step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), None)
             assert found is not None and FACET_NAME in found.run_facets, found
             results["openlineage"] = f"{len(found.inputs)} input, {len(found.outputs)} output, {FACET_NAME}"
         except Exception as exc:  # noqa: BLE001
@@ -211,7 +214,7 @@ def check_provider(problems: list[str]) -> dict[str, Any]:
 
 
 def check_cli(home: str, problems: list[str]) -> dict[str, Any]:
-    from airflow_exactly_once.compat import airflow_release
+    from airflow_exactly_once.airflow_integration.compat import airflow_release
     import airflow
 
     url = f"sqlite:///{Path(home) / 'cli-ledger.db'}"

@@ -137,7 +137,7 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
                timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> DriftResult:
     """The ledger against the mirrored consumer group (with the pipeline's Kafka settings, as the lag) and the
     Asset events in Airflow's database (the api-server's session), as `airflow-exactly-once check` compares."""
-    from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow: its database
+    from airflow_exactly_once.airflow_integration.asset_history import recorded_batch_events  # Airflow: its database
     from airflow_exactly_once.hooks.kafka import stored_pipeline_kafka_settings  # Airflow: the connection
 
     pid = report.pipeline_id

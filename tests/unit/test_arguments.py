@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from airflow_exactly_once.compat import BaseOperator
+from airflow_exactly_once.airflow_integration.compat import BaseOperator
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.operators import arguments

@@ -19,7 +19,7 @@ import zipfile
 
 import pytest
 
-from airflow_exactly_once.compat import AirflowFailException
+from airflow_exactly_once.airflow_integration.compat import AirflowFailException
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, FencedError, TransformError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import BatchId, OffsetRange
