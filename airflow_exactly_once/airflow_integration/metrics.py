@@ -29,7 +29,7 @@ from typing import Any, Iterator, Mapping
 
 from airflow_exactly_once.airflow_integration.compat import Stats, legacy_metric_names
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.monitor import InFlightSummary
+from airflow_exactly_once.core.backlog import InFlightSummary
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
-from airflow_exactly_once.monitor import IN_FLIGHT, InFlightSummary
+from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher

@@ -49,7 +49,7 @@ from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.timestamps import iso, now_ms
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
-from airflow_exactly_once.monitor import (
+from airflow_exactly_once.core.backlog import (
     IN_FLIGHT,
     InFlightSummary,
     WakeGate,

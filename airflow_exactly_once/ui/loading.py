@@ -22,7 +22,7 @@ from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redact
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.kafka.consumer_group import read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
-from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
+from airflow_exactly_once.core.backlog import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.sinks import stored_commit_deadline_ms as commit_deadline_ms
 
 DEFAULT_KAFKA_TIMEOUT_MS = 5_000

@@ -17,7 +17,7 @@ from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.airflow_integration.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
-from airflow_exactly_once.monitor import InFlightSummary
+from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.operators.batch import AbortBatchOperator, NotifyCompleteOperator
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config

@@ -22,7 +22,7 @@ from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import plan_rewind
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import read_pipeline
+from airflow_exactly_once.core.backlog import read_pipeline
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 T0, T1 = ("t", 0), ("t", 1)

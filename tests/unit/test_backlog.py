@@ -16,7 +16,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import (
+from airflow_exactly_once.core.backlog import (
     PartitionLag,
     WakeGate,
     WakeRule,
