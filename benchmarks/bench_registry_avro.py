@@ -39,7 +39,7 @@ from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.records.wire_format import frame
 from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import kafka_read_options, run_write

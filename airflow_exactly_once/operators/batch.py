@@ -43,7 +43,7 @@ from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems
 from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer, spec_local_folders
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs

@@ -37,7 +37,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.runner import run_partition_writers

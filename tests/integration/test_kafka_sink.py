@@ -27,7 +27,7 @@ from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable

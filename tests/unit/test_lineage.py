@@ -16,7 +16,7 @@ from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset, k
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.operators.batch import AbortBatchOperator
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer, pipeline_committer
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs
 
