@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Callable
 
 from airflow_exactly_once.cli.main import main as cli
+from airflow_exactly_once.core.backlog import partition_lags
 from airflow_exactly_once.core.drift import check_drift, mirror_command
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from airflow_exactly_once.core.backlog import partition_lags
 from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.ui.app import report_json
 from airflow_exactly_once.ui.loading import DRIFT_BATCHES, DriftResult, LagResult, LedgerReader

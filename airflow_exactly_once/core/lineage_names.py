@@ -20,7 +20,8 @@ class DatasetName:
 
 
 def pipeline_asset_uri(pipeline_id: str) -> str:
-    """The URI of the Airflow Asset whose events announce a pipeline's committed batches (airflow_integration/assets.py)."""
+    """The URI of the Airflow Asset whose events announce a pipeline's committed batches
+    (airflow_integration/assets.py)."""
     return f"x-exactly-once://{pipeline_id}"
 
 

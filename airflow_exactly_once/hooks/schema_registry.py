@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_exactly_once.airflow_integration.compat import BaseHook
-from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.airflow_integration.provider_info import REGISTRY_CONN_TYPE, REGISTRY_UI_FIELD_BEHAVIOUR
+from airflow_exactly_once.core.errors import ConfigurationError
 
 
 class SchemaRegistryHook(BaseHook):

@@ -25,6 +25,9 @@ from airflow_exactly_once.airflow_integration.compat import (
     BaseOperator,
     mask_secret,
 )
+from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
+from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems
+from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, TransactionLostError
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -38,16 +41,13 @@ from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
-from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline_check import checked
-from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems
 from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer, spec_local_folders
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs
-from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport
 
 
 class ExactlyOnceBaseOperator(BaseOperator):
@@ -191,7 +191,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     @cached_property
     def metrics(self) -> PipelineMetrics:
-        """This pipeline's metrics (airflow_exactly_once.airflow_integration.metrics), for the rendered pipeline_id; one per step."""
+        """This pipeline's metrics (airflow_integration/metrics.py), for the rendered pipeline_id; one per step."""
         return PipelineMetrics(str(self.pipeline_id), logger=self.log)
 
     def report_in_flight(self, coordinator: BatchCoordinator) -> None:

@@ -45,9 +45,6 @@ from typing import Any, AsyncIterator
 from asgiref.sync import sync_to_async
 
 from airflow_exactly_once.airflow_integration.compat import BaseEventTrigger, TriggerEvent
-from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
-from airflow_exactly_once.core.timestamps import iso, now_ms
-from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
 from airflow_exactly_once.core.backlog import (
     IN_FLIGHT,
@@ -58,6 +55,9 @@ from airflow_exactly_once.core.backlog import (
     waited_too_long,
     waiting_records,
 )
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.timestamps import iso, now_ms
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 
 TopicPartition = tuple[str, int]
 
@@ -212,7 +212,7 @@ class PipelineBacklogTrigger(BaseEventTrigger):
         })
 
     def metrics(self) -> PipelineMetrics:
-        """The pipeline's metrics, the same names and tags as its steps send (airflow_exactly_once.airflow_integration.metrics)."""
+        """The pipeline's metrics, the same names and tags as its steps send (airflow_integration/metrics.py)."""
         if "_metrics" not in self.__dict__:
             self._metrics = PipelineMetrics(self.pipeline_id, logger=self.log)
         return self._metrics

@@ -39,8 +39,8 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
+from airflow_exactly_once.spark.write_job import run_write
 from devtools.kafka_secured import Grant
 from devtools.tls import make_ca
 from tests.conftest import (

@@ -18,7 +18,7 @@ from airflow_exactly_once.operators.batch import (
     PlanBatchOperator,
     WriteBatchOperator,
 )
-from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
+from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 from airflow_exactly_once.task_group import exactly_once_batch
 
 OPERATORS = (PlanBatchOperator, WriteBatchOperator, NotifyCompleteOperator, AbortBatchOperator)

@@ -1,5 +1,5 @@
 """OpenLineage: the dataset names each sink gives (core/lineage_names.py, SinkCommitter.lineage_dataset), what a step
-reports (airflow_exactly_once/airflow_integration/lineage.py), that no secret reaches it, and nothing without the extra. Through a
+reports (airflow_integration/lineage.py), that no secret reaches it, and nothing without the extra. Through a
 real Airflow with the OpenLineage provider: tests/system/test_lineage_airflow.py.
 """
 

@@ -12,8 +12,9 @@ import warnings
 
 import pytest
 
+from airflow_exactly_once.airflow_integration.placement import (LocalFolderWarning, local_folder_problems,
+                                                                 several_machines)
 from airflow_exactly_once.operators.batch import PlanBatchOperator, WriteBatchOperator
-from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems, several_machines
 from airflow_exactly_once.sinks import spec_local_folders
 
 CELERY = "CeleryExecutor"

@@ -1,5 +1,5 @@
 """A pipeline's metrics: names, tags and values, what Airflow's metrics layer makes of them, and that sending
-them never fails a step (airflow_exactly_once.airflow_integration.metrics; the end-to-end check is tests/system/test_metrics_airflow.py)."""
+them never fails a step (airflow_integration/metrics.py; the end-to-end check is tests/system/test_metrics_airflow.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import importlib
 import pytest
 
 from airflow_exactly_once.airflow_integration import metrics as metrics_module
+from airflow_exactly_once.airflow_integration.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
+from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.airflow_integration.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
-from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.operators.batch import AbortBatchOperator, NotifyCompleteOperator
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config

@@ -1,7 +1,7 @@
 """The write step of a batch, run by Spark: read exactly the planned range, transform, pre-commit.
 
 Runs in-process in the Airflow task (local mode) or as the main module of a
-spark-submit (`python -m airflow_exactly_once.spark.job --batch-id ... --ledger-url ...`).
+spark-submit (`python -m airflow_exactly_once.spark.write_job --batch-id ... --ledger-url ...`).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from airflow_exactly_once.records.bad_records import BadRecordCounts, check_coun
 from airflow_exactly_once.records.registry import Registry, add_found_ids, part_schemas
 from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 from airflow_exactly_once.spark import records
-from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
-from airflow_exactly_once.spark.launcher import WriteReport, skipped
+from airflow_exactly_once.spark.in_process_session import drop_stale_connect_mode
+from airflow_exactly_once.spark.launch.launcher import WriteReport, skipped
+from airflow_exactly_once.spark.packages import kafka_package
 from airflow_exactly_once.spark.parent_death import die_with_parent
-from airflow_exactly_once.spark.runner import run_partition_writers
-from airflow_exactly_once.spark.session import drop_stale_connect_mode
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ def apply_transform(transform, frame):
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
               on_claimed: Callable[[Batch], None] | None = None, writer: SinkWriter | None = None) -> WriteReport:
-    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launcher).
+    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launch.launcher).
 
     `writer` stages (default: the pipeline's sink writer, bound to the coordinator's committer, which takes
     away what a failed stage left). `on_claimed` sees the claimed batch (its epoch) before any data is read.
@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     Exits 0 when the batch is PREPARED (or was already past the write); otherwise records
     why in the ledger (see core.write_report) and exits 3 when a retry cannot help, else 1.
     """
-    parser = argparse.ArgumentParser(prog="airflow_exactly_once.spark.job")
+    parser = argparse.ArgumentParser(prog="airflow_exactly_once.spark.write_job")
     parser.add_argument("--batch-id", required=True)
     parser.add_argument("--ledger-url", default=os.environ.get(LEDGER_URL_ENV),
                         help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV})")
