@@ -78,8 +78,8 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
     settings = KafkaSettings.of(config)
     options = {
         # Spark's Kafka reader waited the broker's full fetch.max.wait.ms (500 ms by default) on each partition's
-        # fetches of a range: 1.4 to 1.9 s of a 100-record batch, 0.3 to 0.7 s with this (benchmarks/
-        # bench_dag_run.py). A fetch with data returns at once either way; a kafka_config value wins.
+        # fetches of a range, most of a small batch's read (docs/benchmarks.md, benchmarks/bench_dag_run.py).
+        # A fetch with data returns at once either way; a kafka_config value wins.
         "kafka.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
         **settings.spark_source_options(),
         "kafka.group.id": settings.reader_group(config.pipeline_id),  # pooled consumers (KafkaSettings.reader_group)
@@ -150,9 +150,8 @@ def read_layout(spark, batch: Batch, writer: SinkWriter) -> ReadLayout | None:
     write. When a batch has fewer ranges than twice the cores, each range is read in two or more parts, so
     many that the tasks come in whole rounds of the cores (3 ranges on 2 cores: 6 tasks). Spark splits each
     range in proportion to its size, at offsets the range fixes, so a retry reads the same parts. Each extra
-    task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): measured on 2
-    cores, 3 partitions, Avro in the wire format, 1M records read in 6 parts were 10 to 13 % faster, 200,000
-    records 40 % slower. Only for sinks whose output does not grow with Spark's partitions
+    task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): a large batch
+    read in parts is faster, a small one slower (docs/benchmarks.md). Only for sinks whose output does not grow with Spark's partitions
     (SinkWriter.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
 
     A sink that pays per Spark partition (SinkWriter.joins_reads: a producer and a transaction each) reads the
@@ -381,8 +380,8 @@ def _observed_records(observation) -> int | None:
     """The count an Observation of `records` holds after its action; None when Spark reported none.
 
     Classic PySpark's `Observation.get` copies the metrics' Java map with a Java iterator that ends by
-    throwing, and converting that exception costs about 40 ms a read: two reads of every write, a fifth of
-    the driver's own 0.4 s in a 1M-record Avro write (benchmarks/bench_registry_avro.py). The map's own
+    throwing, and converting that exception costs a noticeable share of the driver's own time in every
+    write (docs/benchmarks.md, benchmarks/bench_registry_avro.py). The map's own
     `get` is one call."""
     java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
     if java is not None:
