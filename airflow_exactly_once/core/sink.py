@@ -104,7 +104,7 @@ class PartitionWriter(ABC):
         `claim.ensure(...)` right before the writer makes anything durable (begins a transaction,
         prepares one): a zombie attempt of an aborted batch then stages nothing.
 
-        Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: the runner
+        Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: spark.partition_writers
         carries it to the driver with its class and `retriable`.
         """
 
