@@ -225,10 +225,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
     # -- OpenLineage: the provider's DefaultExtractor calls these, only where it is installed and on ------
 
     def get_openlineage_facets_on_start(self) -> Any:
-        from airflow_exactly_once.airflow_integration.lineage import step_lineage
-
-        config = self.pipeline_config()
-        return step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), None)
+        return self._lineage(None, [])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self._step_lineage()
@@ -238,13 +235,16 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def _step_lineage(self) -> Any:
         """Lineage with the batch this step worked on, in the state the ledger holds it now."""
-        from airflow_exactly_once.airflow_integration.lineage import step_lineage
-
         batch_id = self._lineage_batch_id
         batch = None if batch_id is None else self.ledger_hook().get_conn().get_batch(batch_id)
+        return self._lineage(batch, list(self._lineage_recovered))
+
+    def _lineage(self, batch: Batch | None, recovered: list[str]) -> Any:
+        """The step's OpenLineage: the pipeline's topics, what its sinks write (named by them), `batch`."""
+        from airflow_exactly_once.airflow_integration.lineage import step_lineage
+
         config = self.pipeline_config()
-        return step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), batch,
-                            list(self._lineage_recovered))
+        return step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), batch, recovered)
 
 
 ExactlyOnceBaseOperator.__doc__ = ExactlyOnceBaseOperator.__doc__.format(params=arguments.param_docs())
