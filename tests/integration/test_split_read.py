@@ -53,7 +53,7 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
     topic = f"split-{uuid.uuid4().hex[:8]}"
     create_topic(kafka.bootstrap_servers, topic, partitions=2)
     committed = produce_transactions(kafka.bootstrap_servers, topic)
-    monkeypatch.setattr(job, "SPLIT_PART_RECORDS", 10)  # this batch counts as large
+    monkeypatch.setattr(write_job, "SPLIT_PART_RECORDS", 10)  # this batch counts as large
     out = tmp_path / "out"
     if sink == "kafka":
         create_topic(kafka.bootstrap_servers, f"{topic}-out", partitions=2)
