@@ -68,7 +68,7 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
              run_writers=run_partition_writers)
     batch = p.plan("run-1").batch
     # 2 ranges on local[2]: 2 parts each
-    assert write_job.read_layout(spark, batch, p.sink) == \
+    assert write_job.read_layout(spark, batch, p.writer) == \
         write_job.ReadLayout(parts=4, tasks=2 if sink == "kafka" else None)
     summary = write_job.run_write(spark, p.coordinator, batch.id, transform=transform)
     assert (summary["input_records"], summary["bad_records"]) == (len(committed) + 1, 1)
