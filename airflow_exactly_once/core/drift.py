@@ -148,7 +148,9 @@ def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None
     Events of batches below are not compared, and each event was recorded after its batch was planned: so only
     events from a little before the first compared batch (or the newest pruned one) was planned are read. That
     keeps the check, which the ledger page runs on every view, as bounded as the ledger or the window; an event
-    posted by hand before then is not seen.
+    posted by hand before then is not seen. With a window and nothing pruned, the events are read from the
+    pipeline's registration (or its first compared batch, if older) on: never all that Airflow holds, which may be
+    a year of events beside a new or reset ledger (`airflow-exactly-once check` compares those).
     """
     floor = ledger.retention_floor(pipeline_id)
     if newest is None:
@@ -159,13 +161,19 @@ def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None
     if newest is not None and len(committed) == newest:
         first = committed[min(committed)]
         return ComparedBatches(first.seq - 1, committed, _before(first.created_at), cut=True)
-    return ComparedBatches(floor.batch_seq, committed, _before(floor.batch_created_at))
+    since = _utc(floor.batch_created_at)
+    if newest is not None and since is None:
+        starts = [ledger.pipeline(pipeline_id)["created_at"]] + [b.created_at for b in found[:1]]
+        since = min(_utc(t) for t in starts if t is not None)
+    return ComparedBatches(floor.batch_seq, committed, _before(since))
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    return at if at is None or at.tzinfo else at.replace(tzinfo=timezone.utc)  # SQLite returns naive times
 
 
 def _before(planned: datetime | None) -> datetime | None:
-    if planned is None:
-        return None
-    return (planned if planned.tzinfo else planned.replace(tzinfo=timezone.utc)) - EVENT_CLOCK_SKEW  # SQLite: naive
+    return None if planned is None else _utc(planned) - EVENT_CLOCK_SKEW
 
 
 def _tp(tp: TopicPartition) -> str:
