@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in ledger.list_batches(DAG_ID, newest_first=False):
             bad = (batch.details.get("bad_records") or {}).get("count", 0)
             say(f"ledger: {batch.describe()} in={batch.input_records} out={batch.output_records} bad={bad}")
-        say(f"dead letters (source offset, error, raw value) are in {output / '_dead_letter'}")
+        say(f"dead letters (source offset, what was wrong, raw value) are in {output / '_dead_letter'}")
         good_in, bad_in = read_input(broker.bootstrap_servers)
         line, ok = verify(output, good_in, bad_in)
         print(line, flush=True)
