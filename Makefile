@@ -32,7 +32,8 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 
 setup: system-deps python-deps jars registry
 
-# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests) and Chromium (UI tests).
+# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests), Chromium (UI tests) and
+# Redis (the Celery workers' broker).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
@@ -47,6 +48,11 @@ system-deps:
 	@if ! command -v chromium >/dev/null; then \
 	  echo ">> installing Debian packages: chromium"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
+	fi
+	@# Redis: Celery's broker for the two Celery workers' system test and benchmark (devtools/redis.py starts it).
+	@if ! command -v redis-server >/dev/null; then \
+	  echo ">> installing Debian packages: redis-server"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; \
 	fi
 	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
