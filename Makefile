@@ -27,7 +27,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale benchmark-celery docker-config \
 	clean
 
 setup: system-deps python-deps jars registry
@@ -166,6 +166,7 @@ benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_dag_run.py
 	PYTHONPATH=. $(PY) benchmarks/bench_big_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
@@ -184,6 +185,11 @@ benchmark-ledger: setup
 # broker (docs/benchmarks.md). Smoke run: ARGS="--rounds 2 --history 2 --concurrent-rounds 2".
 benchmark-scale: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py $(ARGS)
+
+# A DAG run on two Celery workers (write on a warm Spark Connect server) against the same on the LocalExecutor, side by
+# side in one Airflow; medians, the ratio (goal: at most 1.2x) and the load average (docs/deployment.md).
+benchmark-celery: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

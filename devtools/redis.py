@@ -10,11 +10,10 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from devtools.ports import reserve_port
-from devtools.processes import LocalServer, stop_session
+from devtools.processes import LocalServer, stop_session, wait_ready
 
 INSTALL_HINT = ("Install Debian's Redis server: `sudo apt-get install redis-server` (`make system-deps` does), or put "
                 "a `redis-server` binary on PATH.")
@@ -54,20 +53,17 @@ class LocalRedis(LocalServer):
         command = self._command()
         self.process = subprocess.Popen(command, cwd=self.data_dir, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
-                log = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
-                self.process = None
-                raise RuntimeError(f"redis-server exited at start on 127.0.0.1:{self.port} ({' '.join(command)}):\n"
-                                   f"{stderr}{log}\n{INSTALL_HINT}")
-            if self.ping():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"redis-server did not answer PING on 127.0.0.1:{self.port} within {timeout:.0f}s; "
-                           f"see {self.log_file}")
+        if wait_ready(self.ping, self.process, timeout):
+            return self
+        if self.process.poll() is None:
+            self.stop()
+            raise RuntimeError(f"redis-server did not answer PING on 127.0.0.1:{self.port} within {timeout:.0f}s; "
+                               f"see {self.log_file}")
+        stderr = self.process.stderr.read().decode(errors="replace") if self.process.stderr else ""
+        log = self.log_file.read_text(errors="replace")[-3000:] if self.log_file.exists() else ""
+        self.process = None
+        raise RuntimeError(f"redis-server exited at start on 127.0.0.1:{self.port} ({' '.join(command)}):\n"
+                           f"{stderr}{log}\n{INSTALL_HINT}")
 
     def ping(self) -> bool:
         """Whether the server answers PING (the protocol's inline form: no client library needed)."""
