@@ -4,8 +4,9 @@ empty AIRFLOW_HOME, working directory, HOME and TMPDIR, all deleted when it ends
 So no task can read anything local that an earlier task (or an earlier attempt of itself) wrote: whatever it needs
 must come from the ledger (PostgreSQL), the sink (Kafka transactions) and XCom (the batch id, handed on here as the
 task group hands it). tests/worker_tasks.py runs the task; the write's first attempt is SIGKILLed at the named fault
-point `write.after_stage` (its Kafka transactions open), and its retry, in a fresh pod, must end them. Two batches,
-each task in its own pod: the output is exact, nothing is left open, the ledger tiles.
+point `write.after_stage` (its Kafka transactions open), and its retry, in a fresh pod, must end them; the output is
+exact, nothing is left open, the ledger tiles, and the next batch's plan, in a pod that never saw the pipeline,
+continues where the first batch ended.
 """
 
 from __future__ import annotations
@@ -86,28 +87,28 @@ def test_each_task_attempt_in_its_own_empty_home_commits_every_record_once(kafka
     pipeline = {"pipeline_id": f"pods_{unique}", "topics": source, "sink": {"type": "kafka", "topic": output},
                 "startup_mode": "earliest", "ledger_conn_id": LEDGER_CONN_ID, "spark_conn_id": SPARK_CONN_ID}
     pods = Pods(tmp_path / "pods", env)
-    sent: list[str] = []
-    batch_ids = []
-    for n in (1, 2):
-        sent += produce(kafka.bootstrap_servers, source, RECORDS, start=(n - 1) * RECORDS)
-        run_id = f"manual__{n}"
-        batch_id = pods.run(pipeline, run_id, "plan")["batch_id"]
-        if n == 1:  # the write's first attempt dies with its Kafka transactions open; the retry is another pod
-            arm(faults, "write.after_stage", "kill")
-            assert pods.run(pipeline, run_id, "write", batch_id) == {"killed": True}
-        pods.run(pipeline, run_id, "write", batch_id)
-        pods.run(pipeline, run_id, "notify_complete", batch_id)
-        batch_ids.append(batch_id)
+    sent = produce(kafka.bootstrap_servers, source, RECORDS)
+    batch_id = pods.run(pipeline, "manual__1", "plan")["batch_id"]
+    arm(faults, "write.after_stage", "kill")  # the first write dies with its Kafka transactions open
+    assert pods.run(pipeline, "manual__1", "write", batch_id) == {"killed": True}
+    pods.run(pipeline, "manual__1", "write", batch_id)  # its retry, in another pod
+    pods.run(pipeline, "manual__1", "notify_complete", batch_id)
+    produce(kafka.bootstrap_servers, source, RECORDS, start=RECORDS)
+    second = pods.run(pipeline, "manual__2", "plan")["batch_id"]  # a pod that never saw the pipeline
 
     assert "write.after_stage kill" in (faults / "fired.log").read_text()
-    assert len(pods.left) == 7  # 2 x (plan, write, notify_complete) and the killed write
-    assert batch_ids == [f"{pipeline['pipeline_id']}:1", f"{pipeline['pipeline_id']}:2"]
+    assert len(pods.left) == 5
     # No pod kept a ledger of its own (they all used the PostgreSQL one).
     assert not [pod for pod, files in pods.left.items() if f"airflow-home/{EMBEDDED_LEDGER_FILE}" in files]
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output))  # settled: no transaction left open
-    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 3 * RECORDS  # the killed copy
+    assert len(read_all(kafka.bootstrap_servers, output, "read_uncommitted")) == 2 * RECORDS  # the killed copy too
     ledger = Ledger(ledger_url)
-    batches = ledger.list_batches(pipeline["pipeline_id"], newest_first=False)
-    assert [(b.seq, b.state, b.input_records) for b in batches] == [(1, BatchState.COMMITTED, RECORDS),
-                                                                    (2, BatchState.COMMITTED, RECORDS)]
+    first, planned = ledger.list_batches(pipeline["pipeline_id"], newest_first=False)
+    assert (batch_id, second) == (f"{pipeline['pipeline_id']}:1", f"{pipeline['pipeline_id']}:2")
+    assert (first.state, first.input_records) == (BatchState.COMMITTED, RECORDS)
     assert_ranges_tile(ledger, pipeline["pipeline_id"])
+    # The second plan continued where the first batch ended: it read the ledger, not a local file of its own.
+    assert planned.state is BatchState.PLANNED
+    assert {(r.topic, r.partition): r.start for r in planned.ranges} == {
+        (r.topic, r.partition): r.end for r in first.ranges}
+    assert sum(r.end - r.start for r in planned.ranges) == RECORDS
