@@ -138,11 +138,11 @@ class AirflowStack:
         })
         if self.database_url:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database_url
+        else:
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
         if self.celery:
             env.update({"AIRFLOW__CELERY__BROKER_URL": self.celery.broker_url,
                         "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.database_url.replace("+psycopg2", "")})
-        else:
-            env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
         env.update(self.extra_env)
         # The stack's processes import this module (SQL_ALCHEMY_CONNECT_ARGS above): the repository's
         # root, where devtools lives, must be on their path whoever started the stack.
