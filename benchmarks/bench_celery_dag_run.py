@@ -16,13 +16,12 @@ the ratio, and the load average before and after.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 from pathlib import Path
 
-from bench_dag_run import measure, median_table, produce
+from bench_dag_run import measure, median_table, produce, round_arguments
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, CeleryWorkers, metadata_server
@@ -38,10 +37,7 @@ GOAL = 1.2  # the Celery run's median over the LocalExecutor's, at most
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=100, help="records per batch")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    args = round_arguments(__doc__)
 
     work = Path(tempfile.mkdtemp(prefix="bench-celery-dag-run-"))
     load_before = os.getloadavg()

@@ -90,11 +90,16 @@ def median_table(rows: list[dict], dags: tuple[str, ...]) -> dict[str, dict[str,
     return medians
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def round_arguments(doc: str | None) -> argparse.Namespace:
+    """--records (per batch) and --rounds, the command line of the DAG-run benchmarks (`doc`: the script's help)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100, help="records per batch")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = round_arguments(__doc__)
 
     work = Path(tempfile.mkdtemp(prefix="bench-dag-run-"))
     load_before = os.getloadavg()
