@@ -27,7 +27,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale benchmark-celery docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
 	clean
 
 setup: system-deps python-deps jars registry
