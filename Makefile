@@ -49,15 +49,15 @@ system-deps:
 	  echo ">> installing Debian packages: chromium"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
 	fi
-	@# Redis: Celery's broker for the two Celery workers' system test and benchmark (devtools/redis.py starts it).
-	@if ! command -v redis-server >/dev/null; then \
-	  echo ">> installing Debian packages: redis-server"; \
-	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; \
-	fi
 	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
 	  echo ">> installing Debian packages: docker-compose"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \
+	fi
+	@# Redis: Celery's broker for the two Celery workers' system test and benchmark (devtools/redis.py starts it).
+	@if ! command -v redis-server >/dev/null; then \
+	  echo ">> installing Debian packages: redis-server"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; \
 	fi
 
 python-deps: $(VENV)/.installed
