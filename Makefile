@@ -28,11 +28,12 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
 	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
-	clean
+	docs clean
 
 setup: system-deps python-deps jars registry
 
-# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests) and Chromium (UI tests).
+# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests), Chromium (UI tests) and
+# Redis (the Celery workers' broker).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
@@ -48,10 +49,15 @@ system-deps:
 	  echo ">> installing Debian packages: chromium"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; \
 	fi
-	@# A compose client validates docker/docker-compose.yml (tests/test_docker_stack.py); no engine needed.
+	@# A compose client validates docker/docker-compose.yml (tests/integration/test_docker_stack.py); no engine needed.
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
 	  echo ">> installing Debian packages: docker-compose"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \
+	fi
+	@# Redis: Celery's broker for the two Celery workers' system test and benchmark (devtools/redis.py starts it).
+	@if ! command -v redis-server >/dev/null; then \
+	  echo ">> installing Debian packages: redis-server"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; \
 	fi
 
 python-deps: $(VENV)/.installed
@@ -145,6 +151,11 @@ install-matrix: python-deps
 test-kafka4: setup
 	$(KAFKA4_RUN)
 
+# The docs' generated parts anew from their sources: the arguments' and sinks' option tables, airflow.cfg's options,
+# the metrics, and the code included from tested files (devtools/docs.py; tests/unit/test_docs.py fails when stale).
+docs: python-deps
+	$(PY) -m devtools.docs
+
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -160,6 +171,7 @@ benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_dag_run.py
 	PYTHONPATH=. $(PY) benchmarks/bench_big_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
@@ -178,6 +190,11 @@ benchmark-ledger: setup
 # broker (docs/benchmarks.md). Smoke run: ARGS="--rounds 2 --history 2 --concurrent-rounds 2".
 benchmark-scale: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py $(ARGS)
+
+# A DAG run on two Celery workers (write on a warm Spark Connect server) against the same on the LocalExecutor, side by
+# side in one Airflow; medians, the ratio (goal: at most 1.2x) and the load average (docs/deployment.md).
+benchmark-celery: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

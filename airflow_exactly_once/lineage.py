@@ -4,7 +4,7 @@ The operators' get_openlineage_facets_on_start / _on_complete / _on_failure (the
 provider's DefaultExtractor calls them, only where the provider is installed and on) return
 `step_lineage`: an input dataset per topic (`kafka://{bootstrap server}`, the topic), the output
 sink and, under bad_record_policy="dead_letter", the dead-letter destination as output datasets,
-named by the sinks (Sink.lineage_dataset), with record counts as the standard statistics facets;
+named by the sinks (SinkCommitter.lineage_dataset), with record counts as the standard statistics facets;
 and the run facet `exactlyOnceBatch`: the batch, its offset range per partition, its counts, its
 state in the ledger, and the batches plan's recovery committed. Names and counts only: no setting of
 a sink or a connection reaches a facet, so no secret can.
@@ -18,8 +18,8 @@ from airflow_exactly_once.compat import openlineage
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import pipeline_committer
+from airflow_exactly_once.sinks.dead_letters import PairedCommitter
 
 FACET_NAME = "exactlyOnceBatch"
 FACET_FIELDS = ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords", "badRecords",
@@ -43,9 +43,9 @@ def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: l
 
 def output_datasets(config: PipelineConfig) -> list[tuple[DatasetName, str]]:
     """(where, role) of the sink and of the dead-letter destination when the pipeline keeps bad records there."""
-    sink = pipeline_sink(config).bind(config)
-    parts = [(sink.output, "output"), (sink.dead, "dead_letter")] if isinstance(sink, SinkWithDeadLetters) else [
-        (sink, "output")]
+    committer = pipeline_committer(config).bind(config)
+    parts = [(committer.output, "output"), (committer.dead, "dead_letter")] \
+        if isinstance(committer, PairedCommitter) else [(committer, "output")]
     return [(name, role) for part, role in parts if (name := part.lineage_dataset()) is not None]
 
 

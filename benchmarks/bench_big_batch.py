@@ -39,7 +39,7 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.kafka_broker import LocalKafkaBroker
@@ -118,7 +118,7 @@ def full_gc_heap(spark) -> int:
 def ours(spark, work: Path, bootstrap: str, topic: str, n: int) -> dict:
     config = checked(PipelineConfig(pipeline_id=f"big-{n}", topics=[topic], bootstrap_servers=bootstrap,
                                     sink={"type": "parquet", "path": str(work / f"eo-{n}")}))
-    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{work / 'ledger.db'}"), create_sink(config.sink))
+    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{work / 'ledger.db'}"), create_committer(config.sink))
     with Sampler(spark) as sampler:
         t0 = time.perf_counter()
         batch = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), f"run-{n}").batch

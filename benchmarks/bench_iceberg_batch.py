@@ -26,7 +26,7 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from benchmarks.bench_parquet_batch import PARTITIONS, produce
@@ -47,13 +47,13 @@ def exactly_once_batch(spark, work: Path, bootstrap: str, topic: str, n: int) ->
                             sink={"type": "iceberg", "table": "bench.exactly_once",
                                   "warehouse": str(work / "lake"), "create_table": True}))
     ledger = Ledger(f"sqlite:///{work / 'ledger.db'}")
-    coordinator = BatchCoordinator(config, ledger, create_sink(config.sink))
+    coordinator = BatchCoordinator(config, ledger, create_committer(config.sink))
     t0 = time.perf_counter()
     batch = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), f"run-{n}").batch
     t1 = time.perf_counter()
     summary = run_write(spark, coordinator, batch.id)
     t2 = time.perf_counter()
-    BatchCoordinator(config, ledger, create_sink(config.sink)).commit(batch.id)  # as notify_complete: a new sink
+    BatchCoordinator(config, ledger, create_committer(config.sink)).commit(batch.id)  # as notify_complete: a new sink
     t3 = time.perf_counter()
     return {"plan": t1 - t0, "write": t2 - t1, "notify_complete": t3 - t2, "total": t3 - t0,
             "records": summary["output_records"], "_batch": batch, "_config": config}
@@ -84,11 +84,11 @@ def main() -> None:
     spark = None
     try:
         produce(broker.bootstrap_servers, "bench", args.records, args.size)
-        sink = create_sink({"type": "iceberg", "table": "bench.exactly_once", "warehouse": str(work / "lake")})
+        sink = create_writer({"type": "iceberg", "table": "bench.exactly_once", "warehouse": str(work / "lake")})
         spark = build_spark_session("bench-iceberg", {"spark.master": "local[*]", "spark.driver.memory": "2g"},
                                     packages=sink.spark_packages())
         spark.sparkContext.setLogLevel("ERROR")
-        baseline_table = f"{sink.catalog.name}.bench.spark_append"
+        baseline_table = f"{sink.target.catalog.name}.bench.spark_append"
         # Warm-up of both paths (JIT, class loading, table creation), not measured.
         warm = exactly_once_batch(spark, work, broker.bootstrap_servers, "bench", 0)
         spark.sql(f"CREATE TABLE IF NOT EXISTS {baseline_table} (value STRING, partition INT, offset BIGINT) "

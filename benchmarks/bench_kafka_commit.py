@@ -1,8 +1,8 @@
-"""The Kafka sink's notify_complete (KafkaSink.commit) and its writers' pre-commit, without Spark.
+"""The Kafka sink's notify_complete (KafkaSinkCommitter.commit) and its writers' pre-commit, without Spark.
 
 A local broker (or --bootstrap); per round, --transactions partition writers (librdkafka, as the
 Spark executors run them) each write --records records into one output topic and leave their
-transaction open, then KafkaSink.commit commits the batch. Prints per round the write of one
+transaction open, then KafkaSinkCommitter.commit commits the batch. Prints per round the write of one
 partition (median), its release (DescribeTransactions before and after releasing the producer),
 and the commit of all transactions; then the medians of the rounds and the load average. Each round
 commits two batches, side by side: one as notify_complete does (the sink bound to the ledger's history,
@@ -29,7 +29,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
@@ -59,7 +59,7 @@ def one_round(bootstrap: str, transactions: int, records: int, seq: int, look: b
     config = checked(PipelineConfig(pipeline_id=name, topics=[f"{name}-in"], bootstrap_servers=bootstrap,
                                     sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000}))
     # A coordinator binds the ledger's history; it is read only when a hanging transaction is found (none here).
-    sink = create_sink(config.sink).bind(config, history=(lambda: []) if look else None)
+    sink = create_committer(config.sink).bind(config, history=(lambda: []) if look else None)
     writer = KafkaPartitionWriter(output, "EXACTLY_ONCE", name, seq, 900_000, KafkaSettings.of(config))
     timed = Timed()
     librdkafka.release_keeping_transaction = timed

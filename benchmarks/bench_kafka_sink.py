@@ -44,7 +44,7 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.kafka_broker import LocalKafkaBroker
@@ -141,7 +141,7 @@ def ours(spark, bootstrap: str, source: str, guarantee: str, partitions: int, wo
     config = checked(PipelineConfig(pipeline_id=name, topics=[source], bootstrap_servers=bootstrap, guarantee=guarantee,
                             sink={"type": "kafka", "topic": output, "transaction_timeout_ms": 900_000,
                                   "producer_config": producer_config or {}}))
-    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{workdir / name}.db"), create_sink(config.sink))
+    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{workdir / name}.db"), create_committer(config.sink))
     batch_id = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), "bench").batch.id
     started = time.perf_counter()
     summary = run_write(spark, coordinator, batch_id, transform=passthrough)
@@ -208,7 +208,7 @@ def main() -> None:
         reference = checked(PipelineConfig(pipeline_id="bench-range", topics=[source], bootstrap_servers=bootstrap,
                                    sink={"type": "parquet", "path": str(workdir / "unused")}))
         range_batch = plan_batch(BatchCoordinator(reference, Ledger(f"sqlite:///{workdir}/range.db"),
-                                                  create_sink(reference.sink)),
+                                                  create_committer(reference.sink)),
                                  lambda: KafkaOffsetSource(KafkaSettings.of(reference)), "range").batch
         rounds = []
         for n in range(-args.warmup, args.repeats):

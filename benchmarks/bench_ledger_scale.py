@@ -64,13 +64,14 @@ from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.monitor import partition_lags
+from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.ui.app import report_json
 from airflow_exactly_once.ui.loading import DriftResult, LagResult, LedgerReader, read_drift
 from airflow_exactly_once.ui.page import pipeline_page
 from devtools.airflow_stack import AirflowStack, metadata_server
 from devtools.ledger_history import load_history
 from devtools.postgres import LocalPostgres
-from tests.harness import FakeSource, MarkerSink, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, pipeline_config
 
 PIPELINE = "orders"
 RECORDS = 100  # offsets per partition per batch
@@ -163,7 +164,7 @@ class Subject:
         self.config = self._config(keep_batches)
 
     def coordinator(self) -> BatchCoordinator:  # a new one per task, as each operator makes its own
-        return BatchCoordinator(self.config, self.ledger, MarkerSink.of(self.config))
+        return BatchCoordinator(self.config, self.ledger, pipeline_committer(self.config))
 
     def batch(self) -> dict[str, float]:
         """One batch: plan, write (not timed), notify_complete (and its Asset event, not timed); then the CLI's
@@ -175,7 +176,7 @@ class Subject:
         timings["plan"] = time.perf_counter() - started
         writer = self.coordinator()
         claimed = writer.claim(outcome.batch.id)
-        writer.prepare(claimed, writer.sink.stage(None, claimed, None), RECORDS, RECORDS)
+        writer.prepare(claimed, MarkerWriter.of(self.config).stage(None, claimed, None), RECORDS, RECORDS)
         notify = self.coordinator()
         started = time.perf_counter()
         notify.commit(outcome.batch.id)

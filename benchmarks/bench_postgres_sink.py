@@ -24,7 +24,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 from devtools.maven import postgres_jdbc_jars, use_prefetched_connector
 from devtools.postgres import LocalPostgres
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.spark.runner import run_partition_writers
 from airflow_exactly_once.spark.session import build_spark_session
 
@@ -32,10 +32,10 @@ TABLE = "bench_rows"
 DDL = f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, name text, amount double precision, ts timestamptz)"
 
 
-def write_exactly_once(sink, df, seq: int) -> None:
+def write_exactly_once(writer, committer, df, seq: int) -> None:
     batch = Batch(pipeline_id="bench", seq=seq, run_id=f"bench-{seq}", state=BatchState.PLANNED, epoch=1,
                   ranges=())
-    sink.commit(batch, sink.stage(df, batch, run_partition_writers))
+    committer.commit(batch, writer.stage(df, batch, run_partition_writers))
 
 
 def write_jdbc(df, server: LocalPostgres) -> None:
@@ -58,14 +58,15 @@ def main() -> int:
     try:
         server.create_database("bench")
         server.psql(DDL, dbname="bench")
-        sink = create_sink({"type": "postgres", "url": server.dsn("bench"), "table": TABLE})
+        spec = {"type": "postgres", "url": server.dsn("bench"), "table": TABLE}
+        sink, writer = create_committer(spec), create_writer(spec)
         sink.check("bench")
         df = spark.range(0, args.rows, numPartitions=args.partitions).selectExpr(
             "id", "concat('name-', id) AS name", "id * 0.5 AS amount",
             "timestamp_seconds(1700000000 + id) AS ts").cache()
         assert df.count() == args.rows  # materialised once: both writers read the same cached rows
 
-        writers = {"exactly_once": lambda seq: write_exactly_once(sink, df, seq),
+        writers = {"exactly_once": lambda seq: write_exactly_once(writer, sink, df, seq),
                    "spark_jdbc": lambda seq: write_jdbc(df, server)}
         seconds: dict[str, list[float]] = {name: [] for name in writers}
         for round_no in range(args.rounds):

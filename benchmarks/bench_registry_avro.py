@@ -41,7 +41,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.records.wire_format import frame
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import kafka_read_options, run_write
 from airflow_exactly_once.spark.session import build_spark_session, stop_spark
 from devtools.kafka_broker import LocalKafkaBroker
@@ -92,7 +92,7 @@ def ours(spark, work: Path, bootstrap: str, registry: dict, topic: str, n: int) 
     config = checked(PipelineConfig(pipeline_id=f"bench-{n}", topics=[topic], bootstrap_servers=bootstrap,
                                     sink={"type": "parquet", "path": str(work / f"eo-{n}")}, value_format="avro",
                                     schema_registry=registry, schema_registry_conn_id="bench"))
-    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{work / 'ledger.db'}"), create_sink(config.sink))
+    coordinator = BatchCoordinator(config, Ledger(f"sqlite:///{work / 'ledger.db'}"), create_committer(config.sink))
     batch = plan_batch(coordinator, lambda: KafkaOffsetSource(KafkaSettings.of(config)), f"run-{n}").batch
     t0 = time.perf_counter()
     summary = run_write(spark, coordinator, batch.id, transform=the_fields)

@@ -55,9 +55,10 @@ from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.sinks import pipeline_committer
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.postgres import LocalPostgres
-from tests.harness import MarkerSink, pipeline_config
+from tests.harness import MarkerWriter, pipeline_config
 
 CONCURRENT_PARTITIONS = 2  # partitions of each topic of the concurrent part
 STEP_FIGURES = ("plan", "notify_complete", "plan kafka", "plan cpu", "notify cpu")
@@ -127,7 +128,7 @@ class Task:
         self.clock = {"kafka": 0.0}  # seconds of the last plan spent asking Kafka
 
     def _coordinator(self) -> BatchCoordinator:
-        return BatchCoordinator(self.config, Ledger(self.url), MarkerSink.of(self.config))
+        return BatchCoordinator(self.config, Ledger(self.url), pipeline_committer(self.config))
 
     def plan(self) -> tuple[BatchId | None, float]:
         self.runs += 1
@@ -144,7 +145,7 @@ class Task:
     def write(self, batch_id: BatchId) -> None:
         writer = self._coordinator()
         claimed = writer.claim(batch_id)
-        writer.prepare(claimed, writer.sink.stage(None, claimed, None), 1, 1)
+        writer.prepare(claimed, MarkerWriter.of(self.config).stage(None, claimed, None), 1, 1)
         writer.ledger.engine.dispose()
 
     def notify(self, batch_id: BatchId) -> float:

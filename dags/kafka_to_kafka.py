@@ -1,6 +1,6 @@
 """Example: Kafka topic -> transform -> Kafka topic, exactly once, one micro-batch per DAG run.
 
-Also the system test of the Kafka sink (tests/test_pipeline_kafka.py runs it). The write
+Also the system test of the Kafka sink (tests/system/test_pipeline_kafka.py runs it). The write
 task leaves one Kafka transaction per Spark partition open (pre-committed); only
 notify_complete commits them, so consumers with isolation.level=read_committed see each
 input record's result exactly once, whatever crashed in between.

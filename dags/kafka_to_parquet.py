@@ -1,6 +1,6 @@
 """Example: Kafka topic -> transform -> Parquet, exactly once, one micro-batch per DAG run.
 
-Also the system test of the Parquet sink (tests/test_pipeline_parquet.py runs it).
+Also the system test of the Parquet sink (tests/system/test_pipeline_parquet.py runs it).
 Settings come from the environment so that `make demo` and the tests can point it at
 their own broker; in your own DAG, just write the values.
 """

@@ -9,7 +9,7 @@ What changes for the DAG author:
   * the transform is a "module:function" string, because it runs in another process;
   * the output path must be storage that the Airflow worker (driver) and every executor
     mount at the same path, as the commit is a rename there.
-Also the system test of the cluster path (tests/test_pipeline_spark_cluster.py) and the
+Also the system test of the cluster path (tests/system/test_pipeline_spark_cluster.py) and the
 pipeline of the docker/ stack; settings come from the environment for their sake.
 """
 

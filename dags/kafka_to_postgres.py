@@ -5,7 +5,7 @@ notify_complete runs COMMIT PREPARED. The offset ledger lives in the same Postgr
 (ledger_conn_id), so rows and offsets sit side by side. The server needs
 max_prepared_transactions > 0 (plan checks it and says how to set it).
 
-Also the system test of the PostgreSQL sink (tests/test_pipeline_postgres.py runs it).
+Also the system test of the PostgreSQL sink (tests/system/test_pipeline_postgres.py runs it).
 Settings come from the environment so that the tests can point it at their own broker and
 server; in your own DAG, just write the values.
 """

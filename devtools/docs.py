@@ -25,13 +25,20 @@ the options of a section of airflow.cfg that the provider declares (provider_inf
     | option | ...
     <!-- /airflow-config -->
 
-and the table of every metric (made by airflow_exactly_once.metrics.markdown_table) like this:
+the table of every metric (made by airflow_exactly_once.metrics.markdown_table) like this:
 
     <!-- metrics -->
     | metric | ...
     <!-- /metrics -->
 
-`python -m devtools.docs` rewrites the included blocks; tests/unit/test_docs.py fails when a
+and, in docs/troubleshooting.md, what an error class says of itself (its heading, meaning, base class and
+whether Airflow retries it), above the hand-written "What to do", like this:
+
+    <!-- error: airflow_exactly_once.core.errors.DataLossError -->
+    ## `DataLossError` (core.errors) ...
+    <!-- /error -->
+
+`python -m devtools.docs` (`make docs`) rewrites the included blocks and tables; tests/unit/test_docs.py fails when a
 block and its source disagree, so the docs never show code that was not tested.
 
 The docs' other tables of names (a trigger's arguments, CLI commands, extras) are hand-written and
@@ -40,18 +47,23 @@ checked against their declarations by tests/unit/test_doc_tables.py, with `doc_t
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import inspect
+import pkgutil
 import re
 import sys
 import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
 _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```)",
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
 _SINK_OPTIONS = re.compile(r"(<!-- sink-options: (?P<sink>\w+) -->\n)(?P<body>.*?)(<!-- /sink-options -->)", re.DOTALL)
 _METRICS = re.compile(r"(<!-- metrics -->\n)(?P<body>.*?)(<!-- /metrics -->)", re.DOTALL)
+_ERROR = re.compile(r"(<!-- error: (?P<path>[\w.]+) -->\n)(?P<body>.*?)(<!-- /error -->)", re.DOTALL)
 _AIRFLOW_CONFIG = re.compile(r"(<!-- airflow-config: (?P<section>\w+) -->\n)(?P<body>.*?)(<!-- /airflow-config -->)",
                              re.DOTALL)
 # A Markdown table: its header, the |---| line, and the rows up to the first line that is not one.
@@ -80,6 +92,50 @@ def config_table(section: str) -> str:
     return "\n".join(rows)
 
 
+def error_classes() -> list[type]:
+    """Every error class of the package (ExactlyOnceError and its subclasses, every module imported), by module and
+    name: what docs/troubleshooting.md has a section for."""
+    import airflow_exactly_once
+    from airflow_exactly_once.core.errors import ExactlyOnceError
+
+    for module in pkgutil.walk_packages(airflow_exactly_once.__path__, "airflow_exactly_once."):
+        if not module.name.endswith(".__main__"):  # the console scripts run when imported
+            importlib.import_module(module.name)
+    found, todo = {ExactlyOnceError}, [ExactlyOnceError]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in found and sub.__module__.startswith("airflow_exactly_once."):
+                found.add(sub)
+                todo.append(sub)
+    return sorted(found, key=class_path)
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def error_section(path: str) -> str:
+    """An error class's heading, its meaning (its docstring's first paragraph), its base class and whether Airflow
+    retries it, for its section of docs/troubleshooting.md."""
+    from airflow_exactly_once.core.errors import ExactlyOnceError
+
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None) if module else None
+    if not (isinstance(cls, type) and issubclass(cls, ExactlyOnceError)):
+        raise LookupError(f"docs/troubleshooting.md has a section for {path}, which is not an error class of the "
+                          "package (any more): remove the section, or name the class where it is now")
+    meaning = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ").replace("``", "`")
+    base = next((b for b in cls.__mro__[1:] if issubclass(b, ExactlyOnceError)), None)
+    retried = ("**yes**: Airflow retries the task (its `retries`)" if cls.retriable else
+               "**no**: the task fails at once, without its retries")
+    return "\n".join([
+        f"## `{name}` ({module.removeprefix('airflow_exactly_once.')})", "",
+        meaning, "",
+        f"`{path}`" + (f", a subclass of `{base.__name__}`." if base else
+                       ", the base of every error of the provider.") +
+        f" Retried: {retried} (the class's default; a raise where a retry can help may mark its error retriable)."])
+
+
 def render(text: str) -> str:
     """`text` with every include and generated table made anew from their sources."""
     from airflow_exactly_once.metrics import markdown_table as metrics_table
@@ -92,6 +148,7 @@ def render(text: str) -> str:
                              text)
     text = _AIRFLOW_CONFIG.sub(lambda m: m.group(1) + config_table(m.group("section")) + "\n" + m.group(4), text)
     text = _METRICS.sub(lambda m: m.group(1) + metrics_table() + "\n" + m.group(3), text)
+    text = _ERROR.sub(lambda m: m.group(1) + error_section(m.group("path")) + "\n" + m.group(4), text)
     return _ARGUMENTS.sub(lambda m: m.group(1) + markdown_table() + "\n" + m.group(3), text)
 
 
@@ -118,6 +175,15 @@ def doc_table(doc: str, first_header: str) -> list[list[str]]:
 def code_names(cell: str) -> list[str]:
     """The names a cell shows as code (`earliest`, `"bytes"` -> bytes), in order."""
     return [name.strip('"') for name in _CODE.findall(cell)]
+
+
+def cli_commands(parser: argparse.ArgumentParser, path: str = "") -> dict[str, set[str]]:
+    """Each command of an argparse parser (`db upgrade` for a nested one) with its --options."""
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not nested:
+        return {path: {o for a in parser._actions for o in a.option_strings if o.startswith("--")}}
+    return {command: options for action in nested for name, sub in action.choices.items()
+            for command, options in cli_commands(sub, f"{path} {name}".strip()).items()}
 
 
 def stale(write: bool = False) -> list[Path]:

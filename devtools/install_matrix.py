@@ -44,7 +44,8 @@ SDIST_MUST_HAVE = ("LICENSE", "NOTICE", "MANIFEST.in", "setup.py", "setup.cfg", 
                    "constraints-newest.txt", "docs/install.md", "tests/conftest.py", "tests/helpers.py",
                    "tests/kafka_helpers.py", "tests/unit/test_provider_package.py", "tests/dags/exactly_once_test_dag.py",
                    "devtools/install_check.py", "airflow_exactly_once/spark/ivysettings.xml",
-                   "tests/fixtures/ledger/0.1.0/sqlite.sql", "tests/fixtures/ledger/0.1.0/output/_pipeline")
+                   "airflow_exactly_once/py.typed", "tests/fixtures/ledger/0.1.0/sqlite.sql",
+                   "tests/fixtures/ledger/0.1.0/output/_pipeline")
 
 
 @dataclass
@@ -57,6 +58,14 @@ class Stack:
     check_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     report: dict = field(default_factory=dict)
+
+
+def package_version() -> str:
+    """airflow_exactly_once.__version__, read from the source as setuptools reads it (the one place it is written)."""
+    match = re.search(r'^__version__ = "([^"]+)"$', (REPO / PACKAGE / "__init__.py").read_text(), re.M)
+    if match is None:
+        raise LookupError(f"{PACKAGE}/__init__.py has no __version__ = \"...\" line")
+    return match.group(1)
 
 
 def floor_versions() -> dict[str, str]:
@@ -126,12 +135,14 @@ def check_distributions(wheel: Path, sdist: Path) -> list[str]:
     shipped = sorted(n.rsplit("/", 1)[1] for n in names if n.startswith(f"{PACKAGE}/example_dags/"))
     if shipped != dags:
         problems.append(f"the wheel's example_dags/ {shipped} are not dags/ {dags}")
-    for required in (f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE",
+    for required in (f"{PACKAGE}/py.typed", f"{PACKAGE}/spark/ivysettings.xml", f"{dist_info}/licenses/LICENSE",
                      f"{dist_info}/licenses/NOTICE", f"{PACKAGE}/core/ledger/migrations/versions/0001_initial.py",
                      f"{PACKAGE}/core/ledger/migrations/script.py.mako"):
         if required not in names:
             problems.append(f"the wheel lacks {required}")
     metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
+    if f"\nVersion: {package_version()}\n" not in metadata:
+        problems.append(f"the wheel's version is not airflow_exactly_once.__version__ ({package_version()})")
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     if any("pyspark-client" in line for line in requires):
         problems.append("the wheel's metadata requires pyspark-client")

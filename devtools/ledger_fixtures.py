@@ -53,11 +53,11 @@ def scenario_config(output: Path) -> Any:
 def write_scenario(url: str, output: Path) -> dict[str, Any]:
     """Run the scenario's batches through the protocol core on the ledger at `url`; return what it holds."""
     from airflow_exactly_once.core.ledger import Ledger
-    from tests.harness import FakeSource, MarkerSink, Pipe
+    from tests.harness import FakeSource, MarkerWriter, Pipe
 
     ledger = Ledger(url)
     source = FakeSource(dict(ENDS))
-    pipe = Pipe(scenario_config(output), ledger, lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(scenario_config(output), ledger, lambda: source, writer_factory=MarkerWriter.of)
     first = pipe.plan("run-1").batch
     claimed = pipe.claim(first.id)
     pipe.coordinator.prepare(claimed, pipe.stage(None, claimed), first.offset_span, first.offset_span - 2,

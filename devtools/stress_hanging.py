@@ -42,7 +42,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.kafka import hanging
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
@@ -70,7 +70,7 @@ def kill_and_restart(broker: LocalKafkaBroker, pause_s: float = 3.0) -> None:
 
 
 def notify_complete(config: PipelineConfig, committable: KafkaCommittable, seq: int, said: list[str]) -> None:
-    sink = create_sink(config.sink).bind(config)  # no history: it ends no hanging transaction itself
+    sink = create_committer(config.sink).bind(config)  # no history: it ends no hanging transaction itself
     batch = Batch(config.pipeline_id, seq, "stress", BatchState.PREPARED, 1, ())
     try:
         said.append(sink.commit(batch, committable)[:60])

@@ -1,8 +1,8 @@
 """Driving batches through the protocol without Airflow: one harness for every tier.
 
 `Pipe` is a pipeline on a real ledger: `plan` (core.planning with the given offset source),
-`write` (claim, the sink stages a DataFrame, prepare: what the Spark job does), `commit`
-(notify_complete) and `abort`. Unit tests give it a fake source and a sink that needs no
+`write` (claim, the sink's writer stages a DataFrame, prepare: what the Spark job does), `commit`
+(notify_complete) and `abort`. Unit tests give it a fake source and a writer that needs no
 Spark; integration tests give it real Kafka, Spark and sinks.
 """
 
@@ -21,10 +21,13 @@ from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.planning import PlanOutcome, plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.sink import Committable, RunWriters
+from airflow_exactly_once.core.sink_committer import SinkCommitter
+from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import pipeline_sink
-from airflow_exactly_once.sinks.parquet.sink import ParquetSink, StagedFolder
+from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
+from airflow_exactly_once.sinks.parquet.committable import StagedFolder
+from airflow_exactly_once.sinks.parquet.sink_writer import ParquetSinkWriter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,20 +94,21 @@ class FakeSource:
         pass
 
 
-class MarkerSink(ParquetSink):
-    """A Parquet sink whose stage writes a marker file instead of running Spark (unit tests).
+class MarkerWriter(ParquetSinkWriter):
+    """A Parquet sink writer whose stage writes a marker file instead of running Spark (unit tests); the
+    Parquet committer publishes it.
 
-    Use it as `Pipe(..., sink_factory=MarkerSink.of)`."""
+    Use it as `Pipe(..., writer_factory=MarkerWriter.of)`."""
 
     @classmethod
-    def of(cls, config: PipelineConfig) -> "MarkerSink":
+    def of(cls, config: PipelineConfig) -> "MarkerWriter":
         return cls(config.sink)
 
     def stage(self, frame, batch, run_writers):
-        staging = self.staging_dir(batch)
+        staging = self.layout.staging_dir(batch)
         staging.mkdir(parents=True)
         (staging / "part-0.parquet").write_text(repr(batch.ranges))
-        return StagedFolder(str(staging), str(self.final_dir(batch)), ("part-0.parquet",))
+        return StagedFolder(str(staging), str(self.layout.final_dir(batch)), ("part-0.parquet",))
 
 
 def no_spark(frame: Any, writer: Any) -> list[Any]:
@@ -117,19 +121,23 @@ class Pipe:
     ledger: Ledger
     source_factory: Callable[[], Any]
     run_writers: RunWriters = no_spark
-    sink_factory: Callable[[PipelineConfig], Any] = pipeline_sink
+    committer_factory: Callable[[PipelineConfig], SinkCommitter] = pipeline_committer
+    writer_factory: Callable[[PipelineConfig], SinkWriter] = pipeline_writer
     coordinator: BatchCoordinator = field(init=False)
+    writer: SinkWriter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.coordinator = BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config))
+        self.coordinator = BatchCoordinator(self.config, self.ledger, self.committer_factory(self.config))
+        self.writer = self.writer_factory(self.config).bind(self.config, self.coordinator.sink)
 
     @property
     def sink(self):
+        """The sink's committer, as the coordinator holds it."""
         return self.coordinator.sink
 
     def new_coordinator(self) -> BatchCoordinator:
-        """Another process's view (a retried task, the next run): same ledger, new sink object."""
-        return BatchCoordinator(self.config, self.ledger, self.sink_factory(self.config))
+        """Another process's view (a retried task, the next run): same ledger, new committer object."""
+        return BatchCoordinator(self.config, self.ledger, self.committer_factory(self.config))
 
     def plan(self, run_id: str, interval: tuple[int, int] | None = None) -> PlanOutcome:
         return plan_batch(self.coordinator, self.source_factory, run_id, interval)
@@ -138,7 +146,7 @@ class Pipe:
         return self.coordinator.claim(batch_id)
 
     def stage(self, frame: Any, batch: Batch) -> Committable:
-        return self.sink.stage(frame, batch, self.run_writers)
+        return self.writer.stage(frame, batch, self.run_writers)
 
     def write(self, batch_id: BatchId, frame: Any = None, records: int | None = None) -> Batch:
         """The write task: claim, stage, prepare. `records` is what the counts say (default: the offsets)."""

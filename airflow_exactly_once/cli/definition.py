@@ -19,9 +19,12 @@ def get_cli_commands() -> list[ActionCommand]:
     return [
         ActionCommand(
             name=COMMAND,
-            help="Look into the exactly-once offset ledger, check it, rewind a pipeline, upgrade its schema",
+            help="Look into the exactly-once offset ledger, check it, mirror or rewind a pipeline, prune it, upgrade "
+                 "its schema",
+            # Every command of cli.main's parser (tests/unit/test_doc_tables.py compares them).
             description="The commands of the `airflow-exactly-once` console script: pipelines, batches, show, "
-                        "positions, events, check, rewind, db. `airflow exactly-once COMMAND --help` tells more.",
+                        "positions, events, check, mirror, rewind, prune, db. `airflow exactly-once COMMAND --help` "
+                        "tells more.",
             func=lazy_load_command("airflow_exactly_once.cli.main.airflow_command"),
             args=(
                 # The options that the console script takes before its command, so they work here too.

@@ -1,4 +1,4 @@
-"""`airflow-exactly-once`: look into the offset ledger, check it, and rewind a pipeline.
+"""`airflow-exactly-once`: look into the offset ledger, check it, mirror, rewind or prune a pipeline.
 
     airflow-exactly-once pipelines
     airflow-exactly-once batches PIPELINE [--state COMMITTED] [--limit 20]
@@ -12,6 +12,7 @@
     airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
     airflow-exactly-once db upgrade
     airflow-exactly-once db current
+    airflow-exactly-once db version
 
 The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME (stderr says
@@ -42,13 +43,13 @@ from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import apply_rewind, plan_rewind
 from airflow_exactly_once.core.secrets import REDACTED
-from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import pipeline_committer
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 
@@ -395,14 +396,14 @@ def cmd_mirror(ledger: Ledger, args: argparse.Namespace) -> int:
 # -- rewinding -----------------------------------------------------------------------
 
 
-def _stored_sink(config: PipelineConfig, output: str) -> Sink:
-    """The pipeline's sink as the ledger stored it; retracting output needs secrets the ledger does not keep."""
+def _stored_sink(config: PipelineConfig, output: str) -> SinkCommitter:
+    """The pipeline's sink's committer as the ledger stored it; retracting output needs secrets the ledger does not keep."""
     hidden = [".".join(path) for path in config.redacted_paths() if path[0] in ("sink", "dead_letter")]
     if hidden and output == "retract":
         raise ConfigurationError(f"retracting {config.pipeline_id}'s output needs its sink's secrets "
                                  f"({', '.join(hidden)}), which the ledger does not store: give the sink a "
                                  "connection (conn_id) instead of the secret, or rewind with --output keep")
-    return pipeline_sink(config)
+    return pipeline_committer(config)
 
 
 def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:

@@ -53,9 +53,10 @@ class PipelineConfig:
     bootstrap_servers: str = argument("", "Kafka servers 'host:port,...'; default: the kafka connection's "
                                           "'bootstrap.servers'.")
     startup_mode: str = argument("earliest", "Where a new pipeline starts: earliest, latest, timestamp, "
-                                             "specific_offsets or group_offsets (the ledger always wins later).")
+                                             "specific_offsets or group_offsets (the ledger always wins later).",
+                                 choices=STARTUP_MODES)
     new_partition_start: str = argument("earliest", "Where partitions that appear later start: earliest or "
-                                                    "latest.")
+                                                    "latest.", choices=NEW_PARTITION_STARTS)
     max_records_per_partition: int | None = argument(None, "Upper bound of offsets per partition in one batch "
                                                            "(continuation mode); None reads up to the end.")
     local_read_max_records: int = argument(
@@ -63,14 +64,14 @@ class PipelineConfig:
               "read_committed) and handed to Spark as a local relation: faster than Spark's Kafka source for small "
               "batches; larger batches, and every batch with 0, use Spark's Kafka source.")
     data_loss_policy: str = argument("fail", "What to do when planned offsets are gone (retention, deleted "
-                                             "topic): fail, or skip and record the loss.")
+                                             "topic): fail, or skip and record the loss.", choices=DATA_LOSS_POLICIES)
     transform: str | None = argument(None, "A function DataFrame -> DataFrame, or 'module:function' (needed on "
                                            "a Spark cluster).", templated=False)
     kafka_config: dict[str, Any] = argument(doc="Kafka client settings (librdkafka/Java names such as "
                                                 "security.protocol) on top of the kafka connection's extra.",
                                             factory=dict)
     guarantee: str | None = argument(None, "Old spelling of the Kafka sink's 'guarantee' (NONE, AT_LEAST_ONCE, "
-                                           "EXACTLY_ONCE); give it in the sink spec instead.")
+                                           "EXACTLY_ONCE); give it in the sink spec instead.", choices=GUARANTEES)
     mirror_consumer_group: str | None = argument(None, "Opt-in: after each commit, copy the committed offsets "
                                                        "to this consumer group (monitoring only).")
     startup_timestamp: int | str | None = argument(None, "startup_mode='timestamp': epoch ms or ISO-8601 time "
@@ -80,20 +81,24 @@ class PipelineConfig:
     startup_group_id: str | None = argument(None, "startup_mode='group_offsets': the consumer group whose "
                                                   "committed offsets say where to start.")
     startup_fallback: str = argument("earliest", "startup_mode timestamp/specific_offsets/group_offsets: where "
-                                                 "partitions they say nothing about start.")
+                                                 "partitions they say nothing about start.",
+                                     choices=NEW_PARTITION_STARTS)
     range_mode: str = argument("continuation", "continuation (each run continues where the last batch ended) or "
-                                               "interval (each run reads its data interval).")
+                                               "interval (each run reads its data interval).", choices=RANGE_MODES)
     interval_rerun: str = argument("noop", "range_mode='interval': re-running a processed interval is a recorded "
-                                           "no-op (noop) or replaces its output (replace).")
+                                           "no-op (noop) or replaces its output (replace).", choices=INTERVAL_RERUNS)
     value_format: str | None = argument(None, "Decode the Kafka value before the transform: json or avro (with "
-                                              "value_schema), string or bytes; None hands the transform Kafka's "
-                                              "raw columns.")
+                                              "value_schema), string or bytes, or protobuf / json_schema in the "
+                                              "Schema Registry wire format (avro too, with schema_registry_conn_id); "
+                                              "None hands the transform Kafka's raw columns.",
+                                        choices=VALUE_FORMATS)
     value_schema: Any = argument(None, "value_format json: a Spark DDL string or StructType; avro: the Avro schema "
                                        "(JSON). A value that does not decode under it is a bad record.",
                                  templated=False)
-    key_format: str | None = argument(None, "Decode the Kafka key before the transform: string, or avro / protobuf "
-                                            "/ json_schema in the Schema Registry wire format (the decoded key "
-                                            "replaces the key column); None leaves it bytes.")
+    key_format: str | None = argument(None, "Decode the Kafka key before the transform: string or bytes, or avro / "
+                                            "protobuf / json_schema in the Schema Registry wire format (the decoded "
+                                            "key replaces the key column); None leaves it bytes.",
+                                      choices=KEY_FORMATS)
     key_schema: Any = argument(None, "Registry formats: the key's reader schema: None for its subject's latest "
                                      "version, a version number to pin one, or the schema itself.",
                                templated=False)
@@ -103,7 +108,8 @@ class PipelineConfig:
                                              "'<topic>-key'.")
     bad_record_policy: str = argument("fail", "What a bad record does: fail (the batch fails, naming it), "
                                               "dead_letter (it goes to the dead-letter destination in the same "
-                                              "commit) or skip (counted and recorded, not written).")
+                                              "commit) or skip (counted and recorded, not written).",
+                                      choices=BAD_RECORD_POLICIES)
     dead_letter: dict[str, Any] | None = argument(None, "Where dead letters go: a sink spec ({'type': 'kafka', "
                                                         "'topic': 'orders_dlq'}); default: beside the output "
                                                         "(a _dead_letter folder, a <table>_dead_letter table).")

@@ -8,8 +8,9 @@ come from one declaration instead of hand-written checks in each place.
 from __future__ import annotations
 
 import difflib
+import types
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
 
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import matching_key_paths, url_paths
@@ -41,6 +42,53 @@ def refuse_unknown_keys(owner: str, given: Iterable[str], allowed: Iterable[str]
         hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
     raise ConfigurationError(f"{owner} has no setting {', '.join(hints)}; its settings: "
                              f"{', '.join(k for k in allowed if k != 'type')}")
+
+
+def is_template(value: Any) -> bool:
+    """Whether `value` is Jinja text, which Airflow renders only when the task runs (so it is checked then)."""
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` (a number, or a rendered template's text such as "600000") as an int; None when it is not a whole
+    number (True is not 1 here)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = int(value)
+        return number if float(value) == number else None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float
+        return None
+
+
+@dataclass(frozen=True)
+class ValueKind:
+    """What a declared type takes, as the sinks read it: its wording in errors and the test of a value."""
+
+    wording: str
+    accepts: Callable[[Any], bool]
+
+
+# By the declared type's class; `int` takes a rendered template's text of a number, `list` (of column names) a single
+# name. A type not here (Any, a union of several) is not checked by kind.
+VALUE_KINDS: dict[type, ValueKind] = {
+    bool: ValueKind("True or False", lambda value: isinstance(value, bool)),
+    int: ValueKind("a whole number", lambda value: whole_number(value) is not None),
+    str: ValueKind("text", lambda value: isinstance(value, str)),
+    dict: ValueKind("a dict", lambda value: isinstance(value, Mapping)),
+    list: ValueKind("a list", lambda value: isinstance(value, (list, tuple, str))),
+}
+
+
+def value_kind(declared: Any) -> ValueKind | None:
+    """The kind of value a setting declared as `declared` takes (`int | None`: a whole number; None stands for the
+    setting not given); None when any value may do."""
+    if get_origin(declared) in (Union, types.UnionType):
+        alternatives = [a for a in get_args(declared) if a is not type(None)]
+        if len(alternatives) != 1:
+            return None
+        declared = alternatives[0]
+    return VALUE_KINDS.get(get_origin(declared) or declared)
 
 
 @dataclass(frozen=True)
@@ -93,6 +141,14 @@ class SinkSpec:
     """
 
     type_name: ClassVar[str] = ""
+    # The delivery guarantees the sink implements: its writer and committer read them (core.sink.SinkSide checks the
+    # spec's guarantee against them when it binds).
+    guarantees: ClassVar[tuple[str, ...]] = ("EXACTLY_ONCE",)
+    # The sink's write side and commit side, as "module:Class" (core.sink_writer.SinkWriter and
+    # core.sink_committer.SinkCommitter subclasses): imported only when a pipeline uses the sink, so its
+    # client library is needed only then, and a declaration stays light enough to check a DAG when it is parsed.
+    writer_class: ClassVar[str] = ""
+    committer_class: ClassVar[str] = ""
 
     guarantee: str | None = argument(None, "The delivery guarantee; only the Kafka sink has more than "
                                            "EXACTLY_ONCE (see its page)", shown_default="`EXACTLY_ONCE`")
@@ -120,26 +176,58 @@ class SinkSpec:
         found = []
         for key in cls.local_folder_keys:
             value = spec.get(key)
-            if isinstance(value, str) and value and "{{" not in value and (
+            if isinstance(value, str) and value and not is_template(value) and (
                     "://" not in value or value.startswith("file://")):
                 found.append((key, value))
         return found
 
     @classmethod
     def check_keys(cls, spec: Mapping[str, Any]) -> None:
-        """Unknown keys only: what can be checked when a DAG is parsed, before templates are rendered."""
+        """Unknown keys, each named with its close match."""
         refuse_unknown_keys(cls.owner(), spec, ["type", *(o.name for o in cls.options())])
 
     @classmethod
     def check(cls, spec: Mapping[str, Any]) -> None:
-        """Unknown keys and values outside a key's choices, each named (required keys and rules over several
-        keys are the sink's to check, with an example of what to write)."""
+        """Unknown keys and every given value against its declaration, each named (required keys and rules over
+        several keys are the sink's to check, with an example of what to write)."""
         cls.check_keys(spec)
+        cls.check_values(spec)
+
+    @classmethod
+    def check_before_rendering(cls, spec: Mapping[str, Any]) -> None:
+        """When a DAG is parsed: what `check` refuses, with the same messages, but for values that are templates
+        (Jinja text: checked when the task renders them)."""
+        cls.check_keys(spec)
+        cls.check_values(spec, rendered=False)
+
+    @classmethod
+    def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:
+        """Each given value against its declaration: the kind of its declared type, its choices, and for the
+        guarantee the ones the sink implements. None, and "" (what an unset template renders), is a setting not
+        given: its default, or the sink names a missing required key. Before rendering, templates are left out."""
+        declared = get_type_hints(cls)
         for option in cls.options():
             value = spec.get(option.name)
-            if option.choices and value is not None and value not in option.choices:
-                raise ConfigurationError(f"{cls.owner()} {option.name} {value!r} is not supported; choose one of "
-                                         f"{', '.join(map(str, option.choices))}")
+            if value is None or value == "" or (not rendered and is_template(value)):
+                continue
+            problem = cls.value_problem(option, declared[option.name], value)
+            if problem is not None:
+                raise ConfigurationError(problem)
+
+    @classmethod
+    def value_problem(cls, option: Option, declared: Any, value: Any) -> str | None:
+        """What is wrong with `value` for `option` (declared as `declared`), as the error says it; None: nothing."""
+        kind = value_kind(declared)
+        if kind is not None and not kind.accepts(value):
+            example = "" if option.default is None else f" (e.g. {option.default!r}, the default)"
+            return f"{cls.owner()}'s {option.name} must be {kind.wording}, not {value!r}{example}"
+        if option.choices and value not in option.choices:
+            return (f"{cls.owner()} {option.name} {value!r} is not supported; choose one of "
+                    f"{', '.join(map(str, option.choices))}")
+        if option.name == "guarantee" and value not in cls.guarantees:
+            # The words of core.sink.Sink.bind, which refuses the same when a task binds the sink.
+            return f"{cls.owner()} does not implement guarantee={value!r}; choose one of {', '.join(cls.guarantees)}"
+        return None
 
     @classmethod
     def secret_paths(cls, spec: Mapping[str, Any]) -> list[list[str]]:

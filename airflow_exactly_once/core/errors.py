@@ -7,7 +7,7 @@ retry that cannot succeed.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Iterable, NoReturn
 
 
 class ExactlyOnceError(Exception):
@@ -37,6 +37,13 @@ class MissingExtraError(ConfigurationError):
 
 class LedgerVersionError(ConfigurationError):
     """The ledger's schema is not the version this provider's code reads (older for a reader, or newer than known)."""
+
+
+class HandlesVersionError(ConfigurationError):
+    """A batch's handles in the ledger are in a format this release cannot read (written by a newer one).
+
+    Never guessed at: misreading a PREPARED batch's handles could commit the wrong output or lose it.
+    """
 
 
 class FencedError(ExactlyOnceError):
@@ -70,7 +77,27 @@ class SinkError(ExactlyOnceError):
 
 
 class TransactionLostError(SinkError):
-    """The sink no longer has a pre-committed transaction and it was not committed."""
+    """A batch's staged output is gone and was never committed: every sink raises this one error for it.
+
+    What was lost travels with it, for logs and tools as well as in the message: `sink` (its type, "kafka"),
+    `batch` (the batch's seq; None where the loss is found below the level of batches, e.g. one Kafka
+    transaction), `lost` (the transactional ids, prepared GIDs, staged folder or snapshot) and `reason` (why).
+    Not retriable: committing cannot succeed any more. notify_complete and recovery answer it by aborting
+    the batch, and the next run processes its range again.
+    """
+
+    def __init__(self, message: str, *, sink: str | None = None, batch: int | None = None,
+                 lost: Iterable[str] = (), reason: str | None = None, retriable: bool | None = None) -> None:
+        super().__init__(message, retriable=retriable)
+        self.sink = sink
+        self.batch = batch
+        self.lost = tuple(lost)
+        self.reason = reason
+
+    def restated(self, message: str, *, batch: int | None = None) -> "TransactionLostError":
+        """The same loss told anew (a caller adds what it did about it, or the batch it was part of)."""
+        return TransactionLostError(message, sink=self.sink, batch=self.batch if batch is None else batch,
+                                    lost=self.lost, reason=self.reason, retriable=self.retriable)
 
 
 class IntervalNotOverError(ExactlyOnceError):

@@ -1,7 +1,7 @@
 """Where data lives, named as OpenLineage names datasets (https://openlineage.io/docs/spec/naming), and the
 URI of a pipeline's own Airflow Asset.
 
-Each sink says where it writes (Sink.lineage_dataset) with these; the operators turn them into
+Each sink says where it writes (SinkCommitter.lineage_dataset) with these; the operators turn them into
 OpenLineage datasets when the OpenLineage provider is installed (airflow_exactly_once/lineage.py).
 Names only, never credentials: user info in URLs is dropped.
 """

@@ -1,4 +1,4 @@
-"""The two-phase commit of one batch, step by step, on top of the ledger and a sink.
+"""The two-phase commit of one batch, step by step, on top of the ledger and a sink's committer.
 
 Flink's TwoPhaseCommitSinkFunction mapped onto Airflow tasks:
   plan            = initializeState (recover: commit PREPARED batches) + fix the range (core.planning)
@@ -29,7 +29,8 @@ from airflow_exactly_once.core.ledger import RELEASE_PENDING, Ledger, OpenWork
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.retention import AUTO_PRUNE_BATCHES, AUTO_PRUNE_MIN, Retention, prune
 from airflow_exactly_once.core.rewind import finish_retractions
-from airflow_exactly_once.core.sink import Committable, Sink
+from airflow_exactly_once.core.sink import Committable
+from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,13 @@ StopAttempts = Callable[[Batch], str]
 
 
 class BatchCoordinator:
-    """recover / claim / prepare / commit / abort of one pipeline's batches."""
+    """recover / claim / prepare / commit / abort of one pipeline's batches.
 
-    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: Sink,
+    It holds the commit side of the pipeline's sink only (`sink`, bound to the ledger's history); the
+    write step stages with the sink's writer (spark.job) and hands its committable to `prepare`.
+    """
+
+    def __init__(self, config: PipelineConfig, ledger: Ledger, sink: SinkCommitter,
                  stop_attempts: StopAttempts | None = None) -> None:
         self.config = config
         self.ledger = ledger
@@ -160,9 +165,9 @@ class BatchCoordinator:
             log.warning("batch %s lost its output (%s); releasing what is left of it: %s", batch_id, exc,
                         self.sink.abort(batch, committable))
             self.ledger.mark_aborted(batch_id, f"sink output lost: {exc}", from_state=BatchState.PREPARED)
-            raise TransactionLostError(
-                f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run."
-            ) from exc
+            raise exc.restated(
+                f"{exc}. Batch {batch_id} is now ABORTED and its range will be processed again by the next run.",
+                batch=batch.seq) from exc
         fault_point("notify.after_sink_commit")
         changed = self.ledger.mark_committed(batch_id, retracts=[replaced.seq] if replaced is not None else [])
         bad = batch.details.get("bad_records")

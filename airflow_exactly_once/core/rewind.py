@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 
 TopicPartition = tuple[str, int]
@@ -110,7 +110,7 @@ def plan_rewind(ledger: Ledger, pipeline_id: str, targets: dict[TopicPartition, 
     return RewindPlan(pipeline_id, output, pipeline["epoch"], positions, after, retract)
 
 
-def apply_rewind(ledger: Ledger, sink: Sink, plan: RewindPlan, reason: str) -> list[str]:
+def apply_rewind(ledger: Ledger, sink: SinkCommitter, plan: RewindPlan, reason: str) -> list[str]:
     """Record the rewind, then withdraw the output. Fails (changing nothing) if the pipeline moved meanwhile."""
     if plan.retract and not sink.supports_retract:
         raise ConfigurationError(f"the {sink.type_name} sink cannot withdraw committed output; rewind with "
@@ -129,7 +129,7 @@ def apply_rewind(ledger: Ledger, sink: Sink, plan: RewindPlan, reason: str) -> l
     return finish_retractions(ledger, sink, plan.pipeline_id)
 
 
-def finish_retractions(ledger: Ledger, sink: Sink, pipeline_id: str, pending: list[Batch] | None = None) -> list[str]:
+def finish_retractions(ledger: Ledger, sink: SinkCommitter, pipeline_id: str, pending: list[Batch] | None = None) -> list[str]:
     """Withdraw the output of RETRACTED batches not yet confirmed withdrawn. Idempotent.
 
     `pending`: those batches as the caller just read them (Ledger.open_work); None reads them here.

@@ -4,7 +4,9 @@ Every pipeline setting is a field of `PipelineConfig` (core.config) with its def
 sentence of documentation; the few settings that only say where things run (connections,
 Spark) are `TASK_ARGUMENTS` below. The operators' keyword arguments, their signature (which
 Airflow's `default_args` reads), their `template_fields` and their `:param` lines are all
-made from these two lists, so an argument is added in one place.
+made from these two lists. An argument added here is also assigned, by name and with its type,
+in `ExactlyOnceBaseOperator.__init__` (operators.batch), where readers and type checkers see it;
+tests/unit/test_arguments.py fails until the two agree.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Argument:
     required: bool = False
     # A free-form dict whose keys matching this pattern hold secrets (core.declaration.argument's secret_keys).
     secret_keys: str | None = None
+    # The values it may take (besides None where None is its default); empty: any value of its type.
+    choices: tuple[Any, ...] = ()
 
 
 TASK_ARGUMENTS = (
@@ -56,8 +60,8 @@ TASK_ARGUMENTS = (
 def _pipeline_arguments() -> tuple[Argument, ...]:
     """PipelineConfig's declared settings; "{sink_types}" in a doc is the registry's list of sink types."""
     sink_types = ", ".join(SPECS)
-    return tuple(Argument(o.name, o.default, o.doc.replace("{sink_types}", sink_types), o.templated, o.required)
-                 for o in options_of(PipelineConfig))
+    return tuple(Argument(o.name, o.default, o.doc.replace("{sink_types}", sink_types), o.templated, o.required,
+                          choices=o.choices) for o in options_of(PipelineConfig))
 
 
 PIPELINE_ARGUMENTS = _pipeline_arguments()
@@ -99,11 +103,13 @@ def param_docs() -> str:
 
 
 def markdown_table() -> str:
-    """The arguments as the Markdown table of the docs (tests/unit/test_arguments.py keeps the docs in step)."""
-    rows = ["| argument | default | what it is |", "|---|---|---|"]
+    """The arguments as the Markdown table of docs/arguments.md: default, allowed values, whether templated
+    (`python -m devtools.docs` writes it there; tests/unit/test_docs.py fails when the page differs)."""
+    rows = ["| argument | default | allowed values | templated | what it is |", "|---|---|---|---|---|"]
     for a in ARGUMENTS:
         default = "required" if a.required else f"`{a.default!r}`"
-        rows.append(f"| `{a.name}` | {default} | {a.doc} |")
+        allowed = ", ".join(f"`{choice!r}`" for choice in a.choices)  # empty: any value of its type
+        rows.append(f"| `{a.name}` | {default} | {allowed} | {'yes' if a.templated else 'no'} | {a.doc} |")
     return "\n".join(rows)
 
 

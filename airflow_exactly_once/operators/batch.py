@@ -15,7 +15,8 @@ import json
 import time
 import warnings
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from functools import cached_property
+from typing import Any, Callable, Iterable, Sequence
 
 from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
 from airflow_exactly_once.compat import (
@@ -44,7 +45,7 @@ from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
 from airflow_exactly_once.pipeline import checked
 from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems
-from airflow_exactly_once.sinks import check_sink_keys, pipeline_sink
+from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer
 from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
 
 
@@ -59,14 +60,52 @@ class ExactlyOnceBaseOperator(BaseOperator):
     ui_color = "#e8f4ea"
 
     def __init__(self, **kwargs: Any) -> None:
-        values = arguments.take_arguments(kwargs)
-        # When the DAG is parsed: a sink type that does not exist or a mistyped key fails the DAG's import.
-        check_sink_keys(values.get("sink"))
-        check_sink_keys(values.get("dead_letter"), "dead_letter")
+        given = arguments.take_arguments(kwargs)
+        # When the DAG is parsed: a sink type that does not exist, a mistyped key or a value its declaration does not
+        # allow fails the DAG's import (templated values are checked when the task renders them).
+        check_sink_spec_at_parse(given["sink"])
+        check_sink_spec_at_parse(given["dead_letter"], "dead_letter")
         super().__init__(**kwargs)
-        for name, value in values.items():
-            setattr(self, name, value)
-        _mask(arguments.secret_texts(values))  # literal secrets: out of the logs from the start
+        # The pipeline arguments, one attribute each, in the order operators.arguments declares them (with their
+        # defaults and docs; tests/unit/test_arguments.py checks that these are exactly the declared ones). A
+        # templated one holds the Jinja text until the task renders it.
+        self.pipeline_id: str = given["pipeline_id"]
+        self.topics: str | list[str] = given["topics"]
+        self.sink: dict[str, Any] = given["sink"]
+        self.bootstrap_servers: str = given["bootstrap_servers"]
+        self.startup_mode: str = given["startup_mode"]
+        self.new_partition_start: str = given["new_partition_start"]
+        self.max_records_per_partition: int | None = given["max_records_per_partition"]
+        self.local_read_max_records: int = given["local_read_max_records"]
+        self.data_loss_policy: str = given["data_loss_policy"]
+        self.transform: str | Callable[..., Any] | None = given["transform"]
+        self.kafka_config: dict[str, Any] = given["kafka_config"]
+        self.guarantee: str | None = given["guarantee"]
+        self.mirror_consumer_group: str | None = given["mirror_consumer_group"]
+        self.startup_timestamp: int | str | None = given["startup_timestamp"]
+        self.startup_offsets: dict[str, Any] | None = given["startup_offsets"]
+        self.startup_group_id: str | None = given["startup_group_id"]
+        self.startup_fallback: str = given["startup_fallback"]
+        self.range_mode: str = given["range_mode"]
+        self.interval_rerun: str = given["interval_rerun"]
+        self.value_format: str | None = given["value_format"]
+        self.value_schema: Any = given["value_schema"]
+        self.key_format: str | None = given["key_format"]
+        self.key_schema: Any = given["key_schema"]
+        self.value_subject: str | None = given["value_subject"]
+        self.key_subject: str | None = given["key_subject"]
+        self.bad_record_policy: str = given["bad_record_policy"]
+        self.dead_letter: dict[str, Any] | None = given["dead_letter"]
+        self.max_bad_records: int | float | None = given["max_bad_records"]
+        self.retention_batches: int | None = given["retention_batches"]
+        self.retention_days: int | float | None = given["retention_days"]
+        self.kafka_conn_id: str = given["kafka_conn_id"]
+        self.ledger_conn_id: str | None = given["ledger_conn_id"]
+        self.ledger_url: str | None = given["ledger_url"]
+        self.spark_conf: dict[str, Any] | None = given["spark_conf"]
+        self.schema_registry_conn_id: str | None = given["schema_registry_conn_id"]
+        self.spark_conn_id: str | None = given["spark_conn_id"]
+        _mask(arguments.secret_texts(given))  # literal secrets: out of the logs from the start
         # When the DAG is parsed: the embedded ledger where this task may run on several machines is a warning here,
         # and an error when the task runs.
         self.ledger_hook().warn_placement(self.pipeline_id)
@@ -83,22 +122,27 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def argument_secrets(self) -> list[str]:
         """The secrets of this operator's arguments as they stand now (rendered, once the task runs)."""
-        return arguments.secret_texts({a.name: getattr(self, a.name, None) for a in arguments.ARGUMENTS})
+        return arguments.secret_texts({a.name: getattr(self, a.name) for a in arguments.ARGUMENTS})
 
     # -- building blocks (called once the fields are rendered: from execute, and from the OpenLineage methods) ----
 
-    # What the OpenLineage methods report: the batch this step worked on, the batches plan's recovery committed.
+    # What the OpenLineage methods (called after execute) report: the batch this step worked on and the batches plan's
+    # recovery committed. Each step records them itself, as soon as it knows them (record_lineage).
     _lineage_batch_id: BatchId | None = None
     _lineage_recovered: tuple[str, ...] = ()
 
-    def pipeline_config(self) -> PipelineConfig:
-        """The pipeline's settings with its connections resolved; built once per task attempt (the step and the
-        OpenLineage listener both ask)."""
-        if "_config" not in self.__dict__:
-            self._config = self._build_pipeline_config()
-        return self._config
+    def record_lineage(self, batch_id: BatchId | None, recovered: Iterable[BatchId] = ()) -> None:
+        """Keep what this step worked on for the OpenLineage methods."""
+        self._lineage_batch_id = batch_id
+        self._lineage_recovered = tuple(str(b) for b in recovered)
 
-    def _build_pipeline_config(self) -> PipelineConfig:
+    def pipeline_config(self) -> PipelineConfig:
+        """The pipeline's settings with its connections resolved (the step and the OpenLineage listener both ask)."""
+        return self._pipeline_config
+
+    @cached_property
+    def _pipeline_config(self) -> PipelineConfig:
+        """Built once per task attempt, from the rendered arguments: each connection is looked up once."""
         settings = source_kafka_settings(self.kafka_conn_id, self.kafka_config, self.bootstrap_servers)
         values = {a.name: getattr(self, a.name) for a in arguments.PIPELINE_ARGUMENTS}
         values.update(
@@ -128,26 +172,29 @@ class ExactlyOnceBaseOperator(BaseOperator):
         return local_folder_problems(self.sink, self.dead_letter, self.executor)
 
     def spark_connect_url(self) -> str | None:
-        """The Spark Connect server the writes run on (None: in the task, or spark-submitted); read once."""
-        if "_connect_url" not in self.__dict__:
-            self._connect_url = spark_connect_url(self.spark_conn_id, self.spark_conf)
-            _mask([url_password(self._connect_url)])  # a token from the spark_connect connection
-        return self._connect_url
+        """The Spark Connect server the writes run on (None: in the task, or spark-submitted)."""
+        return self._spark_connect_url
+
+    @cached_property
+    def _spark_connect_url(self) -> str | None:
+        """Read once per task attempt: it looks up the spark connection."""
+        url = spark_connect_url(self.spark_conn_id, self.spark_conf)
+        _mask([url_password(url)])  # a token from the spark_connect connection
+        return url
 
     def coordinator(self) -> BatchCoordinator:
         config = self.pipeline_config()
-        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_sink(config),
+        return BatchCoordinator(config, self.ledger_hook().get_conn(), pipeline_committer(config),
                                 stop_attempts=attempts_stopper(self.spark_connect_url()))
 
+    @cached_property
     def metrics(self) -> PipelineMetrics:
         """This pipeline's metrics (airflow_exactly_once.metrics), for the rendered pipeline_id; one per step."""
-        if "_metrics" not in self.__dict__:
-            self._metrics = PipelineMetrics(str(self.pipeline_id), logger=self.log)
-        return self._metrics
+        return PipelineMetrics(str(self.pipeline_id), logger=self.log)
 
     def report_in_flight(self, coordinator: BatchCoordinator) -> None:
         """The batches in flight and the oldest PREPARED one against the sink's commit deadline, from the ledger."""
-        metrics = self.metrics()
+        metrics = self.metrics
         with metrics.reporting("batches in flight"):
             flying = coordinator.ledger.list_batches(coordinator.pipeline_id, IN_FLIGHT, newest_first=False)
             metrics.in_flight(InFlightSummary.read(flying, datetime.now(timezone.utc),
@@ -164,7 +211,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         except ExactlyOnceError as exc:
             self.log.error("%s: %s", type(exc).__name__, exc)
             if isinstance(exc, DataLossError):
-                self.metrics().data_loss("fail")
+                self.metrics.data_loss("fail")
             if exc.retriable:
                 raise
             # Retrying cannot help (bad configuration, data loss, fenced, a transform bug).
@@ -250,9 +297,9 @@ class _BatchStepOperator(ExactlyOnceBaseOperator):
         (arguments.keyword("batch_id", None),))
 
     def resolved_batch_id(self) -> BatchId | None:
+        """The rendered batch_id as a batch id; None when plan returned none (nothing was planned)."""
         text = (self.batch_id or "").strip()
-        self._lineage_batch_id = None if text in ("", "None") else BatchId.parse(text)
-        return self._lineage_batch_id
+        return None if text in ("", "None") else BatchId.parse(text)
 
 
 class PlanBatchOperator(ExactlyOnceBaseOperator):
@@ -288,7 +335,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
                                  _cleared_run_after(context))
         finally:  # what recovery did counts even when planning failed after it
             self._report_recovery(coordinator)
-            self._lineage_recovered = tuple(str(batch_id) for batch_id in coordinator.recovered)
+            self.record_lineage(None, coordinator.recovered)
         for batch_id in coordinator.recovered:
             recovered = coordinator.ledger.get_batch(batch_id)
             self.log.info("plan: recovery committed batch %s left PREPARED by run %s", batch_id, recovered.run_id)
@@ -298,7 +345,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         if outcome.batch is not None:
             _log_ranges(self.log, outcome.batch)
         self._report_plan(coordinator, outcome, time.monotonic() - started)
-        self._lineage_batch_id = outcome.batch.id if outcome.batch is not None else None
+        self.record_lineage(outcome.batch.id if outcome.batch is not None else None, coordinator.recovered)
         if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
             if coordinator.recovered:
                 return None  # succeed, so that the recovered batches' Asset events are emitted
@@ -306,7 +353,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         return str(outcome.batch.id)
 
     def _report_recovery(self, coordinator: BatchCoordinator) -> None:
-        metrics = self.metrics()
+        metrics = self.metrics
         with metrics.reporting("recovery"):
             for batch_id in coordinator.recovered:
                 metrics.recovery("committed")
@@ -316,7 +363,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
                 metrics.abort("output_lost", len(coordinator.recovery_lost))
 
     def _report_plan(self, coordinator: BatchCoordinator, outcome: PlanOutcome, seconds: float) -> None:
-        metrics = self.metrics()
+        metrics = self.metrics
         with metrics.reporting("plan"):
             if outcome.superseded:
                 metrics.abort("superseded", len(outcome.superseded))
@@ -343,6 +390,7 @@ class WriteBatchOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        self.record_lineage(batch_id)
         started = time.monotonic()
         self.launcher = write_launcher(self.coordinator, spark_conn_id=self.spark_conn_id,
                                        connect_url=self.spark_connect_url(), spark_conf=self.spark_conf,
@@ -353,7 +401,7 @@ class WriteBatchOperator(_BatchStepOperator):
             self.launcher = None
         self.log.info("write: %s", json.dumps(report))
         if report.get("action") == "prepared":  # this attempt wrote the batch (not one found written already)
-            self.metrics().phase_duration("write", time.monotonic() - started)
+            self.metrics.phase_duration("write", time.monotonic() - started)
         return report
 
     def on_kill(self) -> None:
@@ -370,9 +418,10 @@ class NotifyCompleteOperator(_BatchStepOperator):
         batch_id = self.resolved_batch_id()
         if batch_id is None:
             raise AirflowSkipException("no batch was planned in this run")
+        self.record_lineage(batch_id)
         started = time.monotonic()
         coordinator = self.coordinator()
-        metrics = self.metrics()
+        metrics = self.metrics
         before = coordinator.ledger.get_batch(batch_id).state
         try:
             message = coordinator.commit(batch_id)
@@ -414,11 +463,12 @@ class AbortBatchOperator(_BatchStepOperator):
             batch = coordinator.ledger.latest_batch_for_run(coordinator.pipeline_id, context["run_id"])
             if batch is None:
                 raise AirflowSkipException("this run planned no batch; nothing to abort")
-            batch_id = self._lineage_batch_id = batch.id
+            batch_id = batch.id
+        self.record_lineage(batch_id)
         before = coordinator.ledger.get_batch(batch_id).state
         message = coordinator.abort(batch_id, f"run {context['run_id']} failed before committing")
         self.log.info("abort: %s", message)
-        metrics = self.metrics()
+        metrics = self.metrics
         with metrics.reporting("abort"):
             if before is BatchState.PLANNED and coordinator.ledger.get_batch(batch_id).state is BatchState.ABORTED:
                 metrics.abort("failed_run")

@@ -11,7 +11,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_transaction_timeout
 
 
@@ -40,7 +40,7 @@ def _task(plan_task: Any, task_id: str | None) -> Any | None:
     return dag.get_task(task_id)
 
 
-def check_commit_deadline(plan_task: Any, sink: Sink, write_task_id: str | None, notify_task_id: str | None,
+def check_commit_deadline(plan_task: Any, sink: SinkCommitter, write_task_id: str | None, notify_task_id: str | None,
                           log: logging.Logger) -> None:
     """Fail `plan` when the sink's pre-committed output can expire before notify_complete's last retry.
 

@@ -1,12 +1,13 @@
-"""The sink registry: each type's spec declaration and its sink class, from a spec such as
+"""The sink registry: each type's spec declaration, and the writer and committer it names, from a spec such as
 {"type": "parquet", "path": "/data/out"}.
 
-Each sink is three small pieces (see core.sink): a partition writer, a committable and the
-committer; and a declaration of its spec (core.declaration.SinkSpec), light enough to check a
-DAG's sink keys when it is parsed. A sink class is imported only when a pipeline uses it, so
-its client library (confluent-kafka, psycopg2, pyiceberg) is needed only then. Everything that
-differs by sink type outside the sinks (defaults of dead-letter destinations, which settings
-are secret, the list of types) is asked of this registry.
+Each sink is a few small pieces (see core.sink): a partition writer, a committable, the sink's
+writer (core.sink_writer) and its committer (core.sink_committer); and a declaration of its spec
+(core.declaration.SinkSpec), light enough to check a DAG's sink keys when it is parsed, which
+names the writer and committer classes as "module:Class". They are imported only when a pipeline
+uses the sink, so its client library (confluent-kafka, psycopg2, pyiceberg) is needed only then.
+Everything that differs by sink type outside the sinks (defaults of dead-letter destinations,
+which settings are secret, the list of types) is asked of this registry.
 """
 
 from __future__ import annotations
@@ -15,22 +16,17 @@ import importlib
 from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.declaration import SinkSpec
+from airflow_exactly_once.core.declaration import SinkSpec, is_template
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.sink import Sink
-from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
+from airflow_exactly_once.core.sink_committer import SinkCommitter
+from airflow_exactly_once.core.sink_writer import SinkWriter
+from airflow_exactly_once.sinks.dead_letters import PairedCommitter, PairedWriter
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 
 # [START sink_types]
-SINK_TYPES = {
-    "parquet": "airflow_exactly_once.sinks.parquet.sink:ParquetSink",
-    "postgres": "airflow_exactly_once.sinks.postgres.sink:PostgresSink",
-    "kafka": "airflow_exactly_once.sinks.kafka.sink:KafkaSink",
-    "iceberg": "airflow_exactly_once.sinks.iceberg.sink:IcebergSink",
-}
 SPECS: dict[str, type[SinkSpec]] = {spec.type_name: spec for spec in (ParquetSpec, PostgresSpec, KafkaSpec,
                                                                       IcebergSpec)}
 # [END sink_types]
@@ -47,15 +43,24 @@ def spec_type(spec: Any, what: str = "sink") -> type[SinkSpec]:
     return SPECS[kind]
 
 
-def sink_class(spec: dict[str, Any]) -> type[Sink]:
-    """The class of a sink spec's type; its module (and client library) is imported only now."""
-    kind = spec_type(spec).type_name
-    module, _, name = SINK_TYPES[kind].partition(":")
+def _imported(declaration: type[SinkSpec], side: str) -> type:
+    """The writer or committer class (`side`: "writer_class", "committer_class") a declaration names as
+    "module:Class"; its module (and client library) is imported only now."""
+    module, _, name = getattr(declaration, side).partition(":")
+    if not module or not name:
+        raise ConfigurationError(f"the {declaration.type_name} sink's declaration ({declaration.__name__}) names no "
+                                 f"{side} as 'module:Class'; set it to its sink's class")
     return getattr(importlib.import_module(module), name)
 
 
-def create_sink(spec: dict[str, Any]) -> Sink:
-    return sink_class(spec)(spec)
+def create_writer(spec: dict[str, Any]) -> SinkWriter:
+    """The write side of a sink spec (unbound: `bind` gives it the pipeline and the sink's committer)."""
+    return _imported(spec_type(spec), "writer_class")(spec)
+
+
+def create_committer(spec: dict[str, Any]) -> SinkCommitter:
+    """The commit side of a sink spec (unbound: `bind` gives it the pipeline and the ledger's history)."""
+    return _imported(spec_type(spec), "committer_class")(spec)
 
 
 def stored_commit_deadline_ms(config: dict[str, Any]) -> int | None:
@@ -64,21 +69,22 @@ def stored_commit_deadline_ms(config: dict[str, Any]) -> int | None:
     it: the deadline the steps see. None also when that sink cannot be built here."""
     try:
         try:
-            sink = pipeline_sink(PipelineConfig.from_dict(config))
+            committer = pipeline_committer(PipelineConfig.from_dict(config))
         except (ExactlyOnceError, TypeError, ValueError):  # not a whole pipeline's configuration: its sink alone
-            sink = create_sink(dict(config.get("sink") or {}))
-        return sink.commit_deadline_ms()
+            committer = create_committer(dict(config.get("sink") or {}))
+        return committer.commit_deadline_ms()
     except (ExactlyOnceError, ImportError, TypeError, ValueError):
         return None
 
 
-def check_sink_keys(spec: Any, what: str = "sink") -> None:
-    """When a DAG is parsed: the sink type exists and the spec has no unknown key (values may be templates).
+def check_sink_spec_at_parse(spec: Any, what: str = "sink") -> None:
+    """When a DAG is parsed: the sink type exists, the spec has no unknown key, and each value that is not a
+    template is one its declaration allows (the messages the task gives).
 
-    A spec that is itself a template (a string) is checked when the task renders it.
+    A spec that is itself a template (a string), or whose type is, is checked when the task renders it.
     """
-    if isinstance(spec, dict):
-        spec_type(spec, what).check_keys(spec)
+    if isinstance(spec, dict) and not is_template(spec.get("type")):
+        spec_type(spec, what).check_before_rendering(spec)
 
 
 def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:
@@ -102,10 +108,19 @@ def dead_letter_spec(config: PipelineConfig) -> dict[str, Any]:
     return spec_type(given, "dead_letter").as_dead_letter(given, config.pipeline_id, config.sink)
 
 
-def pipeline_sink(config: PipelineConfig) -> Sink:
-    """The sink of a pipeline: its output sink, paired with its dead-letter destination under
-    bad_record_policy="dead_letter"."""
-    output = create_sink(config.sink)
+def pipeline_committer(config: PipelineConfig) -> SinkCommitter:
+    """The commit side of a pipeline's sink: its output's committer, paired with its dead-letter destination's
+    under bad_record_policy="dead_letter" (unbound: the coordinator binds it)."""
+    output = create_committer(config.sink)
     if config.bad_record_policy != "dead_letter":
         return output
-    return SinkWithDeadLetters(output, create_sink(dead_letter_spec(config)))
+    return PairedCommitter(output, create_committer(dead_letter_spec(config)))
+
+
+def pipeline_writer(config: PipelineConfig) -> SinkWriter:
+    """The write side of a pipeline's sink, paired like its committer (unbound: the write binds it to the
+    coordinator's committer)."""
+    output = create_writer(config.sink)
+    if config.bad_record_policy != "dead_letter":
+        return output
+    return PairedWriter(output, create_writer(dead_letter_spec(config)))

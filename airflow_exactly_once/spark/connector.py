@@ -1,7 +1,7 @@
 """Spark's connectors (its Kafka source, a sink's runtime such as Iceberg's), found the way Spark users find them.
 
 pyspark ships none of them. Every pipeline needs Spark's Kafka connector
-(`spark-sql-kafka-0-10`); a sink may need more (`Sink.spark_packages()`: Iceberg's Spark
+(`spark-sql-kafka-0-10`); a sink may need more (`SinkWriter.spark_packages()`: Iceberg's Spark
 runtime and its catalog's JDBC driver). For each one: if the user's Spark settings already
 name it, in `spark_conf`, in `PYSPARK_SUBMIT_ARGS` or in `spark-defaults.conf`, nothing is
 added. Otherwise Spark resolves it from Maven Central by itself (`spark.jars.packages`), with
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
 CONNECTOR = "spark-sql-kafka-0-10"
@@ -161,7 +161,7 @@ def with_kafka_connector(conf: Mapping[str, Any]) -> dict[str, Any]:
 def for_installed_spark(coordinates: str, version: str | None = None, scala: str | None = None) -> str:
     """Maven coordinates with `{spark_line}` ("4.0") and `{scala}` ("2.13") of the installed pyspark filled in.
 
-    A sink names its Spark packages as such templates (Sink.spark_packages()), so it needs no
+    A sink names its Spark packages as such templates (SinkWriter.spark_packages()), so it needs no
     knowledge of the Spark it runs on; coordinates without placeholders pass through.
     """
     version = version or spark_version()
@@ -180,8 +180,8 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
     return f"{GROUP}:spark-avro_{scala or scala_version(version=version)}:{version}"
 
 
-def pipeline_packages(config: PipelineConfig, sink: Sink) -> list[str]:
-    """What a pipeline's write loads besides Kafka's connector: its sink's packages, and spark-avro when the
-    Kafka values or keys are Avro (value_format / key_format "avro")."""
+def pipeline_packages(config: PipelineConfig) -> list[str]:
+    """What a pipeline's write loads besides Kafka's connector: its sink writer's packages, and spark-avro when
+    the Kafka values or keys are Avro (value_format / key_format "avro")."""
     avro = "avro" in (config.value_format, config.key_format)
-    return [*sink.spark_packages(), *([avro_package()] if avro else [])]
+    return [*pipeline_writer(config).spark_packages(), *([avro_package()] if avro else [])]

@@ -25,7 +25,7 @@ class InTaskWrite(WriteLauncher):
         self.batch_id = batch_id
         self.clock = Stopwatch()
         self.spark = build_spark_session(f"exactly-once {batch_id}", self.spark_conf,
-                                         packages=pipeline_packages(self.coordinator.config, self.coordinator.sink))
+                                         packages=pipeline_packages(self.coordinator.config))
         self.clock.session_ready()
 
     def wait(self) -> WriteReport:

@@ -31,14 +31,14 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.secrets import redacted_value
-from airflow_exactly_once.core.sink import Sink
+from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.core.write_report import record_failure
 from airflow_exactly_once.kafka import range_read
 from airflow_exactly_once.kafka.access import diagnose
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.records.registry import Registry, add_found_ids, part_schemas
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 from airflow_exactly_once.spark import records
 from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
@@ -143,7 +143,7 @@ class ReadLayout:
     tasks: int | None = None
 
 
-def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
+def read_layout(spark, batch: Batch, writer: SinkWriter) -> ReadLayout | None:
     """How many Spark partitions the write reads `batch` into; None: one per offset range.
 
     With a task per Kafka partition, 3 partitions on 2 cores leave a core idle for the last third of the
@@ -153,10 +153,10 @@ def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
     task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): measured on 2
     cores, 3 partitions, Avro in the wire format, 1M records read in 6 parts were 10 to 13 % faster, 200,000
     records 40 % slower. Only for sinks whose output does not grow with Spark's partitions
-    (Sink.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
+    (SinkWriter.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
 
-    A sink that pays per Spark partition (Sink.joins_reads: a producer and a transaction each) reads the batch
-    in as many tasks as cores: a batch of at least twice as many ranges as cores whole ranges to a task (the
+    A sink that pays per Spark partition (SinkWriter.joins_reads: a producer and a transaction each) reads the
+    batch in as many tasks as cores: a batch of at least twice as many ranges as cores whole ranges to a task (the
     same rounds of the cores, fewer producers and transactions, larger batches to the broker); a large one of
     fewer ranges split as above and the parts joined again, a core's share to a task (3 ranges on 2 cores: 6
     parts in 2 tasks, one round where a task per range takes two).
@@ -166,13 +166,13 @@ def read_layout(spark, batch: Batch, sink: Sink) -> ReadLayout | None:
     cores = spark.sparkContext.defaultParallelism
     ranges = sum(1 for r in batch.ranges if r.size > 0)
     if ranges >= 2 * cores:
-        return ReadLayout(tasks=cores) if sink.joins_reads else None
-    if cores < 2 or not (sink.splits_reads or sink.joins_reads):
+        return ReadLayout(tasks=cores) if writer.joins_reads else None
+    if cores < 2 or not (writer.splits_reads or writer.joins_reads):
         return None
     parts = cores * -(-2 * ranges // cores)
     if batch.offset_span < parts * SPLIT_PART_RECORDS:
         return None
-    return ReadLayout(parts=parts, tasks=cores if sink.joins_reads else None)
+    return ReadLayout(parts=parts, tasks=cores if writer.joins_reads else None)
 
 
 def apply_transform(transform, frame):
@@ -193,15 +193,18 @@ def apply_transform(transform, frame):
 
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
-              on_claimed: Callable[[Batch], None] | None = None) -> WriteReport:
+              on_claimed: Callable[[Batch], None] | None = None, writer: SinkWriter | None = None) -> WriteReport:
     """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launcher).
 
-    `on_claimed` sees the claimed batch (its epoch) before any data is read. Without decoding
-    and without records marked bad by the transform, the output is staged straight away (the
-    record counts come from observations); otherwise bad records are counted first and follow
-    the pipeline's bad_record_policy (see spark.records and records.bad_records).
+    `writer` stages (default: the pipeline's sink writer, bound to the coordinator's committer, which takes
+    away what a failed stage left). `on_claimed` sees the claimed batch (its epoch) before any data is read.
+    Without decoding and without records marked bad by the transform, the output is staged straight away
+    (the record counts come from observations); otherwise bad records are counted first and follow the
+    pipeline's bad_record_policy (see spark.records and records.bad_records).
     """
     config = coordinator.config
+    if writer is None:
+        writer = pipeline_writer(config).bind(config, coordinator.sink)
     batch = coordinator.claim(batch_id)
     if batch is None:
         return skipped(batch_id, coordinator.ledger.get_batch(batch_id).state, "write")
@@ -209,7 +212,7 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
         on_claimed(batch)
     transform = resolve_transform(transform if transform is not None else config.transform)
     try:
-        staged = _stage(spark, coordinator, batch, transform)
+        staged = _stage(spark, coordinator, writer, batch, transform)
     except Exception as exc:
         raise_explained(_explain_spark_failure(exc, config), exc)
     prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
@@ -230,16 +233,16 @@ class _Staged:
     details: dict[str, Any] | None = None
 
 
-def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _Staged:
+def _stage(spark, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batch, transform) -> _Staged:
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    config, sink = coordinator.config, coordinator.sink
+    config = coordinator.config
     run_writers = partial(run_partition_writers, claim=ClaimCheck(coordinator.ledger.url, batch.id, batch.epoch))
     # Observations sit outside our own columns: Spark does not prune columns through them, so an
     # observation above `_source` would copy every key and value once more.
     seen_in, seen_out = Observation("input"), Observation("output")
-    batch_input = read_batch(spark, batch, config, read_layout(spark, batch, sink))
+    batch_input = read_batch(spark, batch, config, read_layout(spark, batch, writer))
     source = batch_input.frame
     checks_decoding = records.checks_decoding(config)
     if _is_connect(spark):
@@ -251,7 +254,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     if observes_input:
         source = _counted(source, seen_in)
     if checks_decoding:  # one pass when the batch turns out to have no bad record
-        staged = _stage_if_all_good(source, config, sink, batch, transform, run_writers)
+        staged = _stage_if_all_good(source, coordinator, writer, batch, transform, run_writers)
         if staged is not None:
             return staged
     if checks_decoding:  # read Kafka once: counted, then the good and the bad records written from the cache
@@ -265,7 +268,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
             staged = _counted(records.without_internal(output), seen_out)
-            committable = sink.stage(staged, batch, run_writers)
+            committable = writer.stage(staged, batch, run_writers)
             output_records = _observed_records(seen_out)
             input_records = batch_input.records if batch_input.records is not None else _observed_records(seen_in)
             # A count Spark did not report: the staged output may know its own, and without a transform the input
@@ -295,7 +298,7 @@ def _stage(spark, coordinator: BatchCoordinator, batch: Batch, transform) -> _St
                                                   records.BAD_RECORD, str(batch.id), batch.pipeline_id))
             bad = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         good_output = output.filter(F.col(records.BAD_RECORD).isNull()) if marks else output
-        committable = sink.stage_batch(records.without_internal(good_output), bad, batch, run_writers)
+        committable = writer.stage_batch(records.without_internal(good_output), bad, batch, run_writers)
         details = {"bad_records": counts.details(config.bad_record_policy)} if counts.bad else None
         return _Staged(committable, counts.input_records, good, details)
     finally:
@@ -322,7 +325,8 @@ def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, transform, run_writers) -> _Staged | None:
+def _stage_if_all_good(source, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batch, transform,
+                       run_writers) -> _Staged | None:
     """Decode, transform and stage in one pass, counting the input and the output with Observations.
 
     Most batches have no bad record: then this is the whole write, without the cache the policy path
@@ -333,6 +337,7 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     """
     from pyspark.sql import Observation
 
+    config, committer = coordinator.config, coordinator.sink
     seen_in, seen_out = Observation("input"), Observation("good")
     # Kafka's own rows: the source is not pruned (it always reads every column), so observing them copies nothing
     observed = _counted(source, seen_in)
@@ -348,20 +353,20 @@ def _stage_if_all_good(source, config: PipelineConfig, sink, batch: Batch, trans
     if _observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
         return None  # the counts must come from the whole batch, so the policy path counts them
     try:
-        committable = sink.stage_batch(_counted(records.without_internal(output), seen_out), None, batch,
-                                       run_writers)
+        committable = writer.stage_batch(_counted(records.without_internal(output), seen_out), None, batch,
+                                         run_writers)
     except Exception as exc:
         if not records.found_bad_record(exc):
             raise
         log.info("batch %s has bad records: the write that met the first is aborted (%s), the bad-record policy "
-                 "decides", batch.id, sink.abort(batch, None))
+                 "decides", batch.id, committer.abort(batch, None))
         return None
     input_records, good = _observed_records(seen_in), _observed_records(seen_out)
     if input_records is not None and good is not None:
         return _Staged(committable, input_records, good)
     log.info("Spark reported no count for batch %s: its staged output is aborted, the policy path counts",
              batch.id)
-    sink.abort(batch, committable)
+    committer.abort(batch, committable)
     return None
 
 
@@ -524,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                   batch_id.pipeline_id)
         return EXIT_FOR_GOOD
     config = PipelineConfig.from_dict(pipeline["config"]).with_secrets(secrets)
-    coordinator = BatchCoordinator(config, ledger, pipeline_sink(config))
+    coordinator = BatchCoordinator(config, ledger, pipeline_committer(config))
     drop_stale_connect_mode()  # a Spark Connect mark inherited from the process that submitted the job
     spark = SparkSession.builder.appName(f"exactly-once {batch_id}").getOrCreate()
     watch = FenceWatch(ledger, batch_id, on_fenced=lambda _reason: spark.sparkContext.cancelAllJobs())

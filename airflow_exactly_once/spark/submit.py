@@ -62,7 +62,7 @@ class SparkSubmitWrite(WriteLauncher):
         clear_failure(ledger, batch_id)
         self.hook = self.submit_hook(spark_conn_id=self.spark_conn_id, batch_id=batch_id, ledger_url=ledger.url,
                                      transform=config.transform, spark_conf=self.spark_conf, config=config,
-                                     packages=pipeline_packages(config, self.coordinator.sink))
+                                     packages=pipeline_packages(config))
 
     def wait(self) -> WriteReport:
         if self.report is not None:

@@ -19,7 +19,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 from devtools.ports import reserve_port
-from tests.harness import MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import MarkerWriter, Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic
 
 POLL = 0.3
@@ -79,7 +79,7 @@ def pipe(kafka, tmp_path, unique) -> Pipe:
     config = pipeline_config(f"backlog-{unique}", [topic], {"type": "parquet", "path": str(tmp_path / "out")},
                              bootstrap=kafka.bootstrap_servers)
     ledger = open_ledger(tmp_path / "ledger.db")
-    return Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), sink_factory=MarkerSink.of)
+    return Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), writer_factory=MarkerWriter.of)
 
 
 def snapshot(pipe: Pipe) -> tuple:

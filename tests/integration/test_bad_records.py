@@ -220,9 +220,9 @@ class IcebergOutput:
         self.dead_letter = {"type": "postgres", "url": self.letters.dsn, "table": f"{self.letters.table}_dead_letter"}
 
     def output(self) -> list[int]:
-        from airflow_exactly_once.sinks import create_sink
+        from airflow_exactly_once.sinks import create_committer
 
-        table = create_sink(self.spec).committer.load()
+        table = create_committer(self.spec).target.table_committer.load()
         return table.scan().to_arrow().column("id").to_pylist() if table.current_snapshot() else []
 
     def dead_letters(self) -> list[dict]:

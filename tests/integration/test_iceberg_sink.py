@@ -17,7 +17,7 @@ from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.spark.job import run_write
 from tests.conftest import PG_DATABASE
@@ -77,19 +77,19 @@ def test_kafka_to_iceberg_exactly_once(spark, kafka, catalog, tmp_path, unique):
         assert summary["action"] == "prepared" and summary["output_records"] == 30
         staged = pipe.sink.committable(pipe.ledger.get_batch(batch.id).handles)
         assert staged.snapshot_id is not None
-        before = len(read_pyiceberg(pipe.sink.committer)) if pipe.sink.committer.load().current_snapshot() else 0
+        before = len(read_pyiceberg(pipe.sink.target.table_committer)) if pipe.sink.target.table_committer.load().current_snapshot() else 0
         assert before == (0 if run == "run-1" else 30)  # a reader of main sees nothing of the PREPARED batch
-        assert len(read_spark(spark, pipe.sink)) == before
+        assert len(read_spark(spark, pipe.sink.target)) == before
         assert "published" in pipe.commit(batch.id)
         assert "already" in pipe.new_coordinator().commit(batch.id)
         assert pipe.plan(run).action == "already-committed"  # a cleared, committed run: a recorded no-op
     assert pipe.plan("run-3").action == "empty"
-    assert_exactly_once(sent, read_pyiceberg(pipe.sink.committer))
-    assert_exactly_once(sent, read_spark(spark, pipe.sink))
+    assert_exactly_once(sent, read_pyiceberg(pipe.sink.target.table_committer))
+    assert_exactly_once(sent, read_spark(spark, pipe.sink.target))
     assert_ranges_tile(pipe.ledger, config.pipeline_id)
-    history = pipe.sink.committer.main_history(pipe.sink.committer.load())
+    history = pipe.sink.target.table_committer.main_history(pipe.sink.target.table_committer.load())
     assert [s.summary["aeo.batch"] for s in history] == [f"{config.pipeline_id}:2", f"{config.pipeline_id}:1"]
-    assert_nothing_staged(pipe.sink.committer)
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 class Pipeline(Pipe):
@@ -121,8 +121,8 @@ def test_a_prepared_batch_is_recovered_by_the_next_plan(spark, catalog, tmp_path
     pipe.coordinator = pipe.new_coordinator()  # the next run's process
     outcome = pipe.plan("run-2")  # recovery first: the PREPARED batch is committed before planning
     assert pipe.state(first.id) is BatchState.COMMITTED and outcome.batch.seq == first.seq + 1
-    assert read_pyiceberg(pipe.sink.committer) == sorted(values)
-    assert_nothing_staged(pipe.sink.committer)
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(values)
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 def test_a_crash_between_publish_and_ledger_never_duplicates(spark, catalog, tmp_path):
@@ -132,9 +132,9 @@ def test_a_crash_between_publish_and_ledger_never_duplicates(spark, catalog, tmp
     pipe.sink.commit(prepared, pipe.sink.committable(prepared.handles))  # the sink commit, no ledger
     assert pipe.state(prepared.id) is BatchState.PREPARED
     assert "already published" in pipe.new_coordinator().commit(prepared.id)
-    assert len(read_pyiceberg(pipe.sink.committer)) == 10
+    assert len(read_pyiceberg(pipe.sink.target.table_committer)) == 10
     pipe.commit(prepared.id)  # a cleared, committed run: a recorded no-op
-    assert len(read_pyiceberg(pipe.sink.committer)) == 10
+    assert len(read_pyiceberg(pipe.sink.target.table_committer)) == 10
 
 
 def test_overlapping_runs_commit_once(spark, catalog, tmp_path):
@@ -151,10 +151,10 @@ def test_overlapping_runs_commit_once(spark, catalog, tmp_path):
     late_zombie = pipe.stage(frame(spark, 200, 10)[0], zombie)  # still running after being fenced
     pipe.coordinator.prepare(retry, retry_output, 10, 10)
     pipe.commit(planned.id)
-    assert read_pyiceberg(pipe.sink.committer) == sorted(values)
-    assert late_zombie.snapshot_id not in {s.snapshot_id for s in pipe.sink.committer.main_history(
-        pipe.sink.committer.load())}
-    assert_nothing_staged(pipe.sink.committer)  # the commit dropped the late zombie's snapshot too
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(values)
+    assert late_zombie.snapshot_id not in {s.snapshot_id for s in pipe.sink.target.table_committer.main_history(
+        pipe.sink.target.table_committer.load())}
+    assert_nothing_staged(pipe.sink.target.table_committer)  # the commit dropped the late zombie's snapshot too
 
 
 def test_a_run_that_took_the_pipeline_over_is_the_only_one_to_commit(spark, catalog, tmp_path):
@@ -167,8 +167,8 @@ def test_a_run_that_took_the_pipeline_over_is_the_only_one_to_commit(spark, cata
         pipe.write(earlier.id, frame(spark, 100, 10)[0])
     df, values = frame(spark, 0, 10)
     pipe.commit(pipe.write(later.id, df).id)
-    assert read_pyiceberg(pipe.sink.committer) == sorted(values)
-    assert_nothing_staged(pipe.sink.committer)
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(values)
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 def test_parallel_batches_publish_in_any_order(spark, catalog, tmp_path):
@@ -180,8 +180,8 @@ def test_parallel_batches_publish_in_any_order(spark, catalog, tmp_path):
     assert "fast-forward" in pipe.commit(second.id)
     assert "cherry-pick" in pipe.commit(first.id)
     assert "already" in pipe.sink.commit(first, pipe.sink.committable(first.handles))
-    assert read_pyiceberg(pipe.sink.committer) == sorted(va + vb)
-    assert_nothing_staged(pipe.sink.committer)
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(va + vb)
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 def test_interval_replacement_swaps_a_batch_in_one_snapshot(spark, tmp_path, request):
@@ -193,11 +193,11 @@ def test_interval_replacement_swaps_a_batch_in_one_snapshot(spark, tmp_path, req
     old = pipe.ledger.get_batch(old.id)
     outcome = pipe.sink.commit_replacing(new, staged, old)
     assert "replacing batch" in outcome
-    assert read_pyiceberg(pipe.sink.committer) == sorted(frame(spark, 50, 10)[1])
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(frame(spark, 50, 10)[1])
     assert "already" in pipe.sink.commit_replacing(new, staged, old)
     assert "withdrew" in pipe.sink.retract(new, staged) and "nothing" in pipe.sink.retract(new, staged)
-    assert read_pyiceberg(pipe.sink.committer) == []
-    assert_nothing_staged(pipe.sink.committer)
+    assert read_pyiceberg(pipe.sink.target.table_committer) == []
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 # -- bad input ------------------------------------------------------------------------
@@ -215,15 +215,15 @@ def test_a_schema_that_does_not_match_the_table_fails_the_write_clearly(spark, t
     mistyped = spark.createDataFrame([("1", [1, 2])], "key STRING, value ARRAY<INT>")
     with pytest.raises(ConfigurationError, match="rejects the transform's output"):
         pipe.write(pipe.planted(5).id, mistyped)
-    assert len(read_pyiceberg(pipe.sink.committer)) == 5
-    assert_nothing_staged(pipe.sink.committer)
+    assert len(read_pyiceberg(pipe.sink.target.table_committer)) == 5
+    assert_nothing_staged(pipe.sink.target.table_committer)
 
 
 def test_a_missing_table_is_a_plan_time_error_unless_created(tmp_path, request):
     spec = iceberg_spec(tmp_path, catalog_spec("embedded", request), create_table=False)
     with pytest.raises(ConfigurationError, match="does not exist.*'create_table': True"):
-        create_sink(spec).check("p")
-    create_sink({**spec, "create_table": True}).check("p")  # created by the first write
+        create_committer(spec).check("p")
+    create_committer({**spec, "create_table": True}).check("p")  # created by the first write
 
 
 def test_an_unreachable_catalog_is_a_retriable_error_naming_the_fix(tmp_path):
@@ -242,12 +242,12 @@ def test_an_unreachable_catalog_is_a_retriable_error_naming_the_fix(tmp_path):
 def test_a_table_dropped_before_notify_complete_sends_the_range_back(spark, catalog, tmp_path):
     pipe = Pipeline(tmp_path, iceberg_spec(tmp_path, catalog))
     prepared = pipe.write(pipe.planted(10).id, frame(spark, 0, 10)[0])
-    pipe.sink.committer.catalog().drop_table(pipe.sink.table)  # an operator dropped it
+    pipe.sink.target.table_committer.catalog().drop_table(pipe.sink.target.table)  # an operator dropped it
     with pytest.raises(TransactionLostError, match="dropped after batch .* Recreate the table"):
         pipe.commit(prepared.id)
     assert pipe.state(prepared.id) is BatchState.ABORTED  # the range goes to the next run: nothing lost
     again = pipe.planted_batch("run-again", list(prepared.ranges))
     df, values = frame(spark, 0, 10)
     pipe.commit(pipe.write(again.id, df).id)  # create_table: the next write recreates it
-    assert read_pyiceberg(pipe.sink.committer) == sorted(values)
-    assert_nothing_staged(pipe.sink.committer)
+    assert read_pyiceberg(pipe.sink.target.table_committer) == sorted(values)
+    assert_nothing_staged(pipe.sink.target.table_committer)

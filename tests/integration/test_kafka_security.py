@@ -38,7 +38,7 @@ from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.spark.job import run_write
 from airflow_exactly_once.spark.runner import run_partition_writers
 from devtools.kafka_secured import Grant
@@ -102,7 +102,7 @@ def write_as(monkeypatch, broker, pipe: Pipe, user: str, **extra) -> BatchCoordi
     config = pipeline_config(pipe.config.pipeline_id, pipe.config.topics[0], pipe.config.sink,
                              max_records_per_partition=pipe.config.max_records_per_partition,
                              local_read_max_records=pipe.config.local_read_max_records)
-    return BatchCoordinator(config, pipe.ledger, create_sink(config.sink))
+    return BatchCoordinator(config, pipe.ledger, create_committer(config.sink))
 
 
 def refused(call, error: type[ExactlyOnceError] = ConfigurationError) -> ExactlyOnceError:

@@ -28,11 +28,10 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.transactions import (
-    TransactionLost,
     abort_transaction,
     commit_transaction,
     open_transaction,
@@ -73,15 +72,15 @@ def pipeline(kafka, name: str, source: str, output: str, **overrides) -> Pipelin
 
 
 def bound_sink(config: PipelineConfig):
-    return create_sink(config.sink).bind(config)
+    return create_committer(config.sink).bind(config)
 
 
 def write_batch(config: PipelineConfig, seq: int, parts: dict[int, list[str]],
                 timeout_ms: int = 120_000) -> KafkaCommittable:
     """What the Spark job does, partition by partition, without Spark: a pre-committed batch's committable."""
-    sink = create_sink(config.sink)
+    sink = create_writer(config.sink)
     writer = KafkaPartitionWriter(config.sink["topic"], sink.guarantee, config.pipeline_id, seq, timeout_ms,
-                                  KafkaSettings.of(config), sink.producer_config)
+                                  KafkaSettings.of(config), sink.output.producer_config)
     reports = [writer.write_records(p, [(v.encode(), v.encode()) for v in values]) for p, values in parts.items()]
     return KafkaCommittable(sink.guarantee, config.bootstrap_servers, config.sink["topic"], tuple(reports))
 
@@ -193,7 +192,7 @@ def test_each_transaction_records_where_it_begins_in_every_partition_it_wrote(ka
 
 def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics):
     """The adapter's known ambiguity: a retried commit after the transactional id was reused
-    raises TransactionLost although the data is committed. The output decides: no abort."""
+    raises TransactionLostError although the data is committed. The output decides: no abort."""
     name, source, output = topics
     config = pipeline(kafka, name, source, output)
     sink = bound_sink(config)
@@ -201,7 +200,7 @@ def test_commit_after_the_id_was_reused_is_recognised_as_committed(kafka, topics
     sink.commit(fake_batch(config, 4), handles)
     handle = handles.reports[0].transaction
     open_transaction(kafka.bootstrap_servers, handle.transactional_id, 60_000).close()  # bumps the id's epoch
-    with pytest.raises(TransactionLost):  # what the adapter alone would conclude
+    with pytest.raises(TransactionLostError):  # what the adapter alone would conclude
         commit_transaction(kafka.bootstrap_servers, handle)
 
     assert "committed 1 Kafka transaction(s)" in sink.commit(fake_batch(config, 4), handles)
@@ -417,7 +416,7 @@ def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, 
     with pytest.raises(FencedError):
         coordinator.prepare(zombie, zombie_handles, 60, 60)
     for report in zombie_handles.transactions:
-        with pytest.raises(TransactionLost):
+        with pytest.raises(TransactionLostError):
             commit_transaction(kafka.bootstrap_servers, report.transaction)
     assert coordinator.ledger.get_batch(batch_id).state is BatchState.PREPARED
 
@@ -467,7 +466,7 @@ def test_many_partitions_are_written_a_transaction_per_core_and_a_crashed_attemp
     sent = produce(kafka.bootstrap_servers, source, 120, partitions=6)
     pipe, batch_id = planned(kafka, name, source, output, tmp_path)
     coordinator = pipe.coordinator
-    assert read_layout(spark, coordinator.ledger.get_batch(batch_id), coordinator.sink) == ReadLayout(tasks=2)
+    assert read_layout(spark, coordinator.ledger.get_batch(batch_id), create_writer(coordinator.config.sink)) == ReadLayout(tasks=2)
 
     monkeypatch.setenv(ENV, str(faults))
     arm(faults, "write.after_stage", "raise", times=1)  # staged, never PREPARED: what a killed write leaves

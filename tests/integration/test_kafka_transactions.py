@@ -25,13 +25,13 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from devtools.kafka_broker import LocalKafkaBroker
+from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.sinks.kafka import transactions
 from airflow_exactly_once.sinks.kafka.transactions import (
     END_TXN_TRANSACTIONS_V2,
     KafkaTransactionError,
     TransactionCoordinatorUnavailable,
     TransactionHandle,
-    TransactionLost,
     abort_transaction,
     check_transaction_protocol,
     commit_transaction,
@@ -284,10 +284,10 @@ def test_commit_after_broker_timeout_is_lost(broker, topic, admin):
         assert time.monotonic() < deadline, f"broker never aborted {tid}: {transaction_state(admin, tid)}"
         time.sleep(0.2)
 
-    with pytest.raises(TransactionLost) as lost:
+    with pytest.raises(TransactionLostError) as lost:
         commit_transaction(bootstrap, handle)
     assert lost.value.retriable is False
-    assert lost.value.handle == handle
+    assert (lost.value.sink, lost.value.lost) == ("kafka", (handle.transactional_id,))
     # The coordinator bumped the epoch when aborting; kafka-python reports INVALID_PRODUCER_EPOCH as fenced.
     assert "ProducerFencedError" in lost.value.reason
 
@@ -305,7 +305,7 @@ def test_zombie_attempt_is_fenced(broker, topic, admin):
     current = pre_commit(producer)
     assert current.producer_id == zombie.producer_id and current.epoch > zombie.epoch
 
-    with pytest.raises(TransactionLost) as lost:
+    with pytest.raises(TransactionLostError) as lost:
         commit_transaction(bootstrap, zombie)
     assert "ProducerFencedError" in lost.value.reason
     # Aborting the zombie's handle must not touch attempt 2's open transaction.
@@ -313,7 +313,7 @@ def test_zombie_attempt_is_fenced(broker, topic, admin):
     assert transaction_state(admin, tid) == "Ongoing"
 
     commit_transaction(bootstrap, current)
-    with pytest.raises(TransactionLost):
+    with pytest.raises(TransactionLostError):
         commit_transaction(bootstrap, zombie)
 
     assert visible(bootstrap, topic) == [b"attempt-2"]
@@ -331,7 +331,7 @@ def test_abort_is_idempotent(broker, topic, admin):
     assert settled_transaction_state(bootstrap, tid) == "CompleteAbort"
     assert abort_transaction(bootstrap, handle) is True
 
-    with pytest.raises(TransactionLost) as lost:
+    with pytest.raises(TransactionLostError) as lost:
         commit_transaction(bootstrap, handle)
     assert "InvalidTxnStateError" in lost.value.reason
 
@@ -350,7 +350,7 @@ def test_abort_is_idempotent(broker, topic, admin):
 def test_unknown_transactional_id_is_lost(broker):
     handle = TransactionHandle(f"never-used-{uuid.uuid4().hex[:8]}", producer_id=123456, epoch=0,
                                partitions=(("whatever", 0),))
-    with pytest.raises(TransactionLost) as lost:
+    with pytest.raises(TransactionLostError) as lost:
         commit_transaction(broker.bootstrap_servers, handle)
     assert "InvalidProducerIdMappingError" in lost.value.reason
     assert abort_transaction(broker.bootstrap_servers, handle) is False
@@ -413,7 +413,7 @@ def test_a_batch_of_transactions_ends_in_one_call_and_a_fenced_one_is_reported_a
 
     assert list(results) == handles
     assert [h for h, error in results.items() if error is not None] == [fenced]
-    assert isinstance(results[fenced], TransactionLost) and "ProducerFencedError" in results[fenced].reason
+    assert isinstance(results[fenced], TransactionLostError) and "ProducerFencedError" in results[fenced].reason
     assert [h for h, error in again.items() if error is not None] == [fenced]  # a no-op for the committed ones
     committed = sorted(b"t%d-%s" % (i, part) for i in range(12) if i != 4 for part in (b"a", b"b"))
     assert sorted(visible(bootstrap, topic)) == committed
@@ -427,7 +427,7 @@ def test_aborting_a_batch_ends_exactly_its_transactions(broker, topic, admin):
     commit_transaction(bootstrap, handles[0])  # committed before: an abort cannot take it back
     with coordinator_client(bootstrap) as client:
         results = end_transactions(client, handles + [empty], commit=False)
-    assert isinstance(results[handles[0]], TransactionLost) and "InvalidTxnStateError" in results[handles[0]].reason
+    assert isinstance(results[handles[0]], TransactionLostError) and "InvalidTxnStateError" in results[handles[0]].reason
     assert all(results[h] is None for h in handles[1:]) and results[empty] is None
     assert [settled_transaction_state(bootstrap, h.transactional_id) for h in handles[1:]] == ["CompleteAbort"] * 5
     assert visible(bootstrap, topic) == [b"x0"]

@@ -23,7 +23,7 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.ledger import engine as engine_module
 from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from tests.harness import FakeSource, MarkerSink, Pipe, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, pipeline_config
 
 RACERS = 8
 LEDGER_DB = "ledger_tests"
@@ -380,8 +380,8 @@ def test_a_run_whose_write_finishes_while_another_plans_is_recovered_not_failed(
     batch first) instead of failing for good. Each run has its own ledger connection, as two tasks do."""
     config = pipeline_config(pid, ["t"], {"type": "parquet", "path": str(tmp_path / "out")})
     source = FakeSource({("t", 0): 10, ("t", 1): 10})
-    run_a = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of)
-    run_b = Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of)
+    run_a = Pipe(config, Ledger(ledger_url), lambda: source, writer_factory=MarkerWriter.of)
+    run_b = Pipe(config, Ledger(ledger_url), lambda: source, writer_factory=MarkerWriter.of)
     a = run_a.plan("a").batch
     claimed = run_a.claim(a.id)
     staged = run_a.stage(None, claimed)
@@ -407,8 +407,8 @@ def _pipes(ledger_url: str, pid: str, tmp_path) -> tuple[Pipe, Pipe, FakeSource]
     config = pipeline_config(pid, ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=5)
     source = FakeSource({("t", 0): 10, ("t", 1): 10})
-    return (Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of),
-            Pipe(config, Ledger(ledger_url), lambda: source, sink_factory=MarkerSink.of), source)
+    return (Pipe(config, Ledger(ledger_url), lambda: source, writer_factory=MarkerWriter.of),
+            Pipe(config, Ledger(ledger_url), lambda: source, writer_factory=MarkerWriter.of), source)
 
 
 def test_a_run_that_plans_after_the_first_epoch_read_makes_the_plan_plan_again(ledger_url, pid, tmp_path):

@@ -31,7 +31,7 @@ from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.states import BatchState
 from devtools.ledger_fixtures import ENDS, OUTPUT_PLACEHOLDER, PIPELINE, ledger_facts, scenario_config
-from tests.harness import FakeSource, MarkerSink, Pipe
+from tests.harness import FakeSource, MarkerWriter, Pipe
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ledger"
 RELEASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -93,7 +93,7 @@ def test_a_ledger_of_an_earlier_release_survives_a_killed_upgrade_and_runs_on(re
     # The next batches, on a ledger this code opens for the first time: it upgrades on first use.
     ledger = Ledger(url)
     source = FakeSource(dict(ENDS))
-    pipe = Pipe(scenario_config(output), ledger, lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(scenario_config(output), ledger, lambda: source, writer_factory=MarkerWriter.of)
     early = ledger_facts(ledger, positions=False)  # committed positions read revision 0002's floor: not yet
     assert {k: scenario[k] for k in early} == early  # nothing lost by the crash
     prepared = BatchId(PIPELINE, max(int(s) for s, state in scenario["states"].items() if state == "PREPARED"))

@@ -23,7 +23,7 @@ from airflow_exactly_once.core.rewind import apply_rewind, finish_retractions, p
 from airflow_exactly_once.core.states import BatchState, check_transition
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks.parquet.sink import ParquetSink
+from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import FakeSource, Pipe
 
 TP = ("t", 0)
@@ -104,11 +104,11 @@ def test_audit_finds_gaps_and_overlaps(ledger):
 def test_rewind_retract_rounds_to_batch_boundaries_and_withdraws_output(ledger, tmp_path):
     batches = [commit(ledger, two(0, 10, 0, 10)), commit(ledger, two(10, 20, 10, 20)),
                commit(ledger, two(20, 30, 20, 25))]
-    sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
+    sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
     for batch in batches:
-        sink.final_dir(batch).mkdir(parents=True)
-        sink.manifest_entry(batch).parent.mkdir(parents=True, exist_ok=True)
-        sink.manifest_entry(batch).write_text("{}")
+        sink.layout.final_dir(batch).mkdir(parents=True)
+        sink.layout.manifest_entry(batch).parent.mkdir(parents=True, exist_ok=True)
+        sink.layout.manifest_entry(batch).write_text("{}")
     plan = plan_rewind(ledger, "p", {TP: 15})
     assert [b.seq for b in plan.retract] == [2, 3]  # batch 2 holds t[0] 10..19, so it goes as a whole
     assert plan.moves == {TP: (30, 10), ("t", 1): (25, 10)}
@@ -129,15 +129,15 @@ def test_rewind_retract_rounds_to_batch_boundaries_and_withdraws_output(ledger, 
 
 def test_an_interrupted_rewind_is_finished_by_recovery(ledger, tmp_path):
     batch = commit(ledger, two(0, 10, 0, 10))
-    sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
-    sink.final_dir(batch).mkdir(parents=True)
+    sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
+    sink.layout.final_dir(batch).mkdir(parents=True)
     plan = plan_rewind(ledger, "p", {TP: 0})
     # The ledger step of apply_rewind, and then the process dies before the sink step.
     ledger.rewind("p", expected_epoch=plan.epoch, retract=[1], resets={TP: (0, "x")}, reason="crash")
     assert [b.seq for b in ledger.pending_retractions("p")] == [1]
     assert not audit_pipeline(ledger, "p").ok  # the audit tells
     assert finish_retractions(ledger, sink, "p") == ["batch 1: withdrew batch_seq=1"]
-    assert not sink.final_dir(batch).exists()
+    assert not sink.layout.final_dir(batch).exists()
     assert finish_retractions(ledger, sink, "p") == []
 
 
@@ -145,7 +145,7 @@ def test_rewind_keep_records_the_overlap(ledger):
     commit(ledger, two(0, 10, 0, 10))
     plan = plan_rewind(ledger, "p", {TP: 4}, output="keep")
     assert plan.retract == [] and plan.moves == {TP: (10, 4)}
-    apply_rewind(ledger, ParquetSink({"type": "parquet", "path": "/nonexistent"}), plan, "redeliver")
+    apply_rewind(ledger, ParquetSinkCommitter({"type": "parquet", "path": "/nonexistent"}), plan, "redeliver")
     commit(ledger, two(4, 10, 10, 10))
     report = audit_pipeline(ledger, "p")
     assert report.ok and "rewind after batch 1: t[0] 10 -> 4" in report.notes[0]
@@ -166,7 +166,7 @@ def test_rewind_safety_checks(ledger):
     with pytest.raises(FencedError, match="is PLANNED: a rewind must not move offsets"):
         plan_rewind(ledger, "p", {TP: 0})
     with pytest.raises(FencedError):  # a plan made before the batch appeared is refused by the ledger too
-        apply_rewind(ledger, ParquetSink({"type": "parquet", "path": "/nonexistent"}), stale, "late")
+        apply_rewind(ledger, ParquetSinkCommitter({"type": "parquet", "path": "/nonexistent"}), stale, "late")
     assert ledger.get_batch(in_flight.id).state is BatchState.PLANNED
     assert ledger.committed_positions("p") == {TP: 10, ("t", 1): 10}
 
@@ -244,13 +244,13 @@ def test_cli_lists_shows_and_checks(ledger, tmp_path, capsys):
 
 
 def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path):
-    sink = ParquetSink({"type": "parquet", "path": str(tmp_path / "out")})
+    sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
     config = checked(PipelineConfig("p", ["t"], sink.spec, "k:1"))
     commit(ledger, two(0, 10, 0, 10))
     aborted = ledger.create_batch("p", "run-2", two(10, 20, 10, 20), expected_epoch=ledger.pipeline("p")["epoch"])
     ledger.mark_aborted(aborted.id, "write failed for good")
     apply_rewind(ledger, sink, plan_rewind(ledger, "p", {TP: 5}, output="keep"), "reprocess")
     # Replaying run-2's old range now would skip t[0] 5..9; the cleared run writes nothing instead.
-    outcome = Pipe(config, ledger, lambda: FakeSource({TP: 20, ("t", 1): 20}), sink_factory=lambda c: ParquetSink(c.sink)).plan("run-2")
+    outcome = Pipe(config, ledger, lambda: FakeSource({TP: 20, ("t", 1): 20}), committer_factory=lambda c: ParquetSinkCommitter(c.sink)).plan("run-2")
     assert outcome.action == "superseded" and "has moved from 10 to 5" in outcome.message
     assert ledger.committed_positions("p") == {TP: 5, ("t", 1): 10}

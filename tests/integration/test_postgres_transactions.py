@@ -18,11 +18,11 @@ import pytest
 
 from devtools.ports import reserve_port
 from devtools.postgres import LocalPostgres
+from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.sinks.postgres.transactions import (
     MARKER_TABLE,
     PostgresTransactionError,
     PrepareFailed,
-    TransactionLost,
     TwoPhaseNotSupported,
     check_two_phase_supported,
     commit_prepared,
@@ -235,9 +235,10 @@ def test_rollback_prepared_discards_rows(dsn, pipeline):
     assert rollback_prepared(dsn, gid) == "absent"  # idempotent
     assert table_rows(dsn, table) == []
     assert list_markers(dsn, pipeline) == []
-    with pytest.raises(TransactionLost) as lost:
+    with pytest.raises(TransactionLostError) as lost:
         commit_prepared(dsn, gid)
     assert lost.value.retriable is False
+    assert (lost.value.sink, lost.value.lost) == ("postgres", (gid,))
     assert gid in str(lost.value) and "rolled back" in str(lost.value)
     assert_no_prepared(dsn, gid_prefix(pipeline))
 

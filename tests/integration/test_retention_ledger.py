@@ -24,7 +24,7 @@ from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.retention import Retention, prune
 from devtools.ledger_history import load_history
-from tests.harness import FakeSource, MarkerSink, Pipe, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, pipeline_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY = 450  # batches: more than two of the CLI's prune transactions (core.retention.PRUNE_CHUNK = 200)
@@ -48,7 +48,7 @@ def pipe(ledger_url, tmp_path) -> Pipe:
     positions = load_history(ledger, "p", config.to_stored_dict(), fingerprint=config.fingerprint(),
                              batches=HISTORY, partitions=PARTITIONS, records=RECORDS)
     source = FakeSource({tp: end + 1_000 for tp, end in positions.items()})
-    pipe = Pipe(config, ledger, lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, ledger, lambda: source, writer_factory=MarkerWriter.of)
     yield pipe
     ledger.engine.dispose()
 

@@ -5,7 +5,7 @@ prepare that vanished behind the sink's back is reported lost (the batch goes ba
 next run); the output of a fenced write attempt never becomes visible; and whatever a batch
 staged is gone once it is committed or aborted (nothing holds locks or offsets).
 
-Every sink registered in airflow_exactly_once.sinks.SINK_TYPES runs every scenario; a registered
+Every sink registered in airflow_exactly_once.sinks.SPECS runs every scenario; a registered
 sink without an adapter in ADAPTERS fails them (docs/adding-a-sink.md).
 """
 
@@ -23,7 +23,7 @@ from kafka import KafkaAdminClient
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import SINK_TYPES, create_sink
+from airflow_exactly_once.sinks import SPECS, create_committer
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
@@ -113,7 +113,7 @@ class IcebergUnderTest:
         name = uuid.uuid4().hex[:8]  # one Spark session for every test: a catalog name per table
         self.spec = {"type": "iceberg", "table": f"db.contract_{name}", "warehouse": str(tmp_path / "lake"),
                      "catalog": {"name": f"c{name}"}, "create_table": True}
-        self.committer = create_sink(self.spec).committer
+        self.committer = create_committer(self.spec).target.table_committer
 
     def visible(self) -> list[str]:
         table = self.committer.load() if self.committer.exists() else None
@@ -136,13 +136,13 @@ ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka"
 
 def registered_sinks() -> list[str]:
     """The sink types the contract runs: the registry's, read when the tests are collected."""
-    return sorted(SINK_TYPES)
+    return sorted(SPECS)
 
 
 def adapter_for(kind: str) -> type[SinkUnderTest]:
     """A registered sink without an adapter fails the contract instead of escaping it."""
     if kind not in ADAPTERS:
-        pytest.fail(f"the {kind!r} sink is registered in SINK_TYPES (airflow_exactly_once/sinks/__init__.py) but "
+        pytest.fail(f"the {kind!r} sink is registered in SPECS (airflow_exactly_once/sinks/__init__.py) but "
                     "has no adapter in ADAPTERS of tests/integration/test_sink_contract.py: write one "
                     "(docs/adding-a-sink.md)", pytrace=False)
     return ADAPTERS[kind]

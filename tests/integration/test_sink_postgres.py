@@ -18,8 +18,9 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import create_sink
-from airflow_exactly_once.sinks.postgres.sink import parse_gid, with_lock_timeout
+from airflow_exactly_once.sinks import create_committer
+from airflow_exactly_once.sinks.postgres.attempts import parse_gid
+from airflow_exactly_once.sinks.postgres.table import with_lock_timeout
 from airflow_exactly_once.sinks.postgres.transactions import (
     commit_prepared,
     gid_prefix,
@@ -258,7 +259,7 @@ def test_a_partition_rolled_back_while_notify_complete_commits_the_batch_is_half
     """The same, but the operator's ROLLBACK PREPARED lands between notify_complete's look and its COMMIT PREPARED
     of that partition, after it committed the first: the batch is half committed (left PREPARED), never called
     lost (ABORTED would replay the committed partition's rows)."""
-    from airflow_exactly_once.sinks.postgres import sink as postgres_sink
+    from airflow_exactly_once.sinks.postgres import sink_committer as postgres_sink
 
     pipe = Pipeline(tmp_path, dsn, table)
     parts = [range(0, 10), range(10, 20), range(20, 30)]
@@ -374,9 +375,9 @@ def test_plan_checks_table_and_upsert_key(dsn, table, tmp_path):
     with pytest.raises(ConfigurationError, match=r"CREATE UNIQUE INDEX ON .* \(v\)"):
         Pipeline(tmp_path, dsn, table, mode="upsert", key_columns=["v"])
     with pytest.raises(ConfigurationError, match="exactly one of 'conn_id'"):
-        create_sink({"type": "postgres", "table": table})
+        create_committer({"type": "postgres", "table": table})
     with pytest.raises(ConfigurationError, match="mode 'merge' is not supported"):
-        create_sink({"type": "postgres", "url": dsn, "table": table, "mode": "merge"})
+        create_committer({"type": "postgres", "url": dsn, "table": table, "mode": "merge"})
 
 
 def test_plan_refuses_a_server_without_prepared_transactions(pg_data_root, tmp_path):
@@ -429,7 +430,7 @@ def test_a_url_password_stays_out_of_the_ledger_and_every_write_path_gets_it_fro
     from airflow_exactly_once.core.config import PipelineConfig
     from airflow_exactly_once.core.ledger.schema import metadata
     from airflow_exactly_once.core.protocol import BatchCoordinator
-    from airflow_exactly_once.sinks import pipeline_sink
+    from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 
     secret = f"pg-url-{uuid.uuid4().hex[:8]}"
     url = dsn.replace("@", f":{secret}@", 1)
@@ -446,10 +447,11 @@ def test_a_url_password_stays_out_of_the_ledger_and_every_write_path_gets_it_fro
 
     stored = PipelineConfig.from_dict(ledger.pipeline(config.pipeline_id)["config"])
     assert stored.sink["url"] == dsn.replace("@", ":***@", 1)
-    job = BatchCoordinator(stored.with_secrets(config.secrets()), ledger, pipeline_sink(stored))  # spark.job's view
+    job = BatchCoordinator(stored.with_secrets(config.secrets()), ledger, pipeline_committer(stored))  # spark.job's view
+    writer = pipeline_writer(stored).bind(job.config, job.sink)
     third = pipe.planted_batch("run-3", [OffsetRange("t", 0, 2, 4)])
     claimed = job.claim(third.id)
-    staged = job.sink.stage(frame(spark, [(3, "c", None, None, None, None)], 1), claimed, run_partition_writers)
+    staged = writer.stage(frame(spark, [(3, "c", None, None, None, None)], 1), claimed, run_partition_writers)
     job.prepare(claimed, staged, 2, 1)
     assert "1 now" in job.commit(third.id)
     assert rows_of(dsn, table) == [(1, "a"), (2, "b"), (3, "c")]

@@ -45,12 +45,12 @@ import json, sys
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from airflow_exactly_once.sinks import pipeline_sink
+from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.spark.connect import ConnectWrite
 from tests.harness import open_ledger
 
 config = PipelineConfig.from_dict(json.loads(sys.argv[1]))
-coordinator = BatchCoordinator(config, open_ledger(sys.argv[2]), pipeline_sink(config))
+coordinator = BatchCoordinator(config, open_ledger(sys.argv[2]), pipeline_committer(config))
 write = ConnectWrite(coordinator, sys.argv[3], "tests.dags.eo_cluster_transforms:held_key_value")
 write.run(BatchId.parse(sys.argv[4]))
 """
@@ -263,13 +263,13 @@ def staged_leftovers(kind: str, pipe: Pipe, kafka, name: str, seq: int, tmp_path
     """What the batch `seq` still has staged: open transactions (and a held-back last stable offset), staging
     folders, staged snapshots."""
     if kind == "kafka":
-        with probe.admin_client(pipe.sink.client_settings()) as admin:
+        with probe.admin_client(pipe.sink.output.client_settings()) as admin:
             known = probe.matching_transactions(admin, transactional_id_pattern(pipe.config.pipeline_id, seq))
         settled_ends(kafka.bootstrap_servers, f"{name}-out", timeout_s=1)  # fails if a transaction holds the LSO
         return sorted(tid for tid, state in known.items() if state not in ("CompleteAbort", "Empty", "Dead"))
     if kind == "parquet":
         return staging_leftovers(tmp_path / "out")
-    table = pipe.sink.committer.load()
+    table = pipe.sink.target.table_committer.load()
     main = {s.snapshot_id for s in TableCommitter.main_history(table)} if table.current_snapshot() else set()
     return [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in main]
 
@@ -280,7 +280,7 @@ def output_values(kind: str, pipe: Pipe, kafka, name: str, tmp_path) -> list[str
         return read_all(kafka.bootstrap_servers, f"{name}-out", settle=False, timeout_s=10)
     if kind == "parquet":
         return [row["value"] for row in read_parquet(tmp_path / "out")]
-    return pipe.sink.committer.load().scan().to_arrow().column("value").to_pylist()
+    return pipe.sink.target.table_committer.load().scan().to_arrow().column("value").to_pylist()
 
 
 @pytest.mark.parametrize("kind", ["kafka", "parquet", "iceberg"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_exactly_once.core.faults import arm
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 from tests.conftest import ICEBERG_EXAMPLE_TOPIC, PG_CONN_ID, PG_DATABASE
 from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
@@ -27,9 +27,9 @@ def test_example_dag_two_batches(kafka, airflow, example_lakehouse):
     airflow.wait_for_dag("kafka_to_iceberg")
     for n in range(2):  # 150 per partition and batch: 450 + 150
         assert airflow.run("kafka_to_iceberg", f"iceberg_{n}") == "success"
-    sink = create_sink({"type": "iceberg", "table": "lake.events", "warehouse": str(example_lakehouse)})
-    assert_exactly_once([str(i) for i in range(600)], [str(i) for i in read_pyiceberg(sink.committer, "id")])
-    assert_nothing_staged(sink.committer)
+    sink = create_committer({"type": "iceberg", "table": "lake.events", "warehouse": str(example_lakehouse)})
+    assert_exactly_once([str(i) for i in range(600)], [str(i) for i in read_pyiceberg(sink.target.table_committer, "id")])
+    assert_nothing_staged(sink.target.table_committer)
     assert_ranges_tile(airflow_ledger(airflow), "kafka_to_iceberg")
 
 
@@ -55,10 +55,10 @@ def test_worker_killed_at_protocol_step(kafka, postgres, airflow, faults, tmp_pa
     assert airflow.run(TEST_DAG, f"{name}-1", conf) == "success"
     assert (faults / "fired.log").read_text().count(point) == 1, "the crash point was never reached"
     assert airflow.run(TEST_DAG, f"{name}-2", conf) == "success"
-    sink = create_sink({"type": "iceberg", "table": table, "warehouse": str(tmp_path / "lake"),
+    sink = create_committer({"type": "iceberg", "table": table, "warehouse": str(tmp_path / "lake"),
                         "catalog": {"type": "postgres", "url": postgres.dsn(PG_DATABASE)} if catalog == "postgres"
                         else {}})
-    assert_exactly_once(sent, read_pyiceberg(sink.committer, "v"))
-    assert_nothing_staged(sink.committer)
+    assert_exactly_once(sent, read_pyiceberg(sink.target.table_committer, "v"))
+    assert_nothing_staged(sink.target.table_committer)
     assert_ranges_tile(airflow_ledger(airflow), name)
 

@@ -32,7 +32,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from devtools.browser import Browser
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, produce
 from tests.system.conftest import UI_LEDGER_CONN
 
@@ -74,7 +74,7 @@ def pipelines(kafka, airflow, ledger_ui, unreachable, tmp_path_factory, unique_m
     airflow.wait_for_dag("eo_ui_noop")
     run_id = airflow.trigger("eo_ui_noop", f"refunds-{unique_module}")
     refunds = Pipe(pipeline_config(names["refunds"], ["refunds"], {"type": "parquet", "path": str(folder / "r")}),
-                   ledger, lambda: FakeSource({("refunds", 0): 12}), sink_factory=MarkerSink.of)
+                   ledger, lambda: FakeSource({("refunds", 0): 12}), writer_factory=MarkerWriter.of)
     batch = refunds.plan(run_id).batch
     refunds.write(batch.id)
     refunds.commit(batch.id)
@@ -82,7 +82,7 @@ def pipelines(kafka, airflow, ledger_ui, unreachable, tmp_path_factory, unique_m
     # orphan: no DAG; its stored Kafka settings point at a broker that never answers
     orphan = Pipe(pipeline_config(names["orphan"], ["orphan"], {"type": "parquet", "path": str(folder / "o")},
                                   bootstrap=unreachable["kafka"]),
-                  ledger, lambda: FakeSource({("orphan", 0): 5}), sink_factory=MarkerSink.of)
+                  ledger, lambda: FakeSource({("orphan", 0): 5}), writer_factory=MarkerWriter.of)
     batch = orphan.plan("manual__orphan_1").batch
     orphan.write(batch.id)
     orphan.commit(batch.id)
@@ -94,7 +94,7 @@ def pipelines(kafka, airflow, ledger_ui, unreachable, tmp_path_factory, unique_m
     produce(kafka.bootstrap_servers, topic, 300, json_values=True)
     config = pipeline_config(topic, [topic], {"type": "parquet", "path": str(folder / "orders")},
                              bootstrap=kafka.bootstrap_servers, max_records_per_partition=20)
-    orders = Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), sink_factory=MarkerSink.of)
+    orders = Pipe(config, ledger, lambda: KafkaOffsetSource(KafkaSettings.of(config)), writer_factory=MarkerWriter.of)
     ledger.record_dag(topic, "kafka_to_parquet")
     for n in range(1, 4):
         batch = orders.plan(f"scheduled__orders_{n}").batch

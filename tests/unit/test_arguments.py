@@ -46,6 +46,34 @@ def test_operators_store_arguments_and_fill_defaults(tmp_path):
     assert other.kafka_config is not plan.kafka_config  # no shared mutable default
 
 
+def distinct_value(argument: arguments.Argument) -> object:
+    """A value no other argument gets: Jinja text naming it where it is templated (as a DAG may give it), else an
+    object of its own."""
+    return f"{{{{ params.{argument.name} }}}}" if argument.templated else object()
+
+
+def test_the_operators_attributes_are_exactly_the_declared_arguments():
+    """batch.py assigns each argument to an attribute of its own name; the declaration makes the signature, template
+    fields and docs. An argument declared but not assigned (or assigned to another name), or an attribute assigned
+    that is not declared, fails here."""
+    given = {a.name: distinct_value(a) for a in arguments.ARGUMENTS}
+    plan = PlanBatchOperator(task_id="plan", **given)
+    for name, value in given.items():
+        assert getattr(plan, name) is value, name
+    own = set(vars(plan)) - set(vars(BaseOperator(task_id="plain")))
+    assert own == set(given) | {"write_task_id", "notify_task_id"}
+    assert list(inspect.signature(PlanBatchOperator.__init__).parameters)[1:len(given) + 1] == list(given)
+
+
+def test_airflow_renders_the_declared_attributes_with_params():
+    plan = PlanBatchOperator(task_id="plan", pipeline_id="{{ params.name }}", topics=["{{ params.topic }}"],
+                             sink={"type": "parquet", "path": "/data/{{ params.name }}"}, retention_days="{{ 3 + 4 }}",
+                             transform="{{ not.rendered }}")
+    plan.render_template_fields({"params": {"name": "orders", "topic": "in"}})
+    assert (plan.pipeline_id, plan.topics, plan.sink) == ("orders", ["in"], {"type": "parquet", "path": "/data/orders"})
+    assert plan.retention_days == "7" and plan.transform == "{{ not.rendered }}"  # transform is no template field
+
+
 def test_default_args_reach_pipeline_arguments():
     from airflow.sdk import DAG
 

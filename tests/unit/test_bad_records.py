@@ -1,5 +1,5 @@
 """Bad-record rules without Spark: settings, the policy decision, the dead-letter destination, and the
-output + dead-letter pair keeping the two-phase commit whole (records.bad_records, records.dead_letter)."""
+output + dead-letter pair keeping the two-phase commit whole (records.bad_records, sinks.dead_letters)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
-from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
-from airflow_exactly_once.sinks import dead_letter_spec, pipeline_sink
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from airflow_exactly_once.sinks import dead_letter_spec, pipeline_committer, pipeline_writer
+from airflow_exactly_once.sinks.dead_letters import PairedCommitter, PairedWriter
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 
 def config(tmp_path: Path, **overrides):
@@ -100,24 +100,27 @@ def test_dead_letter_destination_defaults_beside_the_output(tmp_path):
 
 
 def test_only_the_dead_letter_policy_pairs_sinks(tmp_path):
-    assert not isinstance(pipeline_sink(config(tmp_path, bad_record_policy="skip")), SinkWithDeadLetters)
-    paired = pipeline_sink(config(tmp_path, bad_record_policy="dead_letter"))
-    assert isinstance(paired, SinkWithDeadLetters) and paired.dead.root == tmp_path / "out" / "_dead_letter"
+    skipping = config(tmp_path, bad_record_policy="skip")
+    assert not isinstance(pipeline_committer(skipping), PairedCommitter)
+    assert not isinstance(pipeline_writer(skipping), PairedWriter)
+    paired = pipeline_committer(config(tmp_path, bad_record_policy="dead_letter"))
+    assert isinstance(paired, PairedCommitter) and paired.dead.layout.root == tmp_path / "out" / "_dead_letter"
+    assert isinstance(pipeline_writer(config(tmp_path, bad_record_policy="dead_letter")), PairedWriter)
     with pytest.raises(ValueError, match="no dead-letter destination"):
-        pipeline_sink(config(tmp_path)).stage_batch(None, object(), None, None)
+        pipeline_writer(config(tmp_path)).stage_batch(None, object(), None, None)
 
 
 def paired_pipe(tmp_path: Path) -> Pipe:
     settings = config(tmp_path, bad_record_policy="dead_letter")
     ledger = open_ledger(tmp_path / "ledger.db")
-    return Pipe(settings, ledger, lambda: FakeSource({("t", 0): 10}), sink_factory=lambda c: SinkWithDeadLetters(
-        MarkerSink(c.sink), MarkerSink(dead_letter_spec(c))))
+    return Pipe(settings, ledger, lambda: FakeSource({("t", 0): 10}), writer_factory=lambda c: PairedWriter(
+        MarkerWriter(c.sink), MarkerWriter(dead_letter_spec(c))))
 
 
 def write_with_dead_letters(pipe: Pipe, bad: object | None = "bad rows"):
     batch_id = pipe.plan("run-1").batch.id
     claimed = pipe.claim(batch_id)
-    staged = pipe.sink.stage_batch("good rows", bad, claimed, pipe.run_writers)
+    staged = pipe.writer.stage_batch("good rows", bad, claimed, pipe.run_writers)
     pipe.coordinator.prepare(claimed, staged, 10, 9)
     return batch_id, staged
 
@@ -127,6 +130,10 @@ def test_output_and_dead_letters_commit_together_and_recover_from_the_ledger(tmp
     batch_id, staged = write_with_dead_letters(pipe)
     stored = pipe.ledger.get_batch(batch_id).handles
     assert stored["staging"] == staged.output.staging and stored["dead_letter"]["staging"] == staged.dead_letters.staging
+    # The output's own handles at the top, the dead letters' nested (ledgers in the field hold this layout) ...
+    assert stored == {**staged.output.to_handles(), "dead_letter": staged.dead_letters.to_handles(), "records": 9}
+    # ... and the pair reads itself back from them, through its committer or its own type alike.
+    assert pipe.new_coordinator().sink.committable(stored) == staged == type(staged).from_handles(stored)
     out, dead = tmp_path / "out" / "batch_seq=1", tmp_path / "out" / "_dead_letter" / "batch_seq=1"
     assert not out.exists() and not dead.exists()  # pre-committed: nothing visible
     pipe.new_coordinator().commit(batch_id)  # another process: the pair is rebuilt from the handles
@@ -160,11 +167,11 @@ def test_lost_dead_letters_abort_before_the_output_is_visible(tmp_path):
 def test_a_failing_dead_letter_stage_takes_the_output_back(tmp_path):
     pipe = paired_pipe(tmp_path)
 
-    class Refusing(MarkerSink):
+    class Refusing(MarkerWriter):
         def stage(self, frame, batch, run_writers):
             raise RuntimeError("the dead-letter destination refused")
 
-    pipe.coordinator.sink.dead = Refusing(pipe.coordinator.sink.dead.spec)
+    pipe.writer.dead = Refusing(pipe.writer.dead.spec)
     with pytest.raises(RuntimeError, match="refused"):
         write_with_dead_letters(pipe)
     assert not list((tmp_path / "out" / "_staging").iterdir())

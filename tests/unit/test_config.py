@@ -7,7 +7,7 @@ import pytest
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks.parquet.sink import ParquetSink
+from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import pipeline_config
 
 
@@ -95,17 +95,18 @@ def test_transform_references():
 
 def test_parquet_sink_rejects_unsafe_paths():
     with pytest.raises(ConfigurationError, match="absolute"):
-        ParquetSink({"type": "parquet", "path": "relative/out"})
+        ParquetSinkCommitter({"type": "parquet", "path": "relative/out"})
     with pytest.raises(ConfigurationError, match="atomic rename"):
-        ParquetSink({"type": "parquet", "path": "s3a://bucket/out"})
+        ParquetSinkCommitter({"type": "parquet", "path": "s3a://bucket/out"})
 
 
 def test_a_staged_sink_implements_exactly_once_only():
-    from airflow_exactly_once.sinks import create_sink
+    from airflow_exactly_once.sinks import create_committer, create_writer
 
     cfg = pipeline_config("p", ["t"], {"type": "parquet", "path": "/tmp/never"}, guarantee="NONE")
-    with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
-        create_sink(cfg.sink).bind(cfg)
+    for create in (create_committer, create_writer):  # refused as either side is built from the spec
+        with pytest.raises(ConfigurationError, match="parquet sink does not implement guarantee='NONE'"):
+            create(cfg.sink)
 
 
 @pytest.mark.parametrize("spec, wrong", [
@@ -115,8 +116,8 @@ def test_a_staged_sink_implements_exactly_once_only():
 ])
 def test_a_mistyped_sink_setting_is_an_error_naming_it(spec, wrong):
     """Issue 24: no sink ignores a key it does not know (the Parquet and PostgreSQL sinks did)."""
-    from airflow_exactly_once.sinks import create_sink
+    from airflow_exactly_once.sinks import create_committer
 
     with pytest.raises(ConfigurationError, match="has no setting") as refused:
-        create_sink(spec)
+        create_committer(spec)
     assert wrong in str(refused.value) and f"the {spec['type']} sink" in str(refused.value)

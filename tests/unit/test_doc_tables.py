@@ -8,7 +8,6 @@ generated instead, and test_docs.py keeps them fresh.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import configparser
 import inspect
@@ -19,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from devtools.docs import REPO, code_names, doc_table, tables
+from devtools.docs import REPO, cli_commands, code_names, doc_table, tables
 
 
 def assert_same(documented: Iterable, declared: Iterable, what: str) -> None:
@@ -69,15 +68,6 @@ def test_backlog_trigger_arguments():
             assert shown_default(default) == parameters[name].default, f"docs/triggers.md: the default of {name}"
 
 
-def cli_commands(parser: argparse.ArgumentParser, path: str = "") -> dict[str, set[str]]:
-    """Each command of the parser (`db upgrade` for a nested one) with its --options."""
-    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not nested:
-        return {path: {o for a in parser._actions for o in a.option_strings if o.startswith("--")}}
-    return {command: options for action in nested for name, sub in action.choices.items()
-            for command, options in cli_commands(sub, f"{path} {name}".strip()).items()}
-
-
 def test_cli_commands_and_their_options():
     from airflow_exactly_once.cli.main import _parser
 
@@ -93,6 +83,45 @@ def test_cli_commands_and_their_options():
     assert_same(documented, declared, "the CLI's commands in docs/operations.md")
     for command, options in declared.items():
         assert_same(documented[command], options, f"the options of `{command}` in docs/operations.md")
+
+
+def listed_commands(text: str, after: str) -> list[str]:
+    """The command names of the comma-separated list that follows `after` in `text` ("a, b and c" or "a, b, c")."""
+    start = text.index(after) + len(after)
+    words = re.match(r"[\s(]*([a-z, \n]+)", text[start:]).group(1)
+    return [w for w in re.split(r"[,\s]+", words.replace(" and ", ", ")) if w]
+
+
+def test_the_cli_help_and_the_docs_list_every_command():
+    from airflow_exactly_once.cli import main
+    from airflow_exactly_once.cli.definition import get_cli_commands
+
+    commands = cli_commands(main._parser())
+    top = {command.split()[0] for command in commands}
+    (airflow_command,) = get_cli_commands()
+    assert_same(listed_commands(airflow_command.description, "console script:"), top,
+                "the commands in `airflow exactly-once --help` (cli/definition.py)")
+    # `batches PIPELINE [--state ...]` -> batches, `db upgrade` -> db upgrade
+    usage = {" ".join(w for w in line.split()[:2] if re.fullmatch(r"[a-z]+", w))
+             for line in re.findall(r"^    airflow-exactly-once (.*)$", main.__doc__, re.M)}
+    assert_same(usage, commands, "the usage lines of `airflow-exactly-once --help` (cli/main.py's docstring)")
+    install = (REPO / "docs" / "install.md").read_text()
+    assert_same(listed_commands(install, "The console script `airflow-exactly-once`"), top,
+                "the commands docs/install.md lists")
+
+
+def test_the_readme_performance_table_gives_one_figure_per_row_and_its_command():
+    """The history of a figure belongs in docs/benchmarks.md, not in parentheses beside it."""
+    rows = doc_table("README.md", "benchmark")
+    assert rows
+    for what, figure, _, command in rows:
+        assert re.fullmatch(r"[\d.]+(?:x| s)(?: the [\w/ ]+)?", figure), f"README: one figure for {what!r}: {figure!r}"
+        (line,) = code_names(command)
+        script = re.search(r"benchmarks/\w+\.py", line)
+        assert script, f"README: the command of {what!r} runs a benchmark script"
+        source = (REPO / script.group(0)).read_text()
+        unknown = [o for o in re.findall(r"--[a-z][\w-]*", line) if f'"{o}"' not in source]
+        assert not unknown, f"README: {script.group(0)} has no option {unknown}"
 
 
 def setup_cfg() -> configparser.ConfigParser:
@@ -127,6 +156,22 @@ def test_extras_and_what_they_install():
                     f"what the [{extra}] extra installs, in docs/install.md")
 
 
+def test_the_install_matrix_stacks_and_their_extras():
+    from devtools.install_matrix import stacks
+
+    floor, newest = stacks()
+    rows = {row[0]: row for row in doc_table("docs/install.md", "")}
+    oldest = rows["oldest allowed"]
+    assert (oldest[1], oldest[2]) == (floor.airflow, floor.pyspark), "docs/install.md: the oldest allowed stack"
+    assert_same([n for n in code_names(oldest[4]) if n in setup_cfg()["options.extras_require"]], floor.extras,
+                "the extras of the install matrix's floor stack in docs/install.md")
+    (matrix,) = [row for row in doc_table("docs/install.md", "command") if row[0].startswith("`make install-matrix`")]
+    assert f"Airflow {floor.airflow} + pyspark {floor.pyspark} with the " in matrix[1]
+    assert_same([n for n in code_names(matrix[1]) if n in setup_cfg()["options.extras_require"]], floor.extras,
+                "the install matrix's extras in docs/install.md's `make install-matrix` row")
+    assert f"Airflow {newest.airflow} + pyspark {newest.pyspark}, no extras" in matrix[1] and not newest.extras
+
+
 def test_value_formats():
     from airflow_exactly_once.core.config import VALUE_FORMATS
 
@@ -154,6 +199,14 @@ def test_kafka_sink_guarantees_and_their_default():
     assert_same(first_column(rows), GUARANTEES, "the Kafka sink's guarantee in docs/sinks/kafka.md")
     (guarantee,) = [o for o in KafkaSpec.options() if o.name == "guarantee"]
     assert default_row(rows) == code_names(guarantee.default_text())[0], "docs/sinks/kafka.md: the default guarantee"
+
+
+def test_the_kafka_sink_page_names_the_columns_it_writes_with_their_types():
+    from airflow_exactly_once.sinks.kafka.sink_writer import HEADERS_TYPE
+
+    page = (REPO / "docs" / "sinks" / "kafka.md").read_text()
+    assert "must return a `value` column (STRING or BINARY) and may return `key` (STRING or\nBINARY) and `headers` " \
+           f"(`{HEADERS_TYPE}`" in page, "docs/sinks/kafka.md: the columns the Kafka sink writes"
 
 
 def test_dead_letter_destinations_of_every_sink():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
@@ -19,11 +19,12 @@ def spec(**overrides):
 
 
 def test_a_valid_spec_names_table_catalog_and_packages():
-    sink = create_sink(spec())
-    assert (sink.namespace, sink.table_name, sink.spark_table) == ("db", "events", "`iceberg`.`db`.`events`")
-    assert sink.catalog == CatalogSpec("iceberg", "embedded", "file:///data/lake",
+    sink = create_writer(spec())
+    target = sink.target
+    assert (target.namespace, target.table_name, target.spark_table) == ("db", "events", "`iceberg`.`db`.`events`")
+    assert target.catalog == CatalogSpec("iceberg", "embedded", "file:///data/lake",
                                        "sqlite:////data/lake/_iceberg_catalog.sqlite")
-    assert sink.supports_retract and not sink.create_table
+    assert create_committer(spec()).supports_retract and not target.create_table
     packages = [connector.for_installed_spark(p) for p in sink.spark_packages()]
     assert packages[0].startswith(f"org.apache.iceberg:iceberg-spark-runtime-{connector.spark_version()[:3]}_")
     assert packages[1].startswith("org.xerial:sqlite-jdbc:")
@@ -46,7 +47,7 @@ def test_a_valid_spec_names_table_catalog_and_packages():
 ])
 def test_a_bad_spec_says_what_to_change(bad, message):
     with pytest.raises(ConfigurationError, match=message):
-        create_sink(spec(**bad))
+        create_committer(spec(**bad))
 
 
 def test_the_catalog_is_the_same_for_spark_and_pyiceberg():

@@ -11,7 +11,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maximum, check_transaction_timeout
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.writer import transactional_id, transactional_id_pattern
 
@@ -66,45 +66,47 @@ def pipeline(**overrides) -> PipelineConfig:
 
 
 def test_guarantee_and_mirror_group_are_validated():
-    assert create_sink(checked(pipeline()).sink).guarantee == "EXACTLY_ONCE"
+    assert create_committer(checked(pipeline()).sink).guarantee == "EXACTLY_ONCE"
     with pytest.raises(ConfigurationError, match="guarantee='exactly-once' is not supported; choose one of NONE, "
                                                  "AT_LEAST_ONCE, EXACTLY_ONCE"):
         checked(pipeline(guarantee="exactly-once"))
     with pytest.raises(ConfigurationError, match="kafka sink does not implement guarantee='exactly-once'"):
-        create_sink({"type": "kafka", "topic": "out", "guarantee": "exactly-once"}).bind(checked(pipeline()))
+        create_committer({"type": "kafka", "topic": "out", "guarantee": "exactly-once"}).bind(checked(pipeline()))
     with pytest.raises(ConfigurationError, match="mirror_consumer_group"):
         checked(pipeline(mirror_consumer_group="  "))
     # Older ledger rows have neither field: they load with the defaults.
     legacy = {k: v for k, v in pipeline().to_dict().items() if k not in ("guarantee", "mirror_consumer_group")}
-    assert create_sink(checked(PipelineConfig.from_dict(legacy)).sink).guarantee == "EXACTLY_ONCE"
+    assert create_committer(checked(PipelineConfig.from_dict(legacy)).sink).guarantee == "EXACTLY_ONCE"
 
 
 @pytest.mark.parametrize("spec, expected", [
     ({"type": "kafka"}, "needs an output 'topic'"),
-    ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "not a number of milliseconds"),
+    ({"type": "kafka", "topic": "out", "transaction_timeout_ms": "soon"}, "transaction_timeout_ms must be a whole"),
     ({"type": "kafka", "topic": "out", "producer_config": {"transactional_id": "x"}}, "must not set transactional.id"),
     ({"type": "kafka", "topic": "out", "producer_config": {"lingerms": 5}}, "does not accept: lingerms"),
     ({"type": "kafka", "topic": "out", "producer_config": {"linger.ms": "soon"}}, "does not accept: linger.ms"),
     ({"type": "kafka", "topic": "out", "partitioner": "x"}, "the kafka sink has no setting 'partitioner'"),
     ({"type": "kafka", "topic": "out", "producer_conf": {}}, "'producer_conf' (did you mean 'producer_config'?)"),
 ])
-def test_bad_sink_specs_fail_clearly(spec, expected):
+@pytest.mark.parametrize("create", [create_writer, create_committer])
+def test_bad_sink_specs_fail_clearly(spec, expected, create):
     with pytest.raises(ConfigurationError) as error:
-        create_sink(spec)
+        create(spec)
     assert expected in str(error.value)
 
 
 def test_sink_binds_to_the_pipeline():
     config = checked(pipeline(guarantee="AT_LEAST_ONCE", kafka_config={"security.protocol": "PLAINTEXT",
                                                                "fetch.max.bytes": 1}))
-    sink = create_sink({**config.sink, "producer_config": {"linger_ms": 5}}).bind(config)  # kafka-python's name
-    assert sink.client_settings().bootstrap_servers == "127.0.0.1:1" and sink.producer_config == {"linger.ms": 5}
+    sink = create_committer({**config.sink, "producer_config": {"linger_ms": 5}}).bind(config)  # kafka-python's name
+    assert sink.output.client_settings().bootstrap_servers == "127.0.0.1:1"
+    assert sink.output.producer_config == {"linger.ms": 5}
     assert sink.commit_deadline_ms() is None  # no transaction: nothing to time out
     exactly = checked(pipeline())
-    assert create_sink(exactly.sink).bind(exactly).commit_deadline_ms() == 600_000
+    assert create_committer(exactly.sink).bind(exactly).commit_deadline_ms() == 600_000
     # The output cluster's own servers and settings, when the sink names them.
-    own = create_sink({"type": "kafka", "topic": "out", "bootstrap_servers": "out:9092",
-                       "kafka_config": {"client.id": "w"}}).bind(exactly)
+    own = create_committer({"type": "kafka", "topic": "out", "bootstrap_servers": "out:9092",
+                            "kafka_config": {"client.id": "w"}}).bind(exactly).output
     assert own.client_settings().bootstrap_servers == "out:9092" and own.client_settings().properties == {
         "client.id": "w"}
 

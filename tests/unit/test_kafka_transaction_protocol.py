@@ -123,5 +123,6 @@ def test_missing_protocol_fields_and_admin_internals_are_named(monkeypatch):
     assert "KafkaAdminClient._manager.run()" in text and "KafkaAdminClient._manager.send()" in text
     assert "KafkaAdminClient.config['max_in_flight_requests_per_connection']" in text
     assert "Install kafka-python==3.0.12" in text
+    assert text.startswith(f"{transactions.__name__} drives kafka-python internals")  # the module that exists
     monkeypatch.undo()
     check_kafka_python_internals()  # the installed kafka-python has everything

@@ -28,7 +28,7 @@ from airflow_exactly_once.ui.loading import (
     redacted_url,
 )
 from airflow_exactly_once.ui.page import error_page, pipeline_page, svg_chart
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -42,7 +42,7 @@ def ids(page: str) -> set[str]:
 def report(tmp_path):
     config = pipeline_config("p-x", ["t"], {"type": "parquet", "path": str(tmp_path / "out")})
     pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 10}),
-                sink_factory=MarkerSink.of)
+                writer_factory=MarkerWriter.of)
     batch = pipe.plan("manual__<b>1</b>").batch
     pipe.write(batch.id)
     pipe.commit(batch.id)

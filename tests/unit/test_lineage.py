@@ -1,4 +1,4 @@
-"""OpenLineage: the dataset names each sink gives (core/lineage_names.py, Sink.lineage_dataset), what a step
+"""OpenLineage: the dataset names each sink gives (core/lineage_names.py, SinkCommitter.lineage_dataset), what a step
 reports (airflow_exactly_once/lineage.py), that no secret reaches it, and nothing without the extra. Through a
 real Airflow with the OpenLineage provider: tests/system/test_lineage_airflow.py.
 """
@@ -15,8 +15,9 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset, kafka_dataset, postgres_dataset
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.operators.batch import AbortBatchOperator
 from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_committer
 
 
 @pytest.mark.parametrize("location, expected", [
@@ -43,13 +44,13 @@ def test_topic_and_table_names_follow_the_openlineage_naming():
 def test_each_sink_names_where_it_writes(tmp_path):
     config = checked(PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": str(tmp_path)},
                                     bootstrap_servers="k:9092"))
-    assert create_sink({"type": "parquet", "path": str(tmp_path)}).lineage_dataset() == DatasetName("file",
+    assert create_committer({"type": "parquet", "path": str(tmp_path)}).lineage_dataset() == DatasetName("file",
                                                                                                    str(tmp_path))
-    assert create_sink({"type": "kafka", "topic": "out"}).bind(config).lineage_dataset() == DatasetName(
+    assert create_committer({"type": "kafka", "topic": "out"}).bind(config).lineage_dataset() == DatasetName(
         "kafka://k:9092", "out")  # the pipeline's cluster
-    assert create_sink({"type": "postgres", "url": "postgresql://u:pw@db:5432/shop", "table": "t"}) \
+    assert create_committer({"type": "postgres", "url": "postgresql://u:pw@db:5432/shop", "table": "t"}) \
         .lineage_dataset() == DatasetName("postgres://db:5432", "shop.public.t")
-    assert create_sink({"type": "iceberg", "table": "db.events", "warehouse": "s3://bucket/lake",
+    assert create_committer({"type": "iceberg", "table": "db.events", "warehouse": "s3://bucket/lake",
                         "catalog": {"type": "postgres", "url": "postgresql://u:pw@h/cat"}}) \
         .lineage_dataset() == DatasetName("s3://bucket", "lake/db/events")
 
@@ -97,6 +98,23 @@ def test_before_its_batch_a_step_reports_the_datasets_only():
     facet = found.run_facets[lineage.FACET_NAME]
     assert (facet.pipelineId, facet.batchId, facet.ranges) == ("orders", None, [])
     assert [o.outputFacets for o in found.outputs] == [{}, {}] and found.inputs[0].inputFacets == {}
+
+
+def test_a_step_reports_the_batch_its_execute_recorded_and_reading_the_batch_id_records_nothing(tmp_path):
+    """The OpenLineage methods report what execute recorded; resolved_batch_id() is a pure accessor."""
+    common = dict(pipeline_id="p", topics="t", sink={"type": "parquet", "path": str(tmp_path / "out")},
+                  bootstrap_servers="127.0.0.1:9", ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}")
+    ledger = AbortBatchOperator(task_id="setup", **common).coordinator().ledger
+    config = PipelineConfig(**{k: v for k, v in common.items() if k != "ledger_url"})
+    ledger.ensure_pipeline("p", config.fingerprint(), config.to_dict())
+    batch = ledger.create_batch("p", "run1", [OffsetRange("t", 0, 0, 5)], expected_epoch=ledger.pipeline("p")["epoch"])
+    abort = AbortBatchOperator(task_id="abort", batch_id=str(batch.id), **common)
+
+    assert abort.resolved_batch_id() == batch.id
+    assert abort.get_openlineage_facets_on_complete(None).run_facets[lineage.FACET_NAME].batchId is None
+    abort.execute({"run_id": "run1"})
+    facet = abort.get_openlineage_facets_on_complete(None).run_facets[lineage.FACET_NAME]
+    assert (facet.batchId, facet.state) == (str(batch.id), "ABORTED")
 
 
 def test_without_the_openlineage_extra_nothing_is_reported(monkeypatch):

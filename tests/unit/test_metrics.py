@@ -19,7 +19,8 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
 from airflow_exactly_once.monitor import InFlightSummary
 from airflow_exactly_once.operators.batch import AbortBatchOperator, NotifyCompleteOperator
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 
 def airflow_metrics(module: str):
@@ -132,7 +133,7 @@ def test_in_flight_gauges_against_the_deadline_and_without_one():
 def test_in_flight_summary_ages_batches_from_when_they_were_planned(tmp_path):
     pipe = Pipe(pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                                 max_records_per_partition=2),
-                open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 10}), sink_factory=MarkerSink.of)
+                open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 10}), writer_factory=MarkerWriter.of)
     batch = pipe.plan("r1").batch
     planned_at = pipe.ledger.get_batch(batch.id).created_at.replace(tzinfo=timezone.utc)
     flying = pipe.ledger.list_batches("p", [BatchState.PLANNED, BatchState.PREPARED])
@@ -285,7 +286,7 @@ def pipe(tmp_path) -> Pipe:
     config = pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=5)
     return Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: FakeSource({("t", 0): 12, ("t", 1): 7}),
-                sink_factory=MarkerSink.of)
+                writer_factory=MarkerWriter.of)
 
 
 def test_plan_knows_the_lag_behind_its_batch_and_what_it_superseded(pipe):
@@ -302,11 +303,12 @@ def test_recovery_lists_the_batches_it_found_lost(pipe, tmp_path):
     batch = pipe.plan("r1").batch
     pipe.write(batch.id)
 
-    class LostSink(MarkerSink):
+    class LostCommitter(ParquetSinkCommitter):
         def commit(self, batch, committable):
             raise TransactionLostError("the transaction timed out")
 
-    coordinator = Pipe(pipe.config, pipe.ledger, pipe.source_factory, sink_factory=LostSink.of).coordinator
+    coordinator = Pipe(pipe.config, pipe.ledger, pipe.source_factory, writer_factory=MarkerWriter.of,
+                       committer_factory=lambda c: LostCommitter(c.sink)).coordinator
     coordinator.recover()
     assert coordinator.recovery_lost == [batch.id] and coordinator.recovered == []
 
@@ -382,11 +384,11 @@ def test_the_docs_table_lists_every_metric_with_its_type_and_tags():
 
 def test_the_watcher_and_the_steps_see_the_same_commit_deadline(tmp_path):
     """The trigger works it out from the configuration the ledger stores: with dead letters, the shorter one."""
-    from airflow_exactly_once.sinks import pipeline_sink, stored_commit_deadline_ms
+    from airflow_exactly_once.sinks import pipeline_committer, stored_commit_deadline_ms
 
     config = pipeline_config("p", ["t"], {"type": "kafka", "topic": "out", "transaction_timeout_ms": 120_000},
                              dead_letter={"type": "kafka", "topic": "dlq", "transaction_timeout_ms": 90_000},
                              bad_record_policy="dead_letter", value_format="json", value_schema="id BIGINT")
-    steps = pipeline_sink(config).bind(config).commit_deadline_ms()
+    steps = pipeline_committer(config).bind(config).commit_deadline_ms()
     assert steps == 90_000 and stored_commit_deadline_ms(config.to_stored_dict()) == steps
     assert stored_commit_deadline_ms({"sink": {"type": "kafka", "topic": "o", "transaction_timeout_ms": 5000}}) == 5000

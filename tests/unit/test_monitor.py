@@ -27,7 +27,7 @@ from airflow_exactly_once.monitor import (
     waiting_records,
 )
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 A, B = ("t", 0), ("t", 1)
 
@@ -37,7 +37,7 @@ def pipe(tmp_path) -> Pipe:
     source = FakeSource({A: 10, B: 7})
     config = pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=5)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     pipe.fake_source = source
     return pipe
 

@@ -13,7 +13,7 @@ import pytest
 from airflow_exactly_once.core.errors import FencedError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def pipe(tmp_path) -> Pipe:
     source = FakeSource({("t", 0): 10, ("t", 1): 7})
     config = pipeline_config("p", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=5)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     pipe.fake_source = source
     return pipe
 
@@ -35,7 +35,7 @@ def test_batches_tile_and_offsets_advance_only_after_commit(pipe):
     assert pipe.ledger.committed_positions("p") == {("t", 0): 5, ("t", 1): 5}
     second = pipe.plan("r2").batch
     assert second.ranges == (OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 5, 7))
-    assert Path(pipe.sink.final_dir(first)).exists()
+    assert Path(pipe.sink.layout.final_dir(first)).exists()
 
 
 def test_retry_replays_the_same_range_even_with_new_data(pipe):
@@ -59,7 +59,7 @@ def test_notify_complete_twice_and_after_a_crash_halfway(pipe):
     pipe.sink.commit(prepared, pipe.sink.committable(prepared.handles))  # the task died right after this
     assert "already published" in pipe.commit(batch.id)
     assert "already committed" in pipe.commit(batch.id)
-    assert len(list(Path(pipe.sink.root).glob("batch_seq=*"))) == 1
+    assert len(list(Path(pipe.sink.layout.root).glob("batch_seq=*"))) == 1
 
 
 def test_lost_output_aborts_the_batch_and_frees_its_range(pipe):
@@ -76,7 +76,7 @@ def test_abort_releases_the_range_and_a_cleared_run_replays_it_exactly(pipe):
     batch = pipe.plan("r1").batch
     pipe.stage(None, pipe.claim(batch.id))  # a write attempt that died after staging
     pipe.abort(batch.id, "write failed")
-    assert not list((Path(pipe.sink.root) / "_staging").iterdir())
+    assert not list((Path(pipe.sink.layout.root) / "_staging").iterdir())
     with pytest.raises(SinkError, match="aborted"):
         pipe.commit(batch.id)
     pipe.fake_source.ends[("t", 0)] = 100
@@ -117,7 +117,7 @@ def test_a_write_finishing_while_another_run_plans_makes_it_plan_again(pipe, mon
 
 
 def staged_attempts(pipe, batch) -> list[str]:
-    folder = pipe.sink.root / "_staging"
+    folder = pipe.sink.layout.root / "_staging"
     return sorted(p.name for p in folder.glob(f"batch-{batch.seq:09d}-*")) if folder.exists() else []
 
 

@@ -10,6 +10,7 @@ into fresh virtualenvs for the real thing.
 from __future__ import annotations
 
 import argparse
+import configparser
 import importlib
 import json
 import pkgutil
@@ -30,19 +31,28 @@ PACKAGE = Path(airflow_exactly_once.__file__).resolve().parent
 # -- the Airflow floor ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", ["3.1.0", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
+@pytest.mark.parametrize("version", ["3.1.2", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
 def test_supported_airflow_releases_pass_the_floor(version):
     from airflow_exactly_once.compat import AIRFLOW_FLOOR, airflow_release, check_airflow_version
 
-    assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 0)
+    assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 2)
     assert check_airflow_version(version) is None  # raises ImportError below the floor (the test below)
 
 
-@pytest.mark.parametrize("version", ["3.0.6", "3.0.0", "2.11.0"])
+def test_the_import_floor_is_the_one_setup_cfg_requires():
+    from devtools.install_matrix import floor_versions
+
+    from airflow_exactly_once.compat import AIRFLOW_FLOOR
+
+    assert ".".join(map(str, AIRFLOW_FLOOR)) == floor_versions()["apache-airflow"]
+
+
+@pytest.mark.parametrize("version", ["3.1.1", "3.1.0", "3.0.6", "2.11.0"])
 def test_older_airflow_fails_naming_the_release_to_install(version):
     from airflow_exactly_once.compat import check_airflow_version
 
-    with pytest.raises(ImportError, match=r"needs Apache Airflow >= 3\.1\.0 \(this is Airflow " + version):
+    with pytest.raises(ImportError, match=r"needs Apache Airflow >= 3\.1\.2 \(this is Airflow " + version +
+                       r"\): upgrade with pip install 'apache-airflow>=3\.1\.2,<4'"):
         check_airflow_version(version)
 
 
@@ -52,7 +62,7 @@ def test_the_check_runs_when_an_airflow_facing_module_is_imported(monkeypatch):
     monkeypatch.setattr(airflow, "__version__", "3.0.6")
     for name in ("airflow_exactly_once.compat", "airflow_exactly_once.hooks.ledger"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    with pytest.raises(ImportError, match=r"pip install 'apache-airflow>=3\.1\.0,<4'"):
+    with pytest.raises(ImportError, match=r"pip install 'apache-airflow>=3\.1\.2,<4'"):
         importlib.import_module("airflow_exactly_once.hooks.ledger")
 
 
@@ -343,3 +353,31 @@ def test_airflow_cli_command_forwards_to_the_ledger_cli(tmp_path, capsys):
         command.func(parser.parse_args(["--ledger-url", url, "show", "nope", "1"]))
     assert failed.value.code == 2
     assert "no pipeline 'nope'" in capsys.readouterr().err
+
+
+# -- release hygiene ---------------------------------------------------------------------------
+
+
+def test_the_version_is_written_in_one_place():
+    """airflow_exactly_once.__version__; setup.cfg reads it (`attr:`), the provider info and the install matrix too."""
+    from setuptools.config.setupcfg import read_configuration
+
+    from devtools.install_matrix import REPO, package_version
+
+    assert read_configuration(REPO / "setup.cfg")["metadata"]["version"] == airflow_exactly_once.__version__
+    assert package_version() == airflow_exactly_once.__version__
+    assert airflow_exactly_once.get_provider_info()["versions"] == [airflow_exactly_once.__version__]
+    written = [line for line in (REPO / "setup.cfg").read_text().splitlines() if line.startswith("version")]
+    assert written == ["version = attr: airflow_exactly_once.__version__"]
+    assert "version" not in (REPO / "pyproject.toml").read_text()
+
+
+def test_the_package_says_it_is_typed_and_ships_the_marker():
+    from devtools.install_matrix import REPO
+
+    assert (PACKAGE / "py.typed").is_file()
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(REPO / "setup.cfg")
+    package_data = config["options.package_data"]["airflow_exactly_once"].split()
+    assert "py.typed" in package_data
+    assert "py.typed" in (REPO / "MANIFEST.in").read_text()

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.records.dead_letter import SinkWithDeadLetters
-from airflow_exactly_once.sinks import create_sink
+from airflow_exactly_once.sinks import create_writer
+from airflow_exactly_once.sinks.dead_letters import PairedWriter
 from airflow_exactly_once.spark.job import SPLIT_PART_RECORDS, ReadLayout, read_layout
 
 SPARK = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=3))  # a classic session's parallelism
@@ -31,7 +31,7 @@ def read_partitions(spark, batch: Batch, sink) -> int | None:
 
 
 def test_a_large_batch_of_a_staged_sink_is_split_into_whole_rounds_of_the_cores(tmp_path):
-    parquet = create_sink({"type": "parquet", "path": str(tmp_path)})
+    parquet = create_writer({"type": "parquet", "path": str(tmp_path)})
     large = 10 * SPLIT_PART_RECORDS
     assert read_partitions(SPARK, batch(large), parquet) == 6  # 2 ranges, 3 cores: 4 -> 6
     assert read_partitions(cores(2), batch(large), parquet) == 4
@@ -51,35 +51,35 @@ def wide(records: int, ranges: int) -> Batch:
 
 
 def test_sinks_with_a_transaction_per_spark_partition_split_only_to_join_again(tmp_path):
-    kafka = create_sink({"type": "kafka", "topic": "out"})
-    postgres = create_sink({"type": "postgres", "table": "t", "conn_id": "pg"})
-    parquet = create_sink({"type": "parquet", "path": str(tmp_path)})
+    kafka = create_writer({"type": "kafka", "topic": "out"})
+    postgres = create_writer({"type": "postgres", "table": "t", "conn_id": "pg"})
+    parquet = create_writer({"type": "parquet", "path": str(tmp_path)})
     large = 10 * SPLIT_PART_RECORDS
     # 2 ranges on 3 cores: 6 parts, a core's share (2 parts) to each of 3 tasks
     assert read_layout(SPARK, batch(large), kafka) == ReadLayout(parts=6, tasks=3)
     assert read_layout(cores(2), wide(large, 3), kafka) == ReadLayout(parts=6, tasks=2)  # 3 tasks would take 2 rounds
     assert read_layout(cores(2), wide(large, 1), kafka) == ReadLayout(parts=2, tasks=2)
     assert read_layout(cores(2), wide(6 * SPLIT_PART_RECORDS - 30, 3), kafka) is None  # parts too small to pay
-    assert read_layout(SPARK, batch(large), SinkWithDeadLetters(kafka, kafka)) == ReadLayout(parts=6, tasks=3)
-    for neither in (postgres, SinkWithDeadLetters(parquet, kafka)):  # a transaction per part: never split
+    assert read_layout(SPARK, batch(large), PairedWriter(kafka, kafka)) == ReadLayout(parts=6, tasks=3)
+    for neither in (postgres, PairedWriter(parquet, kafka)):  # a transaction per part: never split
         assert read_layout(SPARK, batch(large), neither) is None
-    assert read_partitions(SPARK, batch(large), SinkWithDeadLetters(parquet, parquet)) == 6
+    assert read_partitions(SPARK, batch(large), PairedWriter(parquet, parquet)) == 6
 
 
 def test_a_sink_paying_per_partition_reads_many_ranges_in_a_task_per_core(tmp_path):
-    kafka = create_sink({"type": "kafka", "topic": "out"})
-    postgres = create_sink({"type": "postgres", "table": "t", "conn_id": "pg"})
-    parquet = create_sink({"type": "parquet", "path": str(tmp_path)})
+    kafka = create_writer({"type": "kafka", "topic": "out"})
+    postgres = create_writer({"type": "postgres", "table": "t", "conn_id": "pg"})
+    parquet = create_writer({"type": "parquet", "path": str(tmp_path)})
     assert read_layout(cores(2), wide(100, 12), kafka) == ReadLayout(tasks=2)  # 12 transactions -> 2
     assert read_layout(cores(2), wide(100, 4), kafka) == ReadLayout(tasks=2)  # twice the cores: joined
     assert read_layout(cores(2), wide(100, 3), kafka) is None  # fewer: a task per range
     assert read_layout(cores(1), wide(100, 2), kafka) == ReadLayout(tasks=1)
     assert read_layout(cores(8), wide(100, 12), kafka) is None
-    assert read_layout(cores(2), wide(100, 12), SinkWithDeadLetters(kafka, kafka)) == ReadLayout(tasks=2)
-    for other in (parquet, postgres, SinkWithDeadLetters(kafka, parquet)):  # they gain nothing from it
+    assert read_layout(cores(2), wide(100, 12), PairedWriter(kafka, kafka)) == ReadLayout(tasks=2)
+    for other in (parquet, postgres, PairedWriter(kafka, parquet)):  # they gain nothing from it
         assert read_layout(cores(2), wide(100, 12), other) is None
 
 
 def test_a_spark_connect_session_keeps_a_partition_per_range(tmp_path):
     connect = type("SparkSession", (), {"__module__": "pyspark.sql.connect.session"})()  # no sparkContext
-    assert read_layout(connect, wide(100, 12), create_sink({"type": "kafka", "topic": "out"})) is None
+    assert read_layout(connect, wide(100, 12), create_writer({"type": "kafka", "topic": "out"})) is None

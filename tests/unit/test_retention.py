@@ -23,7 +23,7 @@ from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import plan_rewind
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.monitor import read_pipeline
-from tests.harness import FakeSource, MarkerSink, Pipe, open_ledger, pipeline_config
+from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 T0, T1 = ("t", 0), ("t", 1)
 
@@ -195,7 +195,7 @@ def test_interval_reruns_below_the_floor_fail_loudly_and_replacements_keep_their
     source = TimedSource({T0: 10_000, T1: 10_000})
     config = pipeline_config("iv", ["t"], {"type": "parquet", "path": str(tmp_path / "out")}, range_mode="interval",
                              retention_batches=2, retention_days=None)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     hours = [(h * 100_000, (h + 1) * 100_000) for h in range(6)]
 
     def run(run_id, interval):
@@ -221,7 +221,7 @@ def test_interval_reruns_below_the_floor_fail_loudly_and_replacements_keep_their
     # A replacement in flight keeps the batch it replaces, whatever retention says.
     replace = Pipe(pipeline_config("iv", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                                    range_mode="interval", interval_rerun="replace", retention_batches=1,
-                                   retention_days=None), pipe.ledger, lambda: source, sink_factory=MarkerSink.of)
+                                   retention_days=None), pipe.ledger, lambda: source, writer_factory=MarkerWriter.of)
     planned = replace.plan("h3-replace", hours[3]).batch
     assert planned.details["replaces"] == 4
     replace.coordinator.retain()
@@ -231,7 +231,7 @@ def test_interval_reruns_below_the_floor_fail_loudly_and_replacements_keep_their
     assert audit_pipeline(pipe.ledger, "iv").ok
     # The mode guard reads the newest batch only (not every batch): switching is still refused.
     continuation = Pipe(pipeline_config("iv", ["t"], {"type": "parquet", "path": str(tmp_path / "out")}),
-                        pipe.ledger, lambda: source, sink_factory=MarkerSink.of)
+                        pipe.ledger, lambda: source, writer_factory=MarkerWriter.of)
     with pytest.raises(ConfigurationError, match="has batches planned in interval mode; it cannot switch"):
         continuation.plan("c1")
 
@@ -240,7 +240,7 @@ def test_continuation_plans_from_the_floor(tmp_path):
     source = FakeSource({T0: 1_000, T1: 500})
     config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=10, retention_batches=3, retention_days=None)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     for i in range(8):
         batch = pipe.plan(f"r{i}").batch
         pipe.write(batch.id)
@@ -261,7 +261,7 @@ def test_a_cleared_run_whose_batch_was_pruned_never_takes_newer_data(tmp_path):
     source = FakeSource({T0: 1_000})
     config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=10, retention_batches=2, retention_days=None)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     due = {}
     for i in range(5):
         due[f"r{i}"] = int(datetime.now(timezone.utc).timestamp() * 1000) - 1
@@ -287,7 +287,7 @@ def test_notify_complete_prunes_only_once_enough_may_go(tmp_path, monkeypatch):
     source = FakeSource({T0: 1_000})
     config = pipeline_config("c", ["t"], {"type": "parquet", "path": str(tmp_path / "out")},
                              max_records_per_partition=10, retention_batches=2, retention_days=None)
-    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, sink_factory=MarkerSink.of)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: source, writer_factory=MarkerWriter.of)
     floors, reads = [], []
     sent: list[str] = []
     sa.event.listen(pipe.ledger.engine, "before_cursor_execute", lambda *args: sent.append(args[2]))

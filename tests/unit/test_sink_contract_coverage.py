@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_exactly_once.sinks import SINK_TYPES
+from airflow_exactly_once.core.declaration import SinkSpec
+from airflow_exactly_once.sinks import SPECS
 from tests.integration import test_sink_contract as contract
 
 
 def test_every_registered_sink_has_a_contract_adapter():
-    assert contract.registered_sinks() == sorted(SINK_TYPES)
+    assert contract.registered_sinks() == sorted(SPECS)
     for kind in contract.registered_sinks():
         assert contract.adapter_for(kind) is contract.ADAPTERS[kind]
-    assert set(contract.ADAPTERS) <= set(SINK_TYPES), "an adapter of a sink that is no longer registered"
+    assert set(contract.ADAPTERS) <= set(SPECS), "an adapter of a sink that is no longer registered"
 
 
 def test_a_sink_registered_without_an_adapter_fails_the_contract(monkeypatch):
-    monkeypatch.setitem(SINK_TYPES, "fake", "somewhere.fake:FakeSink")
+    class FakeSpec(SinkSpec):
+        type_name = "fake"
+        writer_class = "somewhere.fake:FakeSinkWriter"
+        committer_class = "somewhere.fake:FakeSinkCommitter"
+
+    monkeypatch.setitem(SPECS, "fake", FakeSpec)
     assert "fake" in contract.registered_sinks()  # the contract's scenarios run it...
-    with pytest.raises(pytest.fail.Exception, match="'fake' sink is registered in SINK_TYPES .* has no adapter"):
+    with pytest.raises(pytest.fail.Exception, match="'fake' sink is registered in SPECS .* has no adapter"):
         contract.adapter_for("fake")  # ...and fail on it
     with pytest.raises(pytest.fail.Exception):
         test_every_registered_sink_has_a_contract_adapter()

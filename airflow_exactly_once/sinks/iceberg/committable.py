@@ -17,11 +17,13 @@ class StagedSnapshot(Committable):
     snapshot_id: int | None
     records: int | None = field(default=None, compare=False)  # the snapshot's added-records (not in the handles)
 
-    def to_handles(self) -> Handles:
+    handles_version = 1
+
+    def write_handles(self) -> Handles:
         return {"table": self.table, "wap_id": self.wap_id, "snapshot_id": self.snapshot_id}
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "StagedSnapshot":
+    def read_handles_v1(cls, handles: Handles) -> "StagedSnapshot":
         snapshot = handles.get("snapshot_id")
         return cls(str(handles["table"]), str(handles["wap_id"]), None if snapshot is None else int(snapshot))
 # [END committable]

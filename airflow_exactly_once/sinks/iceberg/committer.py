@@ -148,7 +148,9 @@ class TableCommitter:
                 raise TransactionLostError(
                     f"the staged snapshot {staged.snapshot_id} of batch {key} is no longer in table "
                     f"{self.table_name} (expired by snapshot maintenance, or the table was recreated) and was never "
-                    "published; keep staged snapshots longer than a batch takes to commit")
+                    "published; keep staged snapshots longer than a batch takes to commit",
+                    sink="iceberg", batch=batch.seq, lost=[f"snapshot {staged.snapshot_id}"],
+                    reason="the staged snapshot expired or the table was recreated")
             main_head = history[0].snapshot_id if history else None
             summary = {**snaps.batch_summary(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id),
                        snaps.SOURCE: str(staged.snapshot_id)}
@@ -174,7 +176,9 @@ class TableCommitter:
         except TableGone as exc:
             raise TransactionLostError(
                 f"{exc}: it was dropped after batch {key} was staged, and its staged snapshot went with it. "
-                "Recreate the table (or give the sink 'create_table': True) before the next run") from exc
+                "Recreate the table (or give the sink 'create_table': True) before the next run",
+                sink="iceberg", batch=batch.seq, lost=[f"snapshot {staged.snapshot_id}"],
+                reason="the table was dropped") from exc
 
     # -- withdraw (retract) --------------------------------------------------------
 

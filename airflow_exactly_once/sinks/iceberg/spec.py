@@ -12,6 +12,8 @@ from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
 @dataclass(kw_only=True)
 class IcebergSpec(SinkSpec):
     type_name = "iceberg"
+    writer_class = "airflow_exactly_once.sinks.iceberg.sink_writer:IcebergSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.iceberg.sink_committer:IcebergSinkCommitter"
     local_folder_keys = ("warehouse",)
     shared_storage = ("object storage (warehouse 's3://...', with a PostgreSQL catalog) or a folder every worker mounts "
                       "at the same path")

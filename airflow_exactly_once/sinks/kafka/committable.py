@@ -4,7 +4,7 @@ One `PartitionReport` per Spark partition (the commit message): how many records
 the first acknowledged offset per output partition (the evidence that decides "committed or
 aborted" once the broker has forgotten a transaction), and, under EXACTLY_ONCE, the open
 transaction's handle. `KafkaCommittable` is the batch's reports plus where they went; its
-JSON form is the ledger's handles, unchanged since the first release.
+JSON form is the ledger's handles (format version 1: the first release's, now stamped).
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ class KafkaCommittable(Committable):
         """The reports that hold a transaction (EXACTLY_ONCE)."""
         return [r for r in self.reports if r.transaction is not None]
 
-    def to_handles(self) -> Handles:
+    handles_version = 1
+
+    def write_handles(self) -> Handles:
         return {"guarantee": self.guarantee, "bootstrap_servers": self.bootstrap_servers, "topic": self.topic,
                 "writers": [r.to_dict() for r in self.reports]}
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "KafkaCommittable":
+    def read_handles_v1(cls, handles: Handles) -> "KafkaCommittable":
         return cls(str(handles.get("guarantee", "EXACTLY_ONCE")), str(handles.get("bootstrap_servers", "")),
                    str(handles.get("topic", "")),
                    tuple(sorted((PartitionReport.from_dict(w) for w in handles.get("writers", ())),

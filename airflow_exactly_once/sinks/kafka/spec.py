@@ -16,6 +16,9 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000
 @dataclass(kw_only=True)
 class KafkaSpec(SinkSpec):
     type_name = "kafka"
+    writer_class = "airflow_exactly_once.sinks.kafka.sink_writer:KafkaSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.kafka.sink_committer:KafkaSinkCommitter"
+    guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 
     topic: str = argument(doc="Output topic (must exist)")
     guarantee: str | None = argument(None, "`EXACTLY_ONCE`, `AT_LEAST_ONCE` or `NONE` (below); the task group's old "

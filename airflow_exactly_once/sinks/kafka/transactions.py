@@ -99,7 +99,7 @@ import kafka.errors as Errors
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.future import Future
 
-from airflow_exactly_once.core.errors import SinkError
+from airflow_exactly_once.core.errors import SinkError, TransactionLostError
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,6 @@ KAFKA_PYTHON_VERSION_READ = "3.0.12"
 
 __all__ = [
     "KafkaTransactionError",
-    "TransactionLost",
     "TransactionCoordinatorUnavailable",
     "KafkaInternalsChanged",
     "TransactionProtocolUnsupported",
@@ -138,29 +137,23 @@ class KafkaTransactionError(SinkError):
     """Base error of this module; a SinkError, so `retriable` tells whether trying again can help."""
 
 
-class TransactionLost(KafkaTransactionError):
-    """The broker will not commit this transaction (any more).
+def transaction_lost(handle: "TransactionHandle", reason: str) -> TransactionLostError:
+    """The broker will not commit this transaction (any more): the core's TransactionLostError, not retriable.
 
-    Raised when the broker answers EndTxn with PRODUCER_FENCED /
-    INVALID_PRODUCER_EPOCH (a newer producer with the same transactional id
-    fenced it, or the coordinator aborted it on timeout), INVALID_TXN_STATE or
-    INVALID_PRODUCER_ID_MAPPING (the transactional id's state is gone or belongs
-    to another producer id). Its records are aborted, or - if an earlier
-    commit of the same handle had already succeeded before the transactional id
-    was reused - committed; the broker does not say which, so a caller that
-    may have committed before must consult its own record of that. Never
-    retriable: retrying cannot change the answer.
+    The broker answered EndTxn with PRODUCER_FENCED / INVALID_PRODUCER_EPOCH (a
+    newer producer with the same transactional id fenced it, or the coordinator
+    aborted it on timeout), INVALID_TXN_STATE or INVALID_PRODUCER_ID_MAPPING (the
+    transactional id's state is gone or belongs to another producer id). Its
+    records are aborted, or - if an earlier commit of the same handle had already
+    succeeded before the transactional id was reused - committed; the broker does
+    not say which, so a caller that may have committed before must consult its
+    own record of that (the sink reads the output). `lost` is the transactional
+    id; the batch is the caller's to add.
     """
-
-    retriable = False
-
-    def __init__(self, handle: "TransactionHandle", reason: str) -> None:
-        self.handle = handle
-        self.reason = reason
-        super().__init__(
-            f"Kafka transaction {handle.transactional_id!r} (producer_id={handle.producer_id}, "
-            f"epoch={handle.epoch}) can no longer be committed: {reason}"
-        )
+    return TransactionLostError(
+        f"Kafka transaction {handle.transactional_id!r} (producer_id={handle.producer_id}, "
+        f"epoch={handle.epoch}) can no longer be committed: {reason}",
+        sink="kafka", lost=[handle.transactional_id], reason=reason, retriable=False)
 
 
 class TransactionCoordinatorUnavailable(KafkaTransactionError):
@@ -331,7 +324,7 @@ def end_txn_version(broker_version_data: Any, bootstrap_servers: Any = "") -> in
 
 def _internals_message(problems: list[str]) -> str:
     return (
-        f"airflow_exactly_once.sinks.kafka_transactions drives kafka-python internals read off "
+        f"{__name__} drives kafka-python internals read off "
         f"kafka-python {KAFKA_PYTHON_VERSION_READ}, but the installed kafka-python "
         f"{getattr(kafka, '__version__', '?')} lacks: {', '.join(problems)}. "
         f"Install kafka-python=={KAFKA_PYTHON_VERSION_READ} or adapt this module to the new internals."
@@ -486,7 +479,7 @@ def coordinator_client(bootstrap_servers: str | list[str], **client_config: Any)
 
 
 def end_transactions(admin: KafkaAdminClient, handles: Iterable[TransactionHandle], *, commit: bool,
-                     timeout_ms: int = END_TIMEOUT_MS) -> dict[TransactionHandle, KafkaTransactionError | None]:
+                     timeout_ms: int = END_TIMEOUT_MS) -> dict[TransactionHandle, SinkError | None]:
     """Commit (or abort) every pre-committed transaction of `handles` through `admin`'s connections.
 
     One FindCoordinator asks for the coordinators of all their transactional ids, then every
@@ -496,7 +489,7 @@ def end_transactions(admin: KafkaAdminClient, handles: Iterable[TransactionHandl
 
     * None: the broker ended it as asked, also if it already had at this epoch (so calling again
       after a success is a no-op), or there was nothing to end (an empty transaction);
-    * `TransactionLost`: the broker will not end it so (fenced by a newer epoch, aborted on
+    * `TransactionLostError` (`transaction_lost`): the broker will not end it so (fenced by a newer epoch, aborted on
       timeout, ended the other way, unknown id);
     * `TransactionCoordinatorUnavailable` (retriable): no answer within `timeout_ms`;
     * another `KafkaTransactionError` (not retriable): refused, e.g. not authorized for the id.
@@ -507,7 +500,7 @@ def end_transactions(admin: KafkaAdminClient, handles: Iterable[TransactionHandl
     handles = list(dict.fromkeys(handles))
     verb = "commit" if commit else "abort"
     servers = admin.config["bootstrap_servers"]
-    results: dict[TransactionHandle, KafkaTransactionError | None] = {}
+    results: dict[TransactionHandle, SinkError | None] = {}
     for handle in handles:
         if not handle.started:
             log.info("Transaction %s is empty; nothing to %s.", handle, verb)
@@ -531,7 +524,7 @@ def end_transactions(admin: KafkaAdminClient, handles: Iterable[TransactionHandl
             if answer is None:
                 results[handle] = None
             elif (reason := _lost_reason(answer)) is not None:
-                results[handle] = TransactionLost(handle, reason)
+                results[handle] = transaction_lost(handle, reason)
             elif getattr(answer, "retriable", False):
                 retry[handle] = answer
             else:
@@ -639,7 +632,7 @@ def commit_transaction(bootstrap_servers: str | list[str], handle: TransactionHa
     Calling it again for a handle whose commit already succeeded is a no-op
     as long as nothing has reused the transactional id since (the broker
     answers EndTxn(commit) on a CompleteCommit transaction of the same epoch
-    with success). Raises `TransactionLost` when the broker refuses (fenced by
+    with success). Raises `TransactionLostError` when the broker refuses (fenced by
     a newer producer, timed out and aborted, unknown id) and
     `TransactionCoordinatorUnavailable` when Kafka cannot be reached or does not
     answer within ``max_block_ms`` (default 60 s) - then retry with the same
@@ -665,7 +658,7 @@ def abort_transaction(bootstrap_servers: str | list[str], handle: TransactionHan
     (e.g. not authorized for the transactional id, changed internals).
     """
     error = _end_one(bootstrap_servers, handle, commit=False, client_config=client_config)
-    if isinstance(error, TransactionLost):
+    if isinstance(error, TransactionLostError):
         log.info("Nothing to abort for %s: %s", handle, error.reason)
         return False
     if error is not None:
@@ -674,7 +667,7 @@ def abort_transaction(bootstrap_servers: str | list[str], handle: TransactionHan
 
 
 def _end_one(bootstrap_servers, handle: TransactionHandle, *, commit: bool,
-             client_config: dict[str, Any]) -> KafkaTransactionError | None:
+             client_config: dict[str, Any]) -> SinkError | None:
     check_kafka_python_internals()
     if not handle.started:  # nothing on the broker: no need to connect
         log.info("Transaction %s is empty; nothing to %s.", handle, "commit" if commit else "abort")

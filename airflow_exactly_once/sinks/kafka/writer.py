@@ -108,7 +108,7 @@ class KafkaPartitionWriter(PartitionWriter):
 
         The claim is checked after `init_transactions` (which fences earlier holders of the id) and before
         the transaction begins: either the batch is still this attempt's, or an abort that came before
-        the check fences this producer when it releases the batch (KafkaSink.abort). Where the transaction
+        the check fences this producer when it releases the batch (KafkaSinkCommitter.abort). Where the transaction
         begins in each output partition is asked of the brokers afterwards (DescribeProducers) when they
         let this client, else collected from a delivery report per record.
         """

@@ -8,9 +8,13 @@ from typing import Any, Mapping
 from airflow_exactly_once.core.declaration import SinkSpec, argument
 
 
+# [START sink_classes]
 @dataclass(kw_only=True)
 class ParquetSpec(SinkSpec):
     type_name = "parquet"
+    writer_class = "airflow_exactly_once.sinks.parquet.sink_writer:ParquetSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.parquet.sink_committer:ParquetSinkCommitter"
+    # [END sink_classes]
     local_folder_keys = ("path",)
     shared_storage = ("a folder every worker mounts at the same path (a shared volume, NFS; not object storage: "
                       "publishing is a rename)")

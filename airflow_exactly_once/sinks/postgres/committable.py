@@ -2,7 +2,7 @@
 
 A partition's commit message is the GID of the transaction it prepared (plus its row
 count); the batch's committable is those GIDs, the table and the write attempt's epoch.
-Its JSON form is the ledger's handles, unchanged since the first release.
+Its JSON form is the ledger's handles (format version 1: the first release's, now stamped).
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ class PostgresCommittable(Committable):
         parts = sorted(parts, key=lambda p: p.partition)
         return cls(table, mode, epoch, tuple(p.gid for p in parts), sum(p.rows for p in parts))
 
-    def to_handles(self) -> Handles:
+    handles_version = 1
+
+    def write_handles(self) -> Handles:
         return {"table": self.table, "mode": self.mode, "epoch": self.epoch, "gids": list(self.gids),
                 "rows_written": self.rows_written}
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "PostgresCommittable":
+    def read_handles_v1(cls, handles: Handles) -> "PostgresCommittable":
         return cls(str(handles.get("table", "")), str(handles.get("mode", "insert")), int(handles.get("epoch", 0)),
                    tuple(handles.get("gids", ())), int(handles.get("rows_written", 0)))

@@ -14,6 +14,8 @@ MODES = ("insert", "upsert")
 @dataclass(kw_only=True)
 class PostgresSpec(SinkSpec):
     type_name = "postgres"
+    writer_class = "airflow_exactly_once.sinks.postgres.sink_writer:PostgresSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.postgres.sink_committer:PostgresSinkCommitter"
 
     conn_id: str | None = argument(None, "An Airflow `postgres` connection (host, port, login, password, schema = "
                                          "database; extras `sslmode`, `sslrootcert`, `options`, ... are passed to "

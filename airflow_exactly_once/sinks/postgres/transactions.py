@@ -10,7 +10,7 @@ The protocol, per micro-batch:
 2. Once every writer has prepared, the coordinator calls :func:`commit_prepared` for
    each handle's GID, from any process. Committing is idempotent: a GID that is gone
    but whose marker row exists was committed before (``"already-committed"``); a GID
-   that is gone without a marker was rolled back, and :class:`TransactionLost` says so.
+   that is gone without a marker was rolled back, and the core's ``TransactionLostError`` says so.
 3. GIDs of attempts that lost (failed or speculative tasks) are removed with
    :func:`rollback_prepared_matching`.
 
@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from airflow_exactly_once.core.errors import MissingExtraError, SinkError
+from airflow_exactly_once.core.errors import MissingExtraError, SinkError, TransactionLostError
 
 try:
     import psycopg2
@@ -44,7 +44,6 @@ __all__ = [
     "PostgresTransactionError",
     "TwoPhaseNotSupported",
     "PrepareFailed",
-    "TransactionLost",
     "make_gid",
     "gid_prefix",
     "check_two_phase_supported",
@@ -88,10 +87,6 @@ class TwoPhaseNotSupported(PostgresTransactionError):
 
 class PrepareFailed(PostgresTransactionError):
     """Writing or preparing a partition's rows failed; nothing was left prepared."""
-
-
-class TransactionLost(PostgresTransactionError):
-    """A GID is neither prepared nor committed: its rows were rolled back."""
 
 
 # -- GIDs ----------------------------------------------------------------------------
@@ -631,7 +626,7 @@ def commit_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> str
     """``COMMIT PREPARED gid``, idempotently.
 
     Returns ``"committed"`` if this call committed it, ``"already-committed"`` if the GID
-    is gone and its marker row exists. Raises TransactionLost (not retriable) if the GID
+    is gone and its marker row exists. Raises TransactionLostError (not retriable) if the GID
     is gone without a marker, PostgresTransactionError (``retriable=True`` for connection
     failures) otherwise.
     """
@@ -650,11 +645,12 @@ def commit_prepared(dsn: str, gid: str, *, marker_schema: str = "public") -> str
                     return "already-committed"
             except psycopg2.errors.UndefinedTable:
                 pass
-            raise TransactionLost(
+            raise TransactionLostError(
                 f"Prepared transaction {gid!r} on {where} is gone and no marker row for it exists in "
                 f"{marker_schema}.{MARKER_TABLE}: it was rolled back (by rollback_prepared, "
                 f"an operator, or never prepared), so its rows are not in the table. Fix: re-run the batch "
                 f"from its source offsets; committing cannot succeed.",
+                sink="postgres", lost=[gid], reason="rolled back: neither prepared nor marked committed",
                 retriable=False,
             )
     except psycopg2.Error as exc:

@@ -1,19 +1,11 @@
-"""Parquet files: staged in a folder Spark readers ignore, published by one atomic rename.
-
-Layout under `path`:
-  batch_seq=<n>/            committed output of batch n (a partition column for readers)
-  _staging/batch-<n>-<attempt>/   output of one write attempt, invisible to readers
-  _manifest/batch-<n>.json  one entry per committed batch: ranges, files, records
-  _retracted/               output being withdrawn (rewind, interval replacement), then deleted
-  _pipeline                 the pipeline that owns the folder (two pipelines must not share it)
-"""
+"""The Parquet sink's committer: a staged folder is published by one atomic rename (the layout:
+sinks.parquet.layout)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -21,97 +13,45 @@ from typing import Any
 from airflow_exactly_once.core.errors import ConfigurationError, TransactionLostError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, Sink
+from airflow_exactly_once.core.sink_committer import SinkCommitter
+from airflow_exactly_once.sinks.parquet.committable import StagedFolder
+from airflow_exactly_once.sinks.parquet.layout import ParquetLayout
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 
 
-def _local_path(path: str) -> Path:
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    if "://" in path:
-        raise ConfigurationError(
-            f"parquet sink path {path!r}: only local or shared (mounted) file systems are supported, because "
-            "publishing relies on an atomic rename; mount the storage or use another sink")
-    if not os.path.isabs(path):
-        raise ConfigurationError(f"parquet sink path {path!r} must be absolute (tasks run in other directories)")
-    return Path(path)
-
-
-@dataclass(frozen=True)
-class StagedFolder(Committable):
-    """One write attempt's files: where they are staged and where they get published."""
-
-    staging: str
-    final: str
-    files: tuple[str, ...] = ()
-
-    def to_handles(self) -> Handles:
-        return {"staging": self.staging, "final": self.final, "files": list(self.files)}
-
-    @classmethod
-    def from_handles(cls, handles: Handles) -> "StagedFolder":
-        return cls(str(handles["staging"]), str(handles["final"]), tuple(handles.get("files", ())))
-
-
-class ParquetSink(Sink):
-    """Staged by Spark's own Parquet writer (no partition writer of ours: it is as fast as plain Spark)."""
-
+# [START committer_class]
+class ParquetSinkCommitter(SinkCommitter):
     spec_type = ParquetSpec
     supports_retract = True
-    splits_reads = True  # one staged folder, however many Spark partitions wrote it
     committable_type = StagedFolder
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        if not spec.get("path"):
-            raise ConfigurationError("the parquet sink needs a 'path', e.g. {'type': 'parquet', 'path': '/data/out'}")
-        self.root = _local_path(spec["path"])
-
-    # -- names ---------------------------------------------------------------------
+        self.layout = ParquetLayout(spec)  # the folders, shared with the writer (sinks/parquet/layout.py)
+    # [END committer_class]
 
     def lineage_dataset(self) -> DatasetName:
-        return file_dataset(str(self.root))
-
-    def final_dir(self, batch: Batch) -> Path:
-        return self.root / f"batch_seq={batch.seq}"
-
-    def staging_dir(self, batch: Batch) -> Path:
-        """One folder per write attempt (the epoch of its claim)."""
-        return self.root / "_staging" / f"batch-{batch.seq:09d}-e{batch.epoch}"
-
-    def manifest_entry(self, batch: Batch) -> Path:
-        return self.root / "_manifest" / f"batch-{batch.seq:09d}.json"
-
-    # -- protocol ------------------------------------------------------------------
+        return file_dataset(str(self.layout.root))
 
     def check(self, pipeline_id: str) -> None:
-        owner = self.root / "_pipeline"
+        owner = self.layout.root / "_pipeline"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.layout.root.mkdir(parents=True, exist_ok=True)
             if owner.exists() and owner.read_text().strip() != pipeline_id:
                 raise ConfigurationError(
-                    f"{self.root} belongs to pipeline {owner.read_text().strip()!r}; give pipeline "
+                    f"{self.layout.root} belongs to pipeline {owner.read_text().strip()!r}; give pipeline "
                     f"{pipeline_id!r} its own output path")
             if not owner.exists():
                 owner.write_text(pipeline_id)
         except PermissionError as exc:
-            raise ConfigurationError(f"cannot write to the parquet sink path {self.root}: {exc}") from exc
-
-    def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedFolder:
-        staging = self.staging_dir(batch)
-        try:
-            frame.write.mode("overwrite").parquet(str(staging))
-        except Exception:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        files = tuple(sorted(p.name for p in staging.glob("*.parquet")))
-        return StagedFolder(str(staging), str(self.final_dir(batch)), files)
+            raise ConfigurationError(f"cannot write to the parquet sink path {self.layout.root}: {exc}") from exc
 
     # [START committer]
     def verify_staged(self, batch: Batch, committable: StagedFolder) -> None:
         if not Path(committable.final).exists() and not Path(committable.staging).exists():
             raise TransactionLostError(f"the staged output {committable.staging} of batch {batch.seq} is gone and "
-                                       "was never published")
+                                       "was never published", sink=self.type_name, batch=batch.seq,
+                                       lost=[committable.staging], reason="the staged folder was removed")
 
     def commit(self, batch: Batch, committable: StagedFolder) -> str:
         self.verify_staged(batch, committable)
@@ -135,11 +75,11 @@ class ParquetSink(Sink):
 
     def retract(self, batch: Batch, committable: StagedFolder | None) -> str:
         """Withdraw a committed batch: one rename hides it from readers, then it is deleted."""
-        final = self.final_dir(batch)
-        self.manifest_entry(batch).unlink(missing_ok=True)
+        final = self.layout.final_dir(batch)
+        self.layout.manifest_entry(batch).unlink(missing_ok=True)
         if not final.exists():
             return f"batch_seq={batch.seq} was already withdrawn"
-        trash = self.root / "_retracted" / f"{final.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
+        trash = self.layout.root / "_retracted" / f"{final.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}"
         trash.parent.mkdir(parents=True, exist_ok=True)
         os.rename(final, trash)
         shutil.rmtree(trash, ignore_errors=True)
@@ -154,14 +94,14 @@ class ParquetSink(Sink):
     # -- helpers -------------------------------------------------------------------
 
     def _remove_staging(self, batch: Batch) -> int:
-        folder = self.root / "_staging"
+        folder = self.layout.root / "_staging"
         leftovers = list(folder.glob(f"batch-{batch.seq:09d}-*")) if folder.exists() else []
         for path in leftovers:
             shutil.rmtree(path, ignore_errors=True)
         return len(leftovers)
 
     def _write_manifest(self, batch: Batch, committable: StagedFolder) -> None:
-        entry = self.manifest_entry(batch)
+        entry = self.layout.manifest_entry(batch)
         entry.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "pipeline_id": batch.pipeline_id,

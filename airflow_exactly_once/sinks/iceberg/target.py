@@ -1,0 +1,53 @@
+"""The Iceberg table a sink spec names, as the sink's writer and committer both need it: its name in the catalog
+and in Spark, its catalog, where its files go, and pyiceberg's access to it (sinks.iceberg.committer)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
+from airflow_exactly_once.core.sink import column_names
+from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
+from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+
+# The table property that makes Spark stage an append (spark.wap.id) instead of committing it to main.
+WAP_ENABLED = "write.wap.enabled"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quoted(*parts: str) -> str:
+    """Names as Spark SQL quotes them: `a`.`b`."""
+    return ".".join(f"`{p}`" for p in parts)
+
+
+class IcebergTarget:
+    """One spec's table: checked here once for the writer and the committer."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        table = spec.get("table")
+        parts = table.split(".") if isinstance(table, str) else []
+        if len(parts) != 2 or not all(_IDENT.match(p) for p in parts):
+            raise ConfigurationError(f"the iceberg sink's table must be 'namespace.name' (letters, digits, '_'), not "
+                                     f"{table!r}, e.g. {{'type': 'iceberg', 'table': 'db.events', "
+                                     "'warehouse': '/data/lake'}")
+        self.namespace, self.table_name = parts
+        self.table: str = table
+        self.catalog = CatalogSpec.from_spec(spec)
+        self.create_table = spec.get("create_table", False)
+        if not isinstance(self.create_table, bool):
+            raise ConfigurationError("the iceberg sink's create_table must be True or False")
+        self.table_properties = {str(k): str(v) for k, v in (spec.get("table_properties") or {}).items()}
+        self.partitioned_by = column_names(spec.get("partitioned_by"), "the iceberg sink's partitioned_by")
+        self.table_committer = TableCommitter(self.catalog, self.table)
+
+    @property
+    def spark_table(self) -> str:
+        """The table as Spark names it: catalog.namespace.name."""
+        return quoted(self.catalog.name, self.namespace, self.table_name)
+
+    def lineage_dataset(self) -> DatasetName:
+        """The table's files where its catalog puts a new table (`{warehouse}/{namespace}/{name}`), as
+        OpenLineage's Spark integration names Iceberg tables by their location."""
+        return file_dataset(f"{self.catalog.warehouse.rstrip('/')}/{self.namespace}/{self.table_name}")

@@ -1,0 +1,76 @@
+"""Every sink is a writer and a committer made from one declared spec; the commit side never needs the write side."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+import pytest
+
+from airflow_exactly_once.core.declaration import SinkSpec
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.sink_committer import SinkCommitter
+from airflow_exactly_once.core.sink_writer import SinkWriter
+from airflow_exactly_once.sinks import SPECS, create_committer, create_writer
+from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
+from tests.unit.test_imports import MODULES, internal_graph
+
+
+def declared(spec: type[SinkSpec], side: str) -> type:
+    module, _, name = getattr(spec, side).partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_each_declaration_names_its_writer_and_committer(kind):
+    spec = SPECS[kind]
+    writer, committer = declared(spec, "writer_class"), declared(spec, "committer_class")
+    assert issubclass(writer, SinkWriter) and issubclass(committer, SinkCommitter)
+    assert writer.spec_type is spec and committer.spec_type is spec
+
+
+def methods(cls: type) -> list[str]:
+    """Every def in the class body: methods, properties, static and private helpers."""
+    body = ast.parse(inspect.getsource(cls)).body[0]
+    return [node.name for node in body.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+@pytest.mark.parametrize("kind", ["kafka", "postgres"])
+@pytest.mark.parametrize("side", ["writer_class", "committer_class"])
+def test_the_largest_sinks_keep_each_side_small(kind, side):
+    """Issue 46's measure: their helpers live in collaborators (Kafka's hanging-transaction sweep and commit
+    judging, PostgreSQL's table and prepared attempts), not in the writer or the committer."""
+    found = methods(declared(SPECS[kind], side))
+    assert len(found) <= 12, found
+
+
+def reachable(start: str) -> set[str]:
+    graph, seen, todo = internal_graph(), set(), [start]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return seen
+
+
+@pytest.mark.parametrize("module", ["airflow_exactly_once.core.protocol", "airflow_exactly_once.cli.main",
+                                    *(SPECS[k].committer_class.partition(":")[0] for k in sorted(SPECS))])
+def test_the_commit_side_never_imports_a_writer(module):
+    """notify_complete, recovery and the CLI build committers only: no sink writer module is even imported."""
+    writers = {name for name in MODULES
+               if name.startswith("airflow_exactly_once.sinks.") and name.endswith(".sink_writer")}
+    assert module in MODULES and reachable(module) & writers == set()
+
+
+def test_a_declaration_without_its_classes_is_refused_naming_what_to_set(monkeypatch):
+    class HalfSpec(ParquetSpec):
+        type_name = "half"
+        writer_class = ""  # forgotten
+        committer_class = "airflow_exactly_once.sinks.parquet.sink_committer:ParquetSinkCommitter"
+
+    monkeypatch.setitem(SPECS, "half", HalfSpec)
+    with pytest.raises(ConfigurationError, match="HalfSpec.*names no writer_class as 'module:Class'"):
+        create_writer({"type": "half", "path": "/tmp/half"})
+    assert create_committer({"type": "half", "path": "/tmp/half"}).layout.root.name == "half"  # the side it names
