@@ -19,17 +19,21 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 
 
-def recorded_batch_events(pipeline_id: str, session: Session | None = None,
-                          since: datetime | None = None) -> list[RecordedEvent]:
+def recorded_batch_events(pipeline_id: str, session: Session | None = None, since: datetime | None = None,
+                          newest: int | None = None) -> list[RecordedEvent]:
     """The events of the pipeline's Asset recorded at or after `since` (None: all), oldest first (none when Airflow
-    never recorded one)."""
+    never recorded one). `newest`: only the newest so many, read backwards along Airflow's (asset_id, timestamp)
+    index: the ledger page's bound, whatever Airflow holds."""
     query = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id, AssetEvent.source_task_id,
                     AssetEvent.timestamp)
              .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-             .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
-             .order_by(AssetEvent.id))
+             .where(AssetModel.uri == pipeline_asset_uri(pipeline_id)))
     if since is not None:
         query = query.where(AssetEvent.timestamp >= since)
+    if newest is None:
+        query = query.order_by(AssetEvent.id)
+    else:
+        query = query.order_by(AssetEvent.timestamp.desc(), AssetEvent.id.desc()).limit(newest)
     try:
         if session is not None:
             rows = session.execute(query).all()
@@ -43,4 +47,4 @@ def recorded_batch_events(pipeline_id: str, session: Session | None = None,
                                  "leave the events out with --without asset-events") from exc
     return [RecordedEvent.from_extra(extra, "/".join(filter(None, (dag, run, task))) or "Airflow's API",
                                      at.isoformat() if at else "")
-            for extra, dag, run, task, at in rows]
+            for extra, dag, run, task, at in (rows if newest is None else reversed(rows))]
