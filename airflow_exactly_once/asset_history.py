@@ -8,10 +8,11 @@ which may not reach it on Airflow 3, never call this.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from airflow.models.asset import AssetEvent, AssetModel
 from airflow.utils.session import create_session
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from airflow_exactly_once.core.drift import RecordedEvent
@@ -23,13 +24,14 @@ def recorded_batch_events(pipeline_id: str, session: Session | None = None,
                           since: datetime | None = None) -> list[RecordedEvent]:
     """The events of the pipeline's Asset recorded at or after `since` (None: all), oldest first (none when Airflow
     never recorded one)."""
-    query = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id, AssetEvent.source_task_id,
-                    AssetEvent.timestamp)
-             .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-             .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
-             .order_by(AssetEvent.id))
+    query: Select = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id,
+                            AssetEvent.source_task_id, AssetEvent.timestamp)
+                     .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+                     .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
+                     .order_by(AssetEvent.id))
     if since is not None:
-        query = query.where(AssetEvent.timestamp >= since)
+        # Airflow declares the column with its UtcDateTime type, whose comparison mypy reads as a bool.
+        query = query.where(AssetEvent.timestamp >= since)  # type: ignore[arg-type]
     try:
         if session is not None:
             rows = session.execute(query).all()
