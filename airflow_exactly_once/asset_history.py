@@ -30,8 +30,8 @@ def recorded_batch_events(pipeline_id: str, session: Session | None = None,
                      .where(AssetModel.uri == pipeline_asset_uri(pipeline_id))
                      .order_by(AssetEvent.id))
     if since is not None:
-        # Airflow declares the column with its UtcDateTime type, whose comparison mypy reads as a bool.
-        query = query.where(AssetEvent.timestamp >= since)  # type: ignore[arg-type]
+        # Airflow 3.1 declares the column so that mypy reads this comparison as a bool; 3.3 as a clause.
+        query = query.where(AssetEvent.timestamp >= since)  # type: ignore[arg-type, unused-ignore]
     try:
         if session is not None:
             rows = session.execute(query).all()
