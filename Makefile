@@ -27,7 +27,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-ledger benchmark-scale docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
@@ -155,6 +155,10 @@ test-kafka4: setup
 # the metrics, and the code included from tested files (devtools/docs.py; tests/unit/test_docs.py fails when stale).
 docs: python-deps
 	$(PY) -m devtools.docs
+
+# The package's type check at the level of setup.cfg's [mypy] (the unit tier runs it too: tests/unit/test_typecheck.py).
+typecheck: python-deps
+	$(PY) -m mypy --config-file setup.cfg airflow_exactly_once
 
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps

@@ -8,10 +8,11 @@ which may not reach it on Airflow 3, never call this.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from airflow.models.asset import AssetEvent, AssetModel
 from airflow.utils.session import create_session
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from airflow_exactly_once.core.drift import RecordedEvent
@@ -24,12 +25,13 @@ def recorded_batch_events(pipeline_id: str, session: Session | None = None, sinc
     """The events of the pipeline's Asset recorded at or after `since` (None: all), oldest first (none when Airflow
     never recorded one). `newest`: only the newest so many, read backwards along Airflow's (asset_id, timestamp)
     index: the ledger page's bound, whatever Airflow holds."""
-    query = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id, AssetEvent.source_task_id,
-                    AssetEvent.timestamp)
-             .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-             .where(AssetModel.uri == pipeline_asset_uri(pipeline_id)))
+    query: Select = (select(AssetEvent.extra, AssetEvent.source_dag_id, AssetEvent.source_run_id,
+                            AssetEvent.source_task_id, AssetEvent.timestamp)
+                     .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+                     .where(AssetModel.uri == pipeline_asset_uri(pipeline_id)))
     if since is not None:
-        query = query.where(AssetEvent.timestamp >= since)
+        # Airflow 3.1 declares the column so that mypy reads this comparison as a bool; 3.3 as a clause.
+        query = query.where(AssetEvent.timestamp >= since)  # type: ignore[arg-type, unused-ignore]
     if newest is None:
         query = query.order_by(AssetEvent.id)
     else:

@@ -105,7 +105,7 @@ def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | N
     (its caller says why: the CLI raises instead, the ledger page shows the error). `newest_batches`: compare the
     events of the newest committed batches only (the ledger page: the batches it shows); None: every kept one."""
     report = DriftReport(pipeline_id)
-    stored = ledger.pipeline(pipeline_id)["config"]
+    stored = ledger.stored_config(pipeline_id)
     group = stored.get("mirror_consumer_group")
     if read_group is None:
         report.compared.append("consumer group: left out")
