@@ -163,8 +163,10 @@ def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None
         return ComparedBatches(first.seq - 1, committed, _before(first.created_at), cut=True)
     since = _utc(floor.batch_created_at)
     if newest is not None and since is None:
-        starts = [ledger.pipeline(pipeline_id)["created_at"]] + [b.created_at for b in found[:1]]
-        since = min(_utc(t) for t in starts if t is not None)
+        registered = ledger.pipeline(pipeline_id)
+        starts = [registered["created_at"] if registered else None] + [b.created_at for b in found[:1]]
+        known = [t for t in map(_utc, starts) if t is not None]
+        since = min(known) if known else None
     return ComparedBatches(floor.batch_seq, committed, _before(since))
 
 
@@ -173,7 +175,8 @@ def _utc(at: datetime | None) -> datetime | None:
 
 
 def _before(planned: datetime | None) -> datetime | None:
-    return None if planned is None else _utc(planned) - EVENT_CLOCK_SKEW
+    at = _utc(planned)
+    return None if at is None else at - EVENT_CLOCK_SKEW
 
 
 def _tp(tp: TopicPartition) -> str:
