@@ -27,12 +27,13 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix benchmark benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-ledger benchmark-scale docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
 
-# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests) and Chromium (UI tests).
+# Java (Kafka broker, Spark), Maven (fetches their jars), PostgreSQL (sink and ledger tests), Chromium (UI tests) and
+# Redis (the Celery workers' broker).
 system-deps:
 	@if ! command -v java >/dev/null || ! command -v mvn >/dev/null || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  echo ">> installing Debian packages: openjdk-17-jre-headless maven postgresql"; \
@@ -52,6 +53,11 @@ system-deps:
 	@if ! docker compose version >/dev/null 2>&1 && ! command -v docker-compose >/dev/null; then \
 	  echo ">> installing Debian packages: docker-compose"; \
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends docker-compose; \
+	fi
+	@# Redis: Celery's broker for the two Celery workers' system test and benchmark (devtools/redis.py starts it).
+	@if ! command -v redis-server >/dev/null; then \
+	  echo ">> installing Debian packages: redis-server"; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; \
 	fi
 
 python-deps: $(VENV)/.installed
@@ -150,6 +156,10 @@ test-kafka4: setup
 docs: python-deps
 	$(PY) -m devtools.docs
 
+# The package's type check at the level of setup.cfg's [mypy] (the unit tier runs it too: tests/unit/test_typecheck.py).
+typecheck: python-deps
+	$(PY) -m mypy --config-file setup.cfg airflow_exactly_once
+
 # The unit tier alone: no servers, seconds.
 test-unit: python-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -165,6 +175,7 @@ benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_dag_run.py
 	PYTHONPATH=. $(PY) benchmarks/bench_big_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
@@ -183,6 +194,11 @@ benchmark-ledger: setup
 # broker (docs/benchmarks.md). Smoke run: ARGS="--rounds 2 --history 2 --concurrent-rounds 2".
 benchmark-scale: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py $(ARGS)
+
+# A DAG run on two Celery workers (write on a warm Spark Connect server) against the same on the LocalExecutor, side by
+# side in one Airflow; medians, the ratio (goal: at most 1.2x) and the load average (docs/deployment.md).
+benchmark-celery: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

@@ -74,11 +74,32 @@ def measure(stack: AirflowStack, dag: str, run_id: str) -> dict:
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+COLUMNS = ("run", "plan", "write", "notify_complete", "spark session", "job")
+
+
+def median_table(rows: list[dict], dags: tuple[str, ...]) -> dict[str, dict[str, float | None]]:
+    """The medians of each DAG's successful runs (`measure`'s rows) by column, printed as a table, a line per DAG."""
+    width = max(len(dag) for dag in dags) + 2
+    print(f"{'DAG':<{width}}" + "".join(f"{c:>17}" for c in COLUMNS))
+    medians = {}
+    for dag in dags:
+        mine = [r for r in rows if r["dag"] == dag and r["state"] == "success"]
+        medians[dag] = {c: statistics.median(r[c] for r in mine) if mine and mine[0].get(c) is not None else None
+                        for c in COLUMNS}
+        print(f"{dag:<{width}}" + "".join(f"{'-' if v is None else f'{v:.2f}':>17}" for v in medians[dag].values()))
+    return medians
+
+
+def round_arguments(doc: str | None) -> argparse.Namespace:
+    """--records (per batch) and --rounds, the command line of the DAG-run benchmarks (`doc`: the script's help)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100, help="records per batch")
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = round_arguments(__doc__)
 
     work = Path(tempfile.mkdtemp(prefix="bench-dag-run-"))
     load_before = os.getloadavg()
@@ -116,16 +137,9 @@ def main() -> None:
         broker.stop()
     load_after = os.getloadavg()
 
-    columns = ("run", "plan", "write", "notify_complete", "spark session", "job")
     print(f"\nmedians of {args.rounds} rounds (seconds), {args.records} records a batch; load average "
           f"{load_before[0]:.1f} before, {load_after[0]:.1f} after:")
-    print(f"{'DAG':<14}" + "".join(f"{c:>17}" for c in columns))
-    medians = {}
-    for dag in DAGS:
-        mine = [r for r in rows if r["dag"] == dag and r["state"] == "success"]
-        medians[dag] = {c: statistics.median(r[c] for r in mine) if mine and mine[0].get(c) is not None else None
-                        for c in columns}
-        print(f"{dag:<14}" + "".join(f"{'-' if v is None else f'{v:.2f}':>17}" for v in medians[dag].values()))
+    medians = median_table(rows, DAGS)
     noop, by_hand = medians["bench_noop"]["run"], medians["bench_by_hand"]["run"]
     for dag in ("bench_local", "bench_connect", "bench_by_hand"):
         print(f"{dag} run / no-op run: {medians[dag]['run'] / noop:.2f}x")

@@ -1,21 +1,29 @@
-"""A real Airflow 3 (scheduler, dag-processor, api-server, LocalExecutor) on 127.0.0.1.
+"""A real Airflow 3 (scheduler, dag-processor, api-server, LocalExecutor or Celery workers) on 127.0.0.1.
 
 Tests and the demo drive it through Airflow's REST API, the same calls the UI makes for
 "Trigger", "Clear" and "Backfill", so retries, clears and task-process deaths are
-handled by Airflow itself, not by a stand-in.
+handled by Airflow itself, not by a stand-in. With `celery=CeleryWorkers(...)` the tasks run on
+Celery workers instead (`airflow celery worker`), each with its own AIRFLOW_HOME and working directory, as
+on machines of their own; they share only what such machines share: the DAG folder, the metadata
+database, the broker and the environment the stack passes on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from devtools.ports import reserve_port
 from devtools.postgres import LocalPostgres
@@ -29,6 +37,23 @@ FINISHED = {"success", "failed"}
 # another process writes): fine for the demo, not for a test suite that posts backfills beside a busy scheduler.
 SQLITE_CONNECT_ARGS = {"timeout": 60}
 METADATA_DATABASE = "airflow"  # the database metadata_server creates for Airflow
+# A Celery worker's name: what Airflow records as its task instances' `hostname` (worker_hostname below), since
+# the stack's workers share one machine and so one real host name.
+WORKER_NAME_ENV = "AIRFLOW_EXACTLY_ONCE_WORKER_NAME"
+
+
+def worker_hostname() -> str:
+    """`[core] hostname_callable` of the stack's Celery workers: the worker's name (WORKER_NAME_ENV)."""
+    return os.environ[WORKER_NAME_ENV]
+
+
+@dataclass(frozen=True)
+class CeleryWorkers:
+    """The Celery side of a stack: the broker, and each worker's name with the queues it serves."""
+
+    broker_url: str
+    queues: dict[str, tuple[str, ...]]
+    concurrency: int = 1  # task slots per worker
 
 
 def metadata_server(folder: Path) -> LocalPostgres:
@@ -47,12 +72,18 @@ class AirflowStack:
     reaches the tasks: LocalExecutor runs them in its children). `reparse_seconds`: how often the dag-processor
     parses each DAG file again (Airflow's min_file_process_interval); new files are found every 3 s either way.
     `database_url`: Airflow's metadata database (SQLAlchemy URL, e.g. a PostgreSQL database, as production runs it);
-    None keeps SQLite in AIRFLOW_HOME."""
+    None keeps SQLite in AIRFLOW_HOME. `executor`: `[core] executor` (e.g. "LocalExecutor,CeleryExecutor": several at
+    once, a task picks one with `executor=`). `celery`: the Celery workers to start (needs `database_url`: Celery's
+    result backend is that database); `executor` then defaults to "CeleryExecutor"."""
 
     def __init__(self, root: str | Path, dag_files: list[Path], extra_env: dict[str, str] | None = None,
                  parallelism: int = 4, triggerer: bool = False,
                  component_env: dict[str, dict[str, str]] | None = None, reparse_seconds: int = 30,
-                 database_url: str | None = None) -> None:
+                 database_url: str | None = None, executor: str | None = None,
+                 celery: CeleryWorkers | None = None) -> None:
+        if celery is not None and not database_url:
+            raise ValueError("Celery workers need the metadata database on a server (database_url): Celery's result "
+                             "backend is that database, which every worker reaches")
         self.root = Path(root)
         self.home = self.root / "airflow-home"
         self.dags_folder = self.root / "dags"
@@ -66,6 +97,8 @@ class AirflowStack:
         self.reparse_seconds = reparse_seconds
         self.database_url = database_url
         self.parallelism = parallelism
+        self.executor = executor or ("CeleryExecutor" if celery else "LocalExecutor")
+        self.celery = celery
         self.components = ("api-server", "scheduler", "dag-processor") + (("triggerer",) if triggerer else ())
         self.processes: dict[str, subprocess.Popen] = {}
         self._token: str | None = None
@@ -80,7 +113,7 @@ class AirflowStack:
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__AUTH_MANAGER":
@@ -107,6 +140,9 @@ class AirflowStack:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database_url
         else:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = f"{__name__}.SQLITE_CONNECT_ARGS"
+        if self.celery:
+            env.update({"AIRFLOW__CELERY__BROKER_URL": self.celery.broker_url,
+                        "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + self.database_url.replace("+psycopg2", "")})
         env.update(self.extra_env)
         # The stack's processes import this module (SQL_ALCHEMY_CONNECT_ARGS above): the repository's
         # root, where devtools lives, must be on their path whoever started the stack.
@@ -126,6 +162,8 @@ class AirflowStack:
         self.cli(["db", "migrate"])
         for name in self.components:
             self._spawn(name, [self._airflow(), name], {**self.env(), **self.component_env.get(name, {})})
+        for worker in (self.celery.queues if self.celery else ()):
+            self.start_worker(worker, timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
@@ -137,6 +175,61 @@ class AirflowStack:
         self.stop()
         raise RuntimeError(f"Airflow's api-server did not answer on {self.base_url} in {timeout:.0f}s; "
                            f"see {self.home}/api-server.log")
+
+    # -- Celery workers --------------------------------------------------------------
+
+    def worker_folder(self, worker: str) -> Path:
+        """A Celery worker's machine, as far as the stack is concerned: its AIRFLOW_HOME and working directory."""
+        return self.root / "workers" / worker
+
+    def worker_home(self, worker: str) -> Path:
+        """The worker's own AIRFLOW_HOME (its task logs land in its `logs/`), empty when the worker first starts."""
+        return self.worker_folder(worker) / "airflow-home"
+
+    def worker_env(self, worker: str) -> dict[str, str]:
+        return {**self.env(), **self.component_env.get("worker", {}), "AIRFLOW_HOME": str(self.worker_home(worker)),
+                WORKER_NAME_ENV: worker, "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.worker_hostname"}
+
+    def start_worker(self, worker: str, timeout: float = 180.0, fresh: bool = False) -> None:
+        """`airflow celery worker` serving the worker's queues, started in its working directory; returns once Celery
+        says it is ready. `fresh`: its AIRFLOW_HOME and working directory emptied first (a new machine); else it
+        comes back on what it had (the same machine restarted). No log server: two workers of one machine would
+        share its port, and the tests read the task logs from the worker's AIRFLOW_HOME."""
+        assert self.celery is not None, "the stack has no Celery workers (celery=CeleryWorkers(...))"
+        folder = self.worker_folder(worker)
+        if fresh:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.worker_home(worker).mkdir(parents=True, exist_ok=True)
+        (folder / "work").mkdir(exist_ok=True)
+        name = f"celery-{worker}"
+        log_size = len(self.log_text(name))
+        argv = [self._airflow(), "celery", "worker", "--queues", ",".join(self.celery.queues[worker]),
+                "--concurrency", str(self.celery.concurrency), "--celery-hostname", f"{worker}@%h",
+                "--skip-serve-logs", "--without-mingle", "--without-gossip"]
+        with open(self.home / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(argv, env=self.worker_env(worker), cwd=folder / "work",
+                                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            if f"{worker}@" in self.log_text(name)[log_size:] and " ready." in self.log_text(name)[log_size:]:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"Celery worker {worker} was not ready in {timeout:.0f}s (broker "
+                           f"{self.celery.broker_url}); see {self.home}/{name}.log")
+
+    def kill_worker(self, worker: str) -> None:
+        """SIGKILL a Celery worker with everything it started (its pool, the task supervisors and task processes):
+        a machine lost at once. Nothing of it runs a shutdown hook or tells Airflow."""
+        process = self.processes.pop(f"celery-{worker}")
+        group = [p for p in psutil.process_iter() if _process_group(p) == process.pid]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        deadline = time.monotonic() + 30
+        while alive := [p for p in group if _running(p)]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Celery worker {worker}: processes outlived SIGKILL: {alive}")
+            time.sleep(0.1)
 
     def cli(self, args: list[str], env: dict[str, str] | None = None, timeout: float = 300.0) -> str:
         """`airflow <args>` on this stack's home and database, with `env` on top; its output.
@@ -303,6 +396,21 @@ class AirflowStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _process_group(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (a SIGKILLed orphan waits for init to reap it, but runs no more)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def login(base_url: str, username: str, password: str) -> str:

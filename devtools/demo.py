@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
@@ -39,6 +40,28 @@ def bad_value(n: int) -> bytes:
     return b"{not json" if n % 2 == 0 else json.dumps({"id": f"bad-{n}", "name": "x", "amount": 1}).encode()
 
 
+def close_kafka_clients(*clients: Any) -> None:
+    """Close kafka-python clients the demo is done with, one after the other, without the ERROR lines kafka-python
+    logs about its own close.
+
+    Closing a client fails the requests it still has in flight. When one is a metadata refresh (its IO thread sends
+    one on a timer, or soon after the consumer asked for fresh metadata), `kafka.cluster` logs "Metadata refresh:
+    failed Cancelled" at ERROR (the consumer's fetcher logs the same cancel at INFO), and when the close lands while
+    the request is on the wire, `kafka.net` adds "Connection lost" and "Abort" of the connection the close itself
+    shut. kafka-python's close ends its connections before its refresh loop. Nothing failed: the producer has
+    flushed, the consumer has read up to the end offsets and the admin's topic exists before their close. So only
+    while closing, and only kafka-python's loggers, are held to CRITICAL.
+    """
+    logger = logging.getLogger("kafka")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        for client in clients:
+            client.close()
+    finally:
+        logger.setLevel(level)
+
+
 def produce_events(bootstrap: str, count: int, bad: int, partitions: int) -> None:
     """`count` good events (ids 0..count-1) with `bad` bad records spread among them."""
     from kafka import KafkaProducer
@@ -46,7 +69,7 @@ def produce_events(bootstrap: str, count: int, bad: int, partitions: int) -> Non
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(TOPIC, partitions, 1)])
-    admin.close()
+    close_kafka_clients(admin)
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
     every = max(1, count // (bad + 1))
     sent_bad = 0
@@ -57,7 +80,7 @@ def produce_events(bootstrap: str, count: int, bad: int, partitions: int) -> Non
             producer.send(TOPIC, key=f"bad-{sent_bad}".encode(), value=bad_value(sent_bad), partition=i % partitions)
             sent_bad += 1
     producer.flush()
-    producer.close()
+    close_kafka_clients(producer)
 
 
 def read_input(bootstrap: str) -> tuple[Counter, Counter]:
@@ -84,7 +107,7 @@ def read_input(bootstrap: str) -> tuple[Counter, Counter]:
                     else:
                         good[event["id"]] += 1
     finally:
-        consumer.close()
+        close_kafka_clients(consumer)
     return good, bad
 
 
@@ -198,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for batch in ledger.list_batches(DAG_ID, newest_first=False):
             bad = (batch.details.get("bad_records") or {}).get("count", 0)
             say(f"ledger: {batch.describe()} in={batch.input_records} out={batch.output_records} bad={bad}")
-        say(f"dead letters (source offset, error, raw value) are in {output / '_dead_letter'}")
+        say(f"dead letters (source offset, what was wrong, raw value) are in {output / '_dead_letter'}")
         good_in, bad_in = read_input(broker.bootstrap_servers)
         line, ok = verify(output, good_in, bad_in)
         print(line, flush=True)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -47,6 +48,16 @@ def check_alive(processes: dict[str, subprocess.Popen], log_dir: Path, what: str
         if process.poll() is not None:
             log = (log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{what} {name} exited with code {process.returncode}:\n{log}")
+
+
+def wait_ready(ready: Callable[[], bool], process: subprocess.Popen, timeout: float, poll: float = 0.2) -> bool:
+    """Poll `ready` until it holds (True), or until `process` exits or `timeout` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        if ready():
+            return True
+        time.sleep(poll)
+    return False
 
 
 def stop_session(process: subprocess.Popen, timeout: float) -> None:

@@ -25,6 +25,7 @@ from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
+from devtools.redis import LocalRedis
 from devtools.schema_registry import LocalSchemaRegistry
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
@@ -202,6 +203,15 @@ def airflow_database(pg_data_root) -> LocalPostgres:
     Not the `postgres` server: tests crash that one (stop -m immediate) under a running stack.
     """
     server = metadata_server(pg_data_root / "airflow-metadata")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_broker(tmp_path_factory) -> LocalRedis:
+    """Redis (Debian's redis-server, append-only file synced on every write): Celery's broker."""
+    server = LocalRedis(tmp_path_factory.mktemp("redis"))
+    server.start()
     yield server
     server.stop()
 

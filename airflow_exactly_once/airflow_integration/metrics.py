@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping
 from airflow_exactly_once.airflow_integration.compat import Stats, legacy_metric_names
 from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.task_log import TaskLog
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def markdown_table() -> str:
 class PipelineMetrics:
     """Sends one pipeline's metrics. `stats`: Airflow's `Stats` (default) or anything with its methods."""
 
-    def __init__(self, pipeline_id: str, stats: Any = None, logger: logging.Logger | logging.LoggerAdapter | None = None
+    def __init__(self, pipeline_id: str, stats: Any = None, logger: TaskLog | None = None
                  ) -> None:
         self.pipeline_id = str(pipeline_id)
         self._stats = stats

@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         access = "write" if getattr(args, "execute", False) else args.access
         # Readers never migrate, nor create tables, nor a SQLite file that does not exist yet.
         ledger = None if access == "read" and missing_sqlite_file(url) else Ledger(url)
-        if access == "write":
+        if ledger is not None and access == "write":  # a writer always has one (not missing_sqlite_file)
             ledger.create_schema()  # a writer upgrades on first use, like a batch does
         elif access == "read" and (ledger is None or not ledger.has_schema()):
             if args.command == "pipelines":
@@ -357,7 +357,7 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
 def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
     """The ledger against the mirrored consumer group and Airflow's Asset events (core/drift.py)."""
     def read_group(group: str) -> dict:
-        return read_group_offsets(_kafka_settings(PipelineConfig.from_dict(ledger.pipeline(pid)["config"]), args),
+        return read_group_offsets(_kafka_settings(PipelineConfig.from_dict(ledger.stored_config(pid)), args),
                                   group)
 
     def read_events(since: datetime | None) -> list:
@@ -379,7 +379,7 @@ def _mirror_command(pipeline_id: str, args: argparse.Namespace) -> str:
 
 def cmd_mirror(ledger: Ledger, args: argparse.Namespace) -> int:
     pid = _known(ledger, args.pipeline)
-    stored = ledger.pipeline(pid)["config"]
+    stored = ledger.stored_config(pid)
     if not stored.get("mirror_consumer_group"):
         raise ConfigurationError(f"{pid} has no mirror_consumer_group: there is no consumer group to mirror to")
     config = PipelineConfig.from_dict(stored)
@@ -410,7 +410,7 @@ def _stored_sink(config: PipelineConfig, output: str) -> SinkCommitter:
 def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
 
     pid = _known(ledger, args.pipeline)
-    config = PipelineConfig.from_dict(ledger.pipeline(pid)["config"])
+    config = PipelineConfig.from_dict(ledger.stored_config(pid))
     positions = ledger.committed_positions(pid)
     tps = sorted(positions)
     source = KafkaOffsetSource(_kafka_settings(config, args))
@@ -456,7 +456,7 @@ def cmd_rewind(ledger: Ledger, args: argparse.Namespace) -> int:
 
 def cmd_prune(ledger: Ledger, args: argparse.Namespace) -> int:
     pid = _known(ledger, args.pipeline)
-    stored = Retention.stored(ledger.pipeline(pid)["config"])
+    stored = Retention.stored(ledger.stored_config(pid))
     retention = Retention(stored.keep_batches if args.keep_batches is _DEFAULT else args.keep_batches,
                           stored.keep_days if args.keep_days is _DEFAULT else args.keep_days)
     report = prune(ledger, pid, retention, dry_run=not args.execute)
@@ -512,9 +512,7 @@ def cmd_db_current(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _known(ledger: Ledger, pipeline_id: str) -> str:
-    if ledger.pipeline(pipeline_id) is None:
-        known = ", ".join(p["pipeline_id"] for p in ledger.list_pipelines()) or "none"
-        raise ConfigurationError(f"no pipeline {pipeline_id!r} in this ledger (known: {known})")
+    ledger.stored_config(pipeline_id)  # raises for a pipeline the ledger does not have
     return pipeline_id
 
 

@@ -13,6 +13,7 @@ interval, and no two committed ranges overlap. Anything else is reported as a pr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch
@@ -55,7 +56,7 @@ def _audit_continuation(ledger: Ledger, pipeline_id: str, committed: list[Batch]
         report.notes.append(f"batches up to {floor.batch_seq} were pruned by retention; tiling is checked from the "
                             f"committed floor {shown}")
     # A reset recorded after batch n applies before batch n + 1: order resets at n + 0.5.
-    steps: list[tuple[float, object]] = [(b.seq, b) for b in committed]
+    steps: list[tuple[float, Batch | dict[str, Any]]] = [(b.seq, b) for b in committed]
     steps += [(r["after_batch_seq"] + 0.5, r) for r in ledger.position_resets(pipeline_id)]
     for _, step in sorted(steps, key=lambda s: s[0]):
         if isinstance(step, dict):

@@ -11,7 +11,7 @@ import importlib
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
@@ -362,7 +362,11 @@ class PipelineConfig:
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
 
 
-def _number(value: Any, kind: type) -> int | float | None:
+# A whole number or a real one, as a setting asks for (`_number`).
+Number = TypeVar("Number", int, float)
+
+
+def _number(value: Any, kind: type[Number]) -> Number | None:
     """`value` (a number, or a rendered template's text) as `kind`; None when it is not one (a whole one for int)."""
     if isinstance(value, bool):
         return None

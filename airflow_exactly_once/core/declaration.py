@@ -122,7 +122,7 @@ def options_of(declaration: type) -> list[Option]:
         if "doc" not in f.metadata:
             continue
         required = f.default is MISSING and f.default_factory is MISSING
-        default = None if required else (f.default if f.default is not MISSING else f.default_factory())
+        default = None if required else (f.default_factory() if f.default_factory is not MISSING else f.default)
         found.append(Option(f.name, f.metadata["doc"], required, default, f.metadata.get("secret", False),
                             f.metadata.get("secret_keys"), f.metadata.get("choices", ()),
                             f.metadata.get("shown_default"),

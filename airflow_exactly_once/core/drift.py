@@ -106,7 +106,7 @@ def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | N
     (its caller says why: the CLI raises instead, the ledger page shows the error). `newest_batches`: compare the
     events of the newest committed batches only (the ledger page: the batches it shows); None: every kept one."""
     report = DriftReport(pipeline_id)
-    stored = ledger.pipeline(pipeline_id)["config"]
+    stored = ledger.stored_config(pipeline_id)
     group = stored.get("mirror_consumer_group")
     if read_group is None:
         report.compared.append("consumer group: left out")
@@ -149,7 +149,9 @@ def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None
     Events of batches below are not compared, and each event was recorded after its batch was planned: so only
     events from a little before the first compared batch (or the newest pruned one) was planned are read. That
     keeps the check, which the ledger page runs on every view, as bounded as the ledger or the window; an event
-    posted by hand before then is not seen.
+    posted by hand before then is not seen. With a window and nothing pruned, the events are read from the
+    pipeline's registration (or its first compared batch, if older) on: never all that Airflow holds, which may be
+    a year of events beside a new or reset ledger (`airflow-exactly-once check` compares those).
     """
     floor = ledger.retention_floor(pipeline_id)
     if newest is None:
@@ -160,13 +162,22 @@ def compared_batches(ledger: Ledger, pipeline_id: str, newest: int | None = None
     if newest is not None and len(committed) == newest:
         first = committed[min(committed)]
         return ComparedBatches(first.seq - 1, committed, _before(first.created_at), cut=True)
-    return ComparedBatches(floor.batch_seq, committed, _before(floor.batch_created_at))
+    since = _utc(floor.batch_created_at)
+    if newest is not None and since is None:
+        registered = ledger.pipeline(pipeline_id)
+        starts = [registered["created_at"] if registered else None] + [b.created_at for b in found[:1]]
+        known = [t for t in map(_utc, starts) if t is not None]
+        since = min(known) if known else None
+    return ComparedBatches(floor.batch_seq, committed, _before(since))
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    return at if at is None or at.tzinfo else at.replace(tzinfo=timezone.utc)  # SQLite returns naive times
 
 
 def _before(planned: datetime | None) -> datetime | None:
-    if planned is None:
-        return None
-    return (planned if planned.tzinfo else planned.replace(tzinfo=timezone.utc)) - EVENT_CLOCK_SKEW  # SQLite: naive
+    at = _utc(planned)
+    return None if at is None else at - EVENT_CLOCK_SKEW
 
 
 def _tp(tp: TopicPartition) -> str:
@@ -253,8 +264,10 @@ def compare_asset_events(ledger: Ledger, pipeline_id: str, events: list[Recorded
             continue
         if event.batch_seq > floor:
             by_seq.setdefault(event.batch_seq, []).append(event)
+    uncommitted = [seq for seq in by_seq if seq not in committed]
+    newest = next(iter(ledger.list_batches(pipeline_id, limit=1)), None) if uncommitted else None
     for seq, recorded in sorted(by_seq.items()):
-        findings += _compare_batch_events(ledger, pipeline_id, seq, committed.get(seq), recorded)
+        findings += _compare_batch_events(ledger, pipeline_id, seq, committed.get(seq), recorded, newest)
     missing = sorted(set(committed) - set(by_seq))
     if missing:
         findings += _missing_events(committed, missing, by_seq, asset_uri)
@@ -266,18 +279,18 @@ def _ranges(batch: Batch) -> tuple[tuple[str, int, int, int], ...]:
 
 
 def _compare_batch_events(ledger: Ledger, pipeline_id: str, seq: int, batch: Batch | None,
-                          recorded: list[RecordedEvent]) -> list[Finding]:
+                          recorded: list[RecordedEvent], newest: Batch | None) -> list[Finding]:
+    """`newest`: the ledger's newest batch; events of batches above it (another ledger's) need no lookup each."""
     subject = f"batch {seq}"
     sources = ", ".join(sorted({e.source for e in recorded if e.source})) or "unknown"
     if batch is None:
-        found = ledger.find_batch(BatchId(pipeline_id, seq))
+        found = ledger.find_batch(BatchId(pipeline_id, seq)) if newest is not None and seq <= newest.seq else None
         state = None if found is None else found.state
         if state is BatchState.RETRACTED:
             return [Finding("event-for-retracted-batch", subject, f"Airflow announced it ({sources}); the ledger "
                             "holds it RETRACTED", "its output was withdrawn on purpose (a rewind or a re-run of "
                             "its interval, see `events`); downstream DAGs that ran on it saw output that is gone",
                             "re-run the downstream runs of that event if they copied the output", drift=False)]
-        newest = None if state else next(iter(ledger.list_batches(pipeline_id, limit=1)), None)
         what = f"the ledger holds it {state.value}" if state else (
             "the ledger has no such batch" + (f" (its newest is {newest.seq})" if newest else " (it holds none)"))
         return [Finding("event-for-uncommitted-batch", subject, f"Airflow recorded it as committed ({sources}); "

@@ -2,8 +2,10 @@
 
 Inert unless AIRFLOW_EXACTLY_ONCE_FAULTS names a folder. A file `<point>` in it holds
 "<action> <times>"; each time the point is reached with times > 0 the count drops by
-one and the action runs: `kill` (SIGKILL this process, as a dying worker would) or
-`raise` (an ordinary task failure).
+one and the action runs: `kill` (SIGKILL this process, as a dying worker would),
+`stop` (SIGSTOP this process: it stays at the point, frozen, for a test that then kills
+more than the task, e.g. its whole Celery worker, as a lost machine) or `raise` (an
+ordinary task failure).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def fault_point(point: str) -> None:
         log.write(f"{point} {action} pid={os.getpid()}\n")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
     raise InjectedFault(f"injected fault at {point}")
 
 

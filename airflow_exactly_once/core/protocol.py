@@ -63,8 +63,8 @@ class BatchCoordinator:
 
     def staged_history(self) -> list[tuple[Batch, Committable]]:
         """Every batch of the pipeline whose committable the ledger still holds (core.sink.StagedHistory)."""
-        return [(batch, self.sink.committable(batch.handles)) for batch in self.ledger.list_batches(self.pipeline_id)
-                if batch.handles]
+        return [(batch, committable) for batch in self.ledger.list_batches(self.pipeline_id)
+                if (committable := self.sink.committable(batch.handles)) is not None]
 
     # -- recovery (the plan step, before anything new) ------------------------------
 
@@ -153,7 +153,11 @@ class BatchCoordinator:
                             "to commit (run the write task first)")
         fault_point("notify.before_sink_commit")
         replaced = self._replaced_batch(batch)
-        committable = self.sink.committable(batch.handles or {})
+        committable = self.sink.committable(batch.handles)
+        if committable is None:
+            raise SinkError(f"batch {batch_id} is PREPARED but the ledger holds no handles of its staged output, so "
+                            "there is nothing to commit: a batch becomes PREPARED only with its committable's "
+                            "handles; run the write task again after clearing it", retriable=False)
         try:
             if replaced is None:
                 outcome = self.sink.commit(batch, committable)

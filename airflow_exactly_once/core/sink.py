@@ -22,7 +22,7 @@ PySpark: a DataFrame reaches `stage` as an object whose methods it calls.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator, TypeVar
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
@@ -32,6 +32,8 @@ from airflow_exactly_once.core.handles import format_version, stamped
 from airflow_exactly_once.core.model import Batch
 
 Handles = dict[str, Any]
+# A committable type: `from_handles` of StagedFolder gives a StagedFolder, a Parquet committer commits StagedFolders.
+CommittableT = TypeVar("CommittableT", bound="Committable")
 
 
 def column_names(value: Any, what: str) -> tuple[str, ...]:
@@ -88,7 +90,7 @@ class Committable(ABC):
         raise NotImplementedError  # every subclass that writes through to_handles defines it (__init_subclass__)
 
     @classmethod
-    def from_handles(cls, handles: Handles) -> "Committable":
+    def from_handles(cls: type[CommittableT], handles: Handles) -> CommittableT:
         """Read handles of any version this committable wrote; HandlesVersionError for a newer one."""
         version = format_version(handles, cls.__name__, cls.handles_version)
         return getattr(cls, f"read_handles_v{version}")(handles)
@@ -115,7 +117,7 @@ RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 # The pipeline's batches whose committables the ledger still holds, each with its committable. A sink reads it
 # only when it finds something left open in its system and must tell whether that is its own (a hanging Kafka
 # transaction of an earlier batch); the coordinator binds it, a sink used without a ledger has none.
-StagedHistory = Callable[[], list[tuple[Batch, Committable]]]
+StagedHistory = Callable[[], list[tuple[Batch, CommittableT]]]
 
 
 class SinkSide:

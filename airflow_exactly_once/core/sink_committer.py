@@ -8,27 +8,32 @@ a sink's write side (core.sink_writer) nor need PySpark.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Committable, Handles, SinkSide, StagedHistory
+from airflow_exactly_once.core.sink import CommittableT, Handles, SinkSide, StagedHistory
 
 
-class SinkCommitter(SinkSide, ABC):
-    """Makes a staged batch visible, takes it away, withdraws it; built from the sink's JSON spec."""
+class SinkCommitter(SinkSide, ABC, Generic[CommittableT]):
+    """Makes a staged batch visible, takes it away, withdraws it; built from the sink's JSON spec.
+
+    Generic in its committable type: a sink's committer receives only the committables it made from its own
+    handles (`committable`), so its methods take that type and the type checker holds them to it."""
 
     # Whether committed output can be withdrawn again (rewinds, interval replacement).
     supports_retract: ClassVar[bool] = False
-    committable_type: ClassVar[type[Committable]]
+    # Set by each sink's committer class (a ClassVar cannot hold a type variable).
+    committable_type: type[CommittableT]
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
-        self.history: StagedHistory | None = None
+        self.history: StagedHistory[CommittableT] | None = None
 
-    def bind(self, config: PipelineConfig, history: StagedHistory | None = None) -> "SinkCommitter":
+    def bind(self, config: PipelineConfig,
+             history: StagedHistory[CommittableT] | None = None) -> "SinkCommitter[CommittableT]":
         """The pipeline's settings, and the ledger's record of what the pipeline's batches staged (`history`),
         when a ledger is at hand (the coordinator binds both)."""
         self.bind_pipeline(config)
@@ -51,11 +56,11 @@ class SinkCommitter(SinkSide, ABC):
     def check(self, pipeline_id: str) -> None:
         """Plan-time validation against the real system (permissions, server settings)."""
 
-    def committable(self, handles: Handles | None) -> Committable | None:
+    def committable(self, handles: Handles | None) -> CommittableT | None:
         """The committable stored as a batch's handles (None when the batch recorded none)."""
         return self.committable_type.from_handles(handles) if handles else None
 
-    def verify_staged(self, batch: Batch, committable: Committable) -> None:
+    def verify_staged(self, batch: Batch, committable: CommittableT) -> None:
         """Raise TransactionLostError if the staged output is gone, without committing anything.
 
         Lets a commit of several sinks (output and dead letters) find a loss before any of them
@@ -63,20 +68,20 @@ class SinkCommitter(SinkSide, ABC):
         """
 
     @abstractmethod
-    def commit(self, batch: Batch, committable: Committable) -> str:
+    def commit(self, batch: Batch, committable: CommittableT) -> str:
         """Make the staged output visible. Idempotent. Raises TransactionLostError if it is gone."""
 
     @abstractmethod
-    def abort(self, batch: Batch, committable: Committable | None) -> str:
+    def abort(self, batch: Batch, committable: CommittableT | None) -> str:
         """Discard the staged output of `committable` (one attempt), or of every attempt of `batch` (None)."""
 
-    def retract(self, batch: Batch, committable: Committable | None) -> str:
+    def retract(self, batch: Batch, committable: CommittableT | None) -> str:
         """Remove the committed output of `batch` (a rewind, or replaced by a re-run). Idempotent."""
         raise ConfigurationError(
             f"the {self.name} sink cannot withdraw committed output: rewind with --output keep (the range is "
             "delivered again) or re-run intervals with interval_rerun='noop'")
 
-    def commit_replacing(self, batch: Batch, committable: Committable, replaced: Batch) -> str:
+    def commit_replacing(self, batch: Batch, committable: CommittableT, replaced: Batch) -> str:
         """Commit `batch` in place of the committed output of `replaced`. Idempotent.
 
         The default publishes first and withdraws the old output after, so a crash in

@@ -10,7 +10,7 @@ from __future__ import annotations
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.source import OffsetSource
-from airflow_exactly_once.core.timestamps import iso
+from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 
 TopicPartition = tuple[str, int]
 Start = tuple[int, str]  # offset, and why (recorded in the ledger)
@@ -35,7 +35,7 @@ def startup_positions(config: PipelineConfig, source: OffsetSource, unknown: lis
         return {tp: (edge_start(mode, log_starts[tp], ends[tp]), f"startup mode {mode}") for tp in unknown}
     found: dict[TopicPartition, int | None]
     if mode == "timestamp":
-        at = int(config.startup_timestamp)
+        at = to_epoch_ms(config.startup_timestamp, "startup_timestamp (startup_mode='timestamp')")
         # No record at or after the time yet: start at the end, as Flink's TIMESTAMP mode does.
         found = {tp: offset if offset is not None else ends[tp]
                  for tp, offset in source.offsets_for_times(unknown, at).items()}

@@ -23,7 +23,7 @@ import ssl
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.kafka.settings import KafkaSettings
@@ -155,7 +155,7 @@ def _check_login(settings: KafkaSettings, timeout_s: float) -> tuple[Configurati
     except ImportError:  # the official Kafka provider brings it; without it the login stays unchecked
         return None, "not checked, confluent-kafka is not installed"
     errors: list = []
-    config = {k: v for k, v in settings.librdkafka().items()
+    config: dict[str, Any] = {k: v for k, v in settings.librdkafka().items()
               if k in _LIBRDKAFKA_KEYS or k.startswith(("sasl.", "ssl."))}
     config.update({"error_cb": errors.append, "log_level": 0, "socket.timeout.ms": int(timeout_s * 1000)})
     try:

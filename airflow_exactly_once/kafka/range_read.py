@@ -16,8 +16,9 @@ from typing import Any, Sequence
 
 try:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
+    HAS_CONFLUENT_KAFKA = True
 except ImportError:  # a Spark cluster's driver may lack it: Spark's Kafka source reads the batch there
-    Consumer = None
+    HAS_CONFLUENT_KAFKA = False
 
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError, SourceUnavailableError
 from airflow_exactly_once.core.model import OffsetRange
@@ -38,7 +39,7 @@ def read_ranges(settings: KafkaSettings, group: str, ranges: Sequence[OffsetRang
     """Every record in `ranges` (read_committed) by topic, partition and offset, as Spark's source lists them, or
     None when they hold more than `max_bytes` or confluent-kafka is missing here (a cluster's driver may lack it:
     Spark's source reads the batch)."""
-    if Consumer is None:
+    if not HAS_CONFLUENT_KAFKA:
         return None
     pending = {(r.topic, r.partition): r for r in ranges if r.size > 0}
     if not pending:
@@ -70,29 +71,34 @@ def read_ranges(settings: KafkaSettings, group: str, ranges: Sequence[OffsetRang
             if messages:
                 checked = time.monotonic()
             for message in messages:
-                where = (message.topic(), message.partition())
-                wanted = pending.get(where)
+                topic, partition, offset = message.topic(), message.partition(), message.offset()
                 error = message.error()
+                if topic is None or partition is None or offset is None:  # a client-wide error, of no partition
+                    if error is not None:
+                        _raise_for(error, None, None, settings, ranges)
+                    continue
+                where = (topic, partition)
+                wanted = pending.get(where)
                 if error is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
-                        if wanted is not None and message.offset() >= wanted.end:  # control records at the end
+                        if wanted is not None and offset >= wanted.end:  # control records at the end
                             del pending[where]
                         continue
                     _raise_for(error, where, wanted, settings, ranges)
                     continue
-                if wanted is None or message.offset() < wanted.start:
+                if wanted is None or offset < wanted.start:
                     continue
-                if message.offset() >= wanted.end:
+                if offset >= wanted.end:
                     del pending[where]
                     continue
                 key, value = message.key(), message.value()
                 kind, stamp = message.timestamp()
-                rows.append((key, value, where[0], where[1], message.offset(), stamp,
+                rows.append((key, value, topic, partition, offset, stamp,
                              _TIMESTAMP_TYPE.get(kind, -1)))
                 size += len(key or b"") + len(value or b"")
                 if size > max_bytes:
                     return None
-                if message.offset() == wanted.end - 1:
+                if offset == wanted.end - 1:
                     del pending[where]
         rows.sort(key=lambda row: row[2:5])  # partitions arrive interleaved
         return rows

@@ -166,11 +166,7 @@ class KafkaSettings:
                 raise ConfigurationError(
                     f"security.protocol={protocol} needs sasl.mechanism set to one of {', '.join(SASL_MECHANISMS)} "
                     f"({self.origin} has {mechanism or 'none'})")
-            username, password = self.sasl_credentials()
-            if not username or password is None:
-                raise ConfigurationError(
-                    f"security.protocol={protocol} needs credentials: set sasl.username and sasl.password (or "
-                    f"sasl.jaas.config) in {self.origin}")
+            self.sasl_login()
         truststore = self.properties.get("ssl.truststore.location")
         if truststore and self.properties.get("ssl.truststore.type", "JKS").upper() != "PEM" \
                 and "ssl.ca.location" not in self.properties:
@@ -193,6 +189,15 @@ class KafkaSettings:
             password = password if password is not None else options.get("password")
         return username, password
 
+    def sasl_login(self) -> tuple[str, str]:
+        """The (username, password) a SASL connection logs in with; refused when either is missing."""
+        username, password = self.sasl_credentials()
+        if not username or password is None:
+            raise ConfigurationError(
+                f"security.protocol={self.security_protocol} needs credentials: set sasl.username and sasl.password "
+                f"(or sasl.jaas.config) in {self.origin}")
+        return username, password
+
     def _ca_file(self) -> str | None:
         if "ssl.ca.location" in self.properties:
             return self.properties["ssl.ca.location"]
@@ -205,7 +210,7 @@ class KafkaSettings:
 
     # -- kafka-python ----------------------------------------------------------------
 
-    def kafka_python(self, client: type) -> dict[str, Any]:
+    def kafka_python(self, client: type[Any]) -> dict[str, Any]:
         """Keyword arguments for a kafka-python client class (KafkaConsumer, KafkaProducer, KafkaAdminClient).
 
         Settings the class does not know are left out (a consumer-only setting never reaches a
@@ -285,7 +290,7 @@ class KafkaSettings:
         """
         shown = {k: v for k, v in self.java().items() if k not in SECRETS}
         if self.security_protocol.startswith("SASL"):
-            shown["sasl.username"] = self.sasl_credentials()[0]
+            shown["sasl.username"] = self.sasl_login()[0]
         digest = hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()[:12]
         return f"airflow-exactly-once-{pipeline_id}-{digest}"
 
@@ -296,7 +301,7 @@ class KafkaSettings:
         props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY and k not in _KAFKA_PYTHON_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
         if self.security_protocol.startswith("SASL"):
-            props["sasl.username"], props["sasl.password"] = self.sasl_credentials()
+            props["sasl.username"], props["sasl.password"] = self.sasl_login()
         ca = self._ca_file()
         if ca:
             props["ssl.ca.location"] = ca

@@ -156,8 +156,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
             startup_timestamp=_optional(self.startup_timestamp), startup_offsets=_optional(self.startup_offsets),
             startup_group_id=_optional(self.startup_group_id), guarantee=_optional(self.guarantee),
             schema_registry_conn_id=_optional(self.schema_registry_conn_id),
-            schema_registry=SchemaRegistryHook(self.schema_registry_conn_id).client_settings()
-            if _optional(self.schema_registry_conn_id) else None,
+            schema_registry=SchemaRegistryHook(registry_conn_id).client_settings()
+            if (registry_conn_id := _optional(self.schema_registry_conn_id)) else None,
         )
         config = checked(PipelineConfig(**values))
         _mask(config.secret_texts())  # with those the connections added
@@ -247,10 +247,10 @@ class ExactlyOnceBaseOperator(BaseOperator):
         return step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), batch, recovered)
 
 
-ExactlyOnceBaseOperator.__doc__ = ExactlyOnceBaseOperator.__doc__.format(params=arguments.param_docs())
+ExactlyOnceBaseOperator.__doc__ = (ExactlyOnceBaseOperator.__doc__ or "").format(params=arguments.param_docs())
 
 
-def _mask(secrets: list[str | None]) -> None:
+def _mask(secrets: Iterable[str | None]) -> None:
     """Tell Airflow's secrets masker: task logs, rendered fields and XComs then show *** instead."""
     for secret in secrets:
         if secret:
@@ -351,7 +351,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
             _log_ranges(self.log, outcome.batch)
         self._report_plan(coordinator, outcome, time.monotonic() - started)
         self.record_lineage(outcome.batch.id if outcome.batch is not None else None, coordinator.recovered)
-        if not outcome.needs_commit:  # nothing to write: write and notify_complete are skipped
+        if outcome.batch is None or not outcome.needs_commit:  # nothing to write: write and notify_complete skipped
             if coordinator.recovered:
                 return None  # succeed, so that the recovered batches' Asset events are emitted
             raise AirflowSkipException(outcome.message)

@@ -7,11 +7,11 @@ and turns their Airflow settings into numbers.
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
 from airflow_exactly_once.core.sink_committer import SinkCommitter
+from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.core.txn_budget import RetryBudget, check_transaction_timeout
 
 
@@ -41,7 +41,7 @@ def _task(plan_task: Any, task_id: str | None) -> Any | None:
 
 
 def check_commit_deadline(plan_task: Any, sink: SinkCommitter, write_task_id: str | None, notify_task_id: str | None,
-                          log: logging.Logger) -> None:
+                          log: TaskLog) -> None:
     """Fail `plan` when the sink's pre-committed output can expire before notify_complete's last retry.
 
     The task group tells plan which tasks are its write and notify_complete (`write_task_id`,

@@ -12,17 +12,17 @@ none, a Spark Connect write not the in-task driver's modules).
 
 from __future__ import annotations
 
-import logging
 from functools import partial
 from typing import Any, Callable
 
 from airflow_exactly_once.core.protocol import BatchCoordinator, StopAttempts
+from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.spark.launch.launcher import WriteLauncher
 
 
 def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id: str | None,
                    connect_url: str | None, spark_conf: dict[str, Any] | None, transform: str | Callable | None,
-                   log: logging.Logger) -> WriteLauncher:
+                   log: TaskLog) -> WriteLauncher:
     """The launcher of the write: on the Spark Connect server at `connect_url` (a `spark_connect` connection, or
     spark_conf's spark.remote), spark-submitted with the `spark` connection `spark_conn_id`, else in the task.
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any, Iterable
 
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 from airflow_exactly_once.records.protobuf_rows import ProtobufMessage
@@ -71,8 +72,8 @@ def reader_message(descriptor_set: bytes, where: str, name: str | None = None) -
     prefix = f"{reader.package}." if reader.package else ""
     paths: dict[tuple[int, ...], str] = {}
 
-    def walk(messages: object, parent: str, path: tuple[int, ...]) -> None:
-        for index, message in enumerate(messages):  # type: ignore[call-overload]
+    def walk(messages: Iterable[Any], parent: str, path: tuple[int, ...]) -> None:
+        for index, message in enumerate(messages):
             full = f"{parent}{message.name}"
             paths[(*path, index)] = full
             walk(message.nested_type, f"{full}.", (*path, index))

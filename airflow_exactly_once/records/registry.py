@@ -151,7 +151,9 @@ class Registry:
                     _CACHE[(self.url, known)] = (registered.schema.schema_type or "AVRO",
                                                  registered.schema.schema_str)
             with _LOCK:
-                found[known] = _CACHE[(self.url, known)][1]
+                cached = _CACHE[(self.url, known)]
+            if cached is not None:  # always: a version's schema is cached with its id
+                found[known] = cached[1]
         return found
 
     def reader(self, subject: str, pinned: Any) -> tuple[str, str, list[Any]]:
@@ -195,7 +197,7 @@ def part_schemas(config: PipelineConfig, part: str, registry: Registry | None = 
     registry = registry or Registry(config)
     fmt = getattr(config, f"{part}_format")
     pinned = getattr(config, f"{part}_schema")
-    readers = {}
+    readers: dict[str, tuple[str, str, list[Any]]] = {}
     for subject in subjects(config, part):
         text, ref, references = registry.reader(subject, pinned)
         readers.setdefault(_canonical(text), (text, ref, references))

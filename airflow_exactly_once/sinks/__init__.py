@@ -8,6 +8,9 @@ names the writer and committer classes as "module:Class". They are imported only
 uses the sink, so its client library (confluent-kafka, psycopg2, pyiceberg) is needed only then.
 Everything that differs by sink type outside the sinks (defaults of dead-letter destinations,
 which settings are secret, the list of types) is asked of this registry.
+
+The package's own sinks are `SPECS`; other distributions add theirs through the entry point group
+`airflow_exactly_once.sinks` (sinks.installed), and every look-up by type finds both.
 """
 
 from __future__ import annotations
@@ -22,25 +25,39 @@ from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.dead_letters import PairedCommitter, PairedWriter
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
+from airflow_exactly_once.sinks.installed import InstalledSinks
 from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 
 # [START sink_types]
+# The package's own sinks (the docs list these).
 SPECS: dict[str, type[SinkSpec]] = {spec.type_name: spec for spec in (ParquetSpec, PostgresSpec, KafkaSpec,
                                                                       IcebergSpec)}
+# Those other distributions declare in the entry point group "airflow_exactly_once.sinks".
+INSTALLED = InstalledSinks()
 # [END sink_types]
 
 
+def sink_types() -> list[str]:
+    """Every sink type a spec may name: the package's own, then those other distributions declare (the names
+    only: nothing of theirs is imported)."""
+    return [*SPECS, *(name for name in INSTALLED.names() if name not in SPECS)]
+
+
 def spec_type(spec: Any, what: str = "sink") -> type[SinkSpec]:
-    """The declaration of a sink spec's type; `what` names the argument in errors ("sink", "dead_letter")."""
+    """The declaration of a sink spec's type, built in or another distribution's; `what` names the argument in
+    errors ("sink", "dead_letter")."""
     if not isinstance(spec, dict) or "type" not in spec:
         raise ConfigurationError(f"{what} must be a dict with a 'type', e.g. {{'type': 'parquet', 'path': "
                                  "'/data/out'}")
     kind = spec["type"]
-    if kind not in SPECS:
-        raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(SPECS))}")
-    return SPECS[kind]
+    INSTALLED.refuse_clash(kind, SPECS)
+    declaration = SPECS.get(kind) or INSTALLED.spec(kind)
+    if declaration is None:
+        raise ConfigurationError(f"unknown sink type {kind!r}; choose one of {', '.join(sorted(sink_types()))} "
+                                 "(a sink of another distribution: pip install it)")
+    return declaration
 
 
 def _imported(declaration: type[SinkSpec], side: str) -> type:
@@ -95,9 +112,9 @@ def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:
 def spec_local_folders(spec: Any, what: str = "sink") -> list[tuple[str, str, str]]:
     """(where, value, what to use instead) of each folder of a sink spec that only the task's machine sees; none for a
     spec that is still a template or of an unknown type (the sink's own checks name those)."""
-    if not isinstance(spec, dict) or spec.get("type") not in SPECS:
+    if not isinstance(spec, dict) or spec.get("type") not in sink_types():
         return []
-    declaration = SPECS[spec["type"]]
+    declaration = spec_type(spec, what)
     return [(f"{what} {key}", value, declaration.shared_storage) for key, value in declaration.local_folders(spec)]
 
 

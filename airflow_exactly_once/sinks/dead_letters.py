@@ -75,8 +75,8 @@ class Pair(SinkSide, Generic[Side]):
     destination's, and the output's spec (and so its type and guarantees) as the pair's."""
 
     def __init__(self, output: Side, dead: Side) -> None:
-        self.output = output
-        self.dead = dead
+        self.output: Side = output
+        self.dead: Side = dead
         super().__init__(output.spec)
 
     @property
@@ -84,7 +84,7 @@ class Pair(SinkSide, Generic[Side]):
         return self.output.spec_type
 
 
-class PairedCommitter(Pair[SinkCommitter], SinkCommitter):
+class PairedCommitter(Pair[SinkCommitter], SinkCommitter[PairedCommittable]):
     """The committers of the pipeline's output and of its dead-letter destination, as one."""
 
     @property
@@ -93,9 +93,13 @@ class PairedCommitter(Pair[SinkCommitter], SinkCommitter):
 
     @property
     def committable_type(self) -> type[PairedCommittable]:  # type: ignore[override]
-        return paired_committable(self.output.committable_type, self.dead.committable_type)
+        # Named as Committable classes: mypy does not take a type[Any] (the sides' own) as hashable for the cache.
+        output: type[Committable] = self.output.committable_type
+        dead: type[Committable] = self.dead.committable_type
+        return paired_committable(output, dead)
 
-    def bind(self, config: PipelineConfig, history: StagedHistory | None = None) -> "PairedCommitter":
+    def bind(self, config: PipelineConfig,
+             history: StagedHistory[PairedCommittable] | None = None) -> "PairedCommitter":
         """Each of the two committers sees its own part of every batch's committable."""
         super().bind(config, history)
         self.output.bind(config, None if history is None else lambda: [(b, c.output) for b, c in history()])

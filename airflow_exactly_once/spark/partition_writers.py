@@ -43,7 +43,11 @@ def _write_partition(writer: PartitionWriter, claim: ClaimCheck | None, batches:
     import pyarrow as pa
     from pyspark import TaskContext
 
-    partition = TaskContext.get().partitionId()
+    context = TaskContext.get()
+    if context is None:
+        raise SinkError("a partition writer runs inside a Spark task (mapInArrow), where Spark gives it its "
+                        "TaskContext; this one ran outside any", retriable=False)
+    partition = context.partitionId()
     try:
         message = writer.write(partition, batches, claim)
     except ExactlyOnceError as exc:

@@ -90,7 +90,11 @@ def build_bundle(folder: str | Path, transform: str | None = None) -> JobBundle:
     launcher = folder / LAUNCHER_NAME
     launcher.write_text(LAUNCHER)
     zipped = folder / ZIP_NAME
-    package_dir = Path(importlib.util.find_spec(PACKAGE).origin).parent
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ConfigurationError(f"the {PACKAGE} package has no folder of files to ship to Spark: install it with pip "
+                                 "into a folder (not a zip or a namespace package)")
+    package_dir = Path(spec.origin).parent
     modules = [PACKAGE]
     with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as archive:
         _add_tree(archive, package_dir, PACKAGE)

@@ -131,6 +131,9 @@ class DriftResult:
 # The page compares the Asset events of the batches it shows (the report's 50 newest): a constant cost per view,
 # whatever the history's length; `airflow-exactly-once check` compares every kept batch.
 DRIFT_BATCHES = 50
+# And it reads at most this many events (the newest), also when Airflow holds more since the window began than those
+# batches explain (another ledger's events, e.g. the page reads a stale ledger): each costs the view a little.
+DRIFT_EVENTS = 1000
 
 
 def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
@@ -153,10 +156,15 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
 
     def read_events(since: datetime | None) -> list | None:
         try:
-            return recorded_batch_events(pid, session, since)
+            found = recorded_batch_events(pid, session, since, newest=DRIFT_EVENTS)
         except ExactlyOnceError as exc:
             errors.append(_first_line(exc))
             return None
+        if len(found) == DRIFT_EVENTS:
+            errors.append(f"the Asset events of {pipeline_asset_uri(pid)} older than its newest {DRIFT_EVENTS:,} "
+                          f"(recorded since {since or 'ever'}): the page reads no more per view (older batches may "
+                          f"show as missing); `airflow-exactly-once check {pid}` compares them all")
+        return found
 
     try:
         found = reader.read(f"the drift of {pid}", lambda ledger: check_drift(

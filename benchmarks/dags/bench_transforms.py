@@ -3,3 +3,8 @@
 
 def rows(df):
     return df.selectExpr("CAST(key AS STRING) AS k", "CAST(value AS STRING) AS v", "partition", "offset")
+
+
+def key_value(df):
+    """Records as they came, for a Kafka sink (bench_celery_dags.py)."""
+    return df.selectExpr("key", "value")

@@ -5,12 +5,17 @@ prepare that vanished behind the sink's back is reported lost (the batch goes ba
 next run); the output of a fenced write attempt never becomes visible; and whatever a batch
 staged is gone once it is committed or aborted (nothing holds locks or offsets).
 
-Every sink registered in airflow_exactly_once.sinks.SPECS runs every scenario; a registered
-sink without an adapter in ADAPTERS fails them (docs/adding-a-sink.md).
+Every sink the registry finds (airflow_exactly_once.sinks.sink_types(): the built-in SPECS and those
+installed distributions declare) runs every scenario; a registered sink without an adapter in ADAPTERS
+fails them (docs/adding-a-sink.md). A sink of another distribution brings its adapter through the
+environment: AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS="module:Adapter[,module:Adapter]", each class with a
+`sink_type`.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import shutil
 import uuid
@@ -23,7 +28,7 @@ from kafka import KafkaAdminClient
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import SPECS, create_committer
+from airflow_exactly_once.sinks import create_committer, sink_types
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
@@ -133,17 +138,36 @@ ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka"
                                             "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest}
 # [END adapters]
 
+# [START adapter_hook]
+ADAPTERS_VARIABLE = "AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS"
+
+
+def named_adapters(names: str) -> dict[str, type[SinkUnderTest]]:
+    """The adapters "module:Class,module:Class" names (another distribution's sinks), by their `sink_type`."""
+    found: dict[str, type[SinkUnderTest]] = {}
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        module, _, attribute = name.partition(":")
+        adapter = getattr(importlib.import_module(module), attribute)
+        found[adapter.sink_type] = adapter
+    return found
+
+
+ADAPTERS.update(named_adapters(os.environ.get(ADAPTERS_VARIABLE, "")))
+# [END adapter_hook]
+
 
 def registered_sinks() -> list[str]:
-    """The sink types the contract runs: the registry's, read when the tests are collected."""
-    return sorted(SPECS)
+    """The sink types the contract runs: the registry's, built in and installed, read when the tests are
+    collected."""
+    return sorted(sink_types())
 
 
 def adapter_for(kind: str) -> type[SinkUnderTest]:
     """A registered sink without an adapter fails the contract instead of escaping it."""
     if kind not in ADAPTERS:
-        pytest.fail(f"the {kind!r} sink is registered in SPECS (airflow_exactly_once/sinks/__init__.py) but "
-                    "has no adapter in ADAPTERS of tests/integration/test_sink_contract.py: write one "
+        pytest.fail(f"the {kind!r} sink is registered in SPECS (airflow_exactly_once/sinks/__init__.py) or "
+                    "installed by another distribution, but has no adapter in ADAPTERS of "
+                    f"tests/integration/test_sink_contract.py nor in {ADAPTERS_VARIABLE}: write one "
                     "(docs/adding-a-sink.md)", pytrace=False)
     return ADAPTERS[kind]
 

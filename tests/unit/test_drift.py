@@ -172,6 +172,26 @@ def test_the_ledger_pages_window_compares_the_newest_batches_only(ledger):
         ("events-before-history", f"batches {batches[0].seq}, {batches[1].seq}, {batches[2].seq}", False)]
 
 
+def test_the_ledger_pages_window_never_reads_every_event_airflow_holds(ledger):
+    """A young (or reset) ledger holds fewer committed batches than the page's window and pruned nothing: the page
+    reads the events from an hour before the pipeline was registered on, not the year Airflow may hold."""
+    batches = [commit(ledger, n) for n in range(2)]
+    registered = ledger.pipeline("p")["created_at"]
+    asked = []
+
+    def read_events(since):
+        asked.append(since)
+        return [event(b) for b in batches]
+
+    report = check_drift(ledger, "p", read_group=None, read_events=read_events, asset_uri=URI,
+                         mirror_command=MIRROR, newest_batches=50)
+    assert report.ok and report.compared[-1] == f"2 Asset event(s) of {URI}"
+    assert asked[-1].tzinfo is not None
+    assert asked[-1].replace(tzinfo=None) == registered.replace(tzinfo=None) - EVENT_CLOCK_SKEW
+    check_drift(ledger, "p", read_group=None, read_events=read_events, asset_uri=URI, mirror_command=MIRROR)
+    assert asked[-1] is None  # `check` compares every event
+
+
 def test_check_prints_what_it_compared_and_fails_on_drift_only(ledger, capsys):
     commit(ledger, 0)
     url = str(ledger.engine.url)

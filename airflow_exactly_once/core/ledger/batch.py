@@ -120,7 +120,7 @@ class BatchLedger(LedgerBase):
                 conn.execute(batch_offsets.insert(), rows)
             if created is not None:
                 return self._batch_of(created, ranges)
-            return self._load(conn, BatchId(pipeline_id, seq))
+            return self._require(conn, BatchId(pipeline_id, seq))
 
     def claim(self, batch_id: BatchId) -> Batch:
         """A write attempt takes the batch over: a new epoch fences any older attempt."""
@@ -130,7 +130,7 @@ class BatchLedger(LedgerBase):
                 raise FencedError(f"batch {batch_id} is {current.state.value}, not PLANNED; "
                                   "another run or attempt has taken it over")
             pipeline_epoch = conn.execute(sa.select(pipelines.c.epoch)
-                                          .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar()
+                                          .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar_one()
             epoch = self._bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
             count, row = self._write_row(conn, (
                 batches.update()
@@ -139,7 +139,7 @@ class BatchLedger(LedgerBase):
                 .values(epoch=epoch, updated_at=utc_now())))
             if count != 1:
                 raise FencedError(f"batch {batch_id} changed while being claimed", retriable=True)
-            return self._batch_of(row, current.ranges) if row is not None else self._load(conn, batch_id)
+            return self._batch_of(row, current.ranges) if row is not None else self._require(conn, batch_id)
 
     def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
                       input_records: int | None, output_records: int | None,
@@ -155,7 +155,7 @@ class BatchLedger(LedgerBase):
                 ranges = current.ranges
             row = self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
             if row is None:
-                return self._load(conn, batch_id)
+                return self._require(conn, batch_id)
             return self._batch_of(row, self._ranges_of(conn, batch_id) if ranges is None else ranges)
 
     def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:

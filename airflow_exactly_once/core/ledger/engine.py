@@ -103,6 +103,9 @@ def read_connection(engine: Engine) -> Iterator[Connection]:
         # psycopg2's own switch, not SQLAlchemy's isolation_level option: resetting that one on the way back to
         # the pool sends a SET, a round trip of its own, where turning autocommit off again sends nothing.
         dbapi_conn = conn.connection.dbapi_connection
+        if dbapi_conn is None:  # invalidated: SQLAlchemy connects again, with its own transactions
+            yield conn
+            return
         dbapi_conn.autocommit = True
         try:
             yield conn

@@ -22,11 +22,13 @@ class IntervalLedger(LedgerBase):
 
     def batch_intervals(self, pipeline_id: str, seqs: list[int]) -> dict[int, tuple[int, int]]:
         """{batch number: its data interval} of those of `seqs` planned by interval, in one query."""
+        if not seqs:
+            return {}
         with self._reading() as conn:
             rows = conn.execute(sa.select(batch_intervals.c.batch_seq, batch_intervals.c.interval_start,
                                           batch_intervals.c.interval_end)
                                 .where(batch_intervals.c.pipeline_id == pipeline_id,
-                                       batch_intervals.c.batch_seq.in_(seqs))) if seqs else []
+                                       batch_intervals.c.batch_seq.in_(seqs)))
             return {r[0]: (r[1], r[2]) for r in rows}
 
     def interval_batches(self, pipeline_id: str, interval: tuple[int, int] | None = None) -> list[Batch]:

@@ -7,6 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
 from airflow_exactly_once.core.ledger.schema import pipeline_dags, pipelines
 from airflow_exactly_once.core.model import dumps
@@ -70,6 +71,14 @@ class PipelineLedger(LedgerBase):
         data = dict(row._mapping)
         data["config"] = json.loads(data["config"])
         return data
+
+    def stored_config(self, pipeline_id: str) -> dict[str, Any]:
+        """The settings stored for a pipeline of this ledger; for another one, an error naming those it has."""
+        stored = self.pipeline(pipeline_id)
+        if stored is None:
+            known = ", ".join(p["pipeline_id"] for p in self.list_pipelines()) or "none"
+            raise ConfigurationError(f"no pipeline {pipeline_id!r} in this ledger (known: {known})")
+        return stored["config"]
 
     def list_pipelines(self) -> list[dict[str, Any]]:
         with self._reading() as conn:

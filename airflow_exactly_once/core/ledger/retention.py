@@ -205,7 +205,7 @@ class RetentionLedger(LedgerBase):
         kept_since = conn.execute(sa.select(batches.c.created_at)
                                   .where(batches.c.pipeline_id == pipeline_id, batches.c.batch_seq > through)
                                   .order_by(batches.c.batch_seq).limit(1)).scalar()
-        gone = [(events.c.pipeline_id == pipeline_id, events.c.batch_seq <= through)]
+        gone: list[tuple] = [(events.c.pipeline_id == pipeline_id, events.c.batch_seq <= through)]
         if kept_since is not None:
             gone.append((events.c.pipeline_id == pipeline_id, events.c.batch_seq.is_(None), events.c.at < kept_since))
         return gone

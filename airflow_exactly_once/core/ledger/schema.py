@@ -6,6 +6,8 @@ same definitions serve the embedded SQLite file and PostgreSQL.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
@@ -31,7 +33,7 @@ def _batch_key() -> list[sa.Column]:
 
 def _topic_partition(*, key: bool) -> list[sa.Column]:
     """A Kafka partition: part of the primary key, or (`key=False`) plain required columns."""
-    role: dict[str, bool] = {"primary_key": True} if key else {"nullable": False}
+    role: dict[str, Any] = {"primary_key": True} if key else {"nullable": False}
     return [sa.Column("topic", sa.String(249), **role), sa.Column("partition", sa.Integer, **role)]
 
 

@@ -168,7 +168,8 @@ class TableCommitter:
                         producer.delete_data_file(data_file)
                     for data_file in files:
                         producer.append_data_file(data_file)
-            how = f"replacing batch {replaced.seq}'s {len(withdrawn)} file(s)" if withdrawn else "cherry-pick"
+            how = (f"replacing batch {replaced.seq}'s {len(withdrawn)} file(s)" if withdrawn and replaced is not None
+                   else "cherry-pick")
             return f"published batch {key} to main of {self.table_name} ({how}: {len(files)} file(s))"
 
         try:

@@ -33,7 +33,7 @@ from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 from airflow_exactly_once.sinks.iceberg.target import WAP_ENABLED, IcebergTarget
 
 
-class IcebergSinkCommitter(SinkCommitter):
+class IcebergSinkCommitter(SinkCommitter[StagedSnapshot]):
     spec_type = IcebergSpec
     supports_retract = True
     committable_type = StagedSnapshot

@@ -33,7 +33,7 @@ class IcebergTarget:
                                      f"{table!r}, e.g. {{'type': 'iceberg', 'table': 'db.events', "
                                      "'warehouse': '/data/lake'}")
         self.namespace, self.table_name = parts
-        self.table: str = table
+        self.table = ".".join(parts)
         self.catalog = CatalogSpec.from_spec(spec)
         self.create_table = spec.get("create_table", False)
         if not isinstance(self.create_table, bool):

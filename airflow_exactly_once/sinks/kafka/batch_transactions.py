@@ -41,21 +41,22 @@ class BatchTransactions:
     def states_before_commit(self, reports: list[PartitionReport]) -> dict[str, str]:
         """Open / committed / aborted per transaction, before committing any: a batch whose
         transactions partly timed out is then aborted as a whole instead of half committed."""
-        started = [r for r in reports if r.transaction.started]
-        status = {r.transactional_id: COMMITTED for r in reports if not r.transaction.started}
+        started = [r for r in reports if r.held_transaction.started]
+        status = {r.held_transaction.transactional_id: COMMITTED for r in reports if not r.held_transaction.started}
         try:
-            seen = probe.transaction_states(self.admin, [r.transactional_id for r in started])
+            seen = probe.transaction_states(self.admin, [r.held_transaction.transactional_id for r in started])
         except Exception as exc:  # e.g. no DESCRIBE permission: fall back to committing and judging failures
             log.warning("cannot describe the batch's transactions (%s); committing them without looking first", exc)
             seen = {}
         for report in started:
-            handle = report.transaction
+            handle = report.held_transaction
             state = seen.get(handle.transactional_id,
                              probe.TransactionState("Ongoing", handle.producer_id, handle.epoch))
             same = state is not None and (state.producer_id, state.epoch) == (handle.producer_id, handle.epoch)
-            if same and state.state == "Ongoing":
+            current = state.state if same and state is not None else None  # this very transaction's state
+            if current == "Ongoing":
                 status[handle.transactional_id] = OPEN
-            elif same and state.state in ("PrepareCommit", "CompleteCommit"):
+            elif current in ("PrepareCommit", "CompleteCommit"):
                 status[handle.transactional_id] = COMMITTED
             else:  # ended by someone else (timeout, fencing) or forgotten: the output decides
                 status[handle.transactional_id] = self.judge(report)
@@ -64,7 +65,7 @@ class BatchTransactions:
     def commit_all(self, reports: list[PartitionReport]) -> dict[str, str]:
         """Commit the open transactions together (EndTxn pipelined); committed or, for one the broker
         lost meanwhile, what its output says. Raises when Kafka refused or did not answer for any."""
-        by_handle = {r.transaction: r for r in reports}
+        by_handle = {r.held_transaction: r for r in reports}
         answers = end_transactions(self.admin, list(by_handle), commit=True,
                                    timeout_ms=self.output.end_timeout_ms(self.settings))
         failed = [(h, e) for h, e in answers.items() if e is not None and not isinstance(e, TransactionLostError)]
@@ -119,7 +120,7 @@ class BatchTransactions:
              aborted: list[str]) -> None:
         """Raise for a batch with aborted transactions: lost (its open ones aborted too), or partially committed."""
         timeout_ms = self.output.transaction_timeout_ms
-        committed = sorted(t for t, s in status.items() if s == COMMITTED and reports[t].transaction.started)
+        committed = sorted(t for t, s in status.items() if s == COMMITTED and reports[t].held_transaction.started)
         lost_records = sum(reports[t].records for t in aborted)
         if committed:
             raise SinkError(
@@ -128,7 +129,7 @@ class BatchTransactions:
                 f"could commit them (transaction_timeout_ms={timeout_ms}). Processing the range "
                 "again would duplicate the committed part, so the batch is left PREPARED: decide by hand, and "
                 "raise transaction_timeout_ms so that notify_complete always comes in time.")
-        still_open = [reports[t].transaction for t, s in status.items() if s == OPEN]
+        still_open = [reports[t].held_transaction for t, s in status.items() if s == OPEN]
         if still_open:
             answers = end_transactions(self.admin, still_open, commit=False,
                                        timeout_ms=self.output.end_timeout_ms(self.settings))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_exactly_once.core.errors import SinkError
 from airflow_exactly_once.core.sink import Committable, Handles
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
 
@@ -28,6 +29,14 @@ class PartitionReport:
     @property
     def transactional_id(self) -> str | None:
         return None if self.transaction is None else self.transaction.transactional_id
+
+    @property
+    def held_transaction(self) -> TransactionHandle:
+        """The transaction of a report that holds one (each of `KafkaCommittable.transactions`)."""
+        if self.transaction is None:
+            raise SinkError(f"the Kafka writer of partition {self.partition} reported no transaction: only reports "
+                            "written under EXACTLY_ONCE hold one (KafkaCommittable.transactions)", retriable=False)
+        return self.transaction
 
     def to_dict(self) -> dict[str, Any]:
         return {"partition": self.partition, "records": self.records,

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class HangingSweep:
     """The sweep of one Kafka output, with the ledger's history of the pipeline (None: a sink used on its own)."""
 
-    def __init__(self, output: KafkaOutput, history: StagedHistory | None) -> None:
+    def __init__(self, output: KafkaOutput, history: StagedHistory[KafkaCommittable] | None) -> None:
         self.output = output
         self.history = history
 
@@ -41,7 +41,7 @@ class HangingSweep:
         topic = self.output.topic
         if self.history is None or self.output.guarantee != "EXACTLY_ONCE":
             return ""
-        known = {} if committable is None else {r.transaction.producer_id: r.transactional_id
+        known = {} if committable is None else {r.held_transaction.producer_id: r.held_transaction.transactional_id
                                                 for r in committable.transactions}
         try:
             found = hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known)
@@ -91,8 +91,8 @@ class HangingSweep:
         for batch, committable in (self.history() if self.history is not None else []):
             if not isinstance(committable, KafkaCommittable):
                 continue
-            writes = tuple((r.transaction.producer_id, t, p, o) for r in committable.transactions
+            writes = tuple((r.held_transaction.producer_id, t, p, o) for r in committable.transactions
                            for t, p, o in r.first_offsets if t == self.output.topic)
             owner = hanging.Owner(batch.seq, batch.state in (BatchState.COMMITTED, BatchState.RETRACTED), writes)
-            owners.update({r.transaction.producer_id: owner for r in committable.transactions})
+            owners.update({r.held_transaction.producer_id: owner for r in committable.transactions})
         return owners

@@ -56,11 +56,13 @@ def borrowed(settings: dict[str, Any], guarantee: str, on_delivery: Report | Non
         raise ValueError(f"only AT_LEAST_ONCE and NONE producers are kept between tasks, not {guarantee}")
     key = json.dumps([guarantee, settings], sort_keys=True, default=str)
     _close_idle(time.monotonic())
-    producer, reports = _take(key)
-    if producer is None:
+    kept = _take(key)
+    if kept is None:
         reports = _Reports()
         producer = librdkafka.new_producer({**settings, "error_cb": reports.error}, guarantee,
                                            on_delivery=reports.delivery, report_successes=False)
+    else:
+        producer, reports = kept
     reports.borrower = on_delivery
     try:
         yield producer
@@ -75,16 +77,16 @@ def borrowed(settings: dict[str, Any], guarantee: str, on_delivery: Report | Non
         _close(producer)
 
 
-def _take(key: str) -> tuple[confluent_kafka.Producer | None, _Reports | None]:
-    """The kept producer of `key`, unless it failed while idle."""
+def _take(key: str) -> tuple[confluent_kafka.Producer, _Reports] | None:
+    """The kept producer of `key` and its reports, unless it failed while idle."""
     kept = _kept.pop(key, None)
     if kept is None:
-        return None, None
+        return None
     producer, reports, _ = kept
     producer.poll(0)  # serve what happened while it was idle
     if reports.fatal is not None:
         _close(producer)
-        return None, None
+        return None
     return producer, reports
 
 

@@ -35,7 +35,7 @@ from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
 log = logging.getLogger(__name__)
 
 
-class KafkaSinkCommitter(SinkCommitter):
+class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
     spec_type = KafkaSpec
     committable_type = KafkaCommittable
 
@@ -44,7 +44,8 @@ class KafkaSinkCommitter(SinkCommitter):
         self.output = KafkaOutput(spec, self.guarantee)
         self.sweep = HangingSweep(self.output, None)
 
-    def bind(self, config: PipelineConfig, history: StagedHistory | None = None) -> "KafkaSinkCommitter":
+    def bind(self, config: PipelineConfig,
+             history: StagedHistory[KafkaCommittable] | None = None) -> "KafkaSinkCommitter":
         super().bind(config, history)
         self.output.pipeline = config
         self.sweep = HangingSweep(self.output, history)
@@ -82,7 +83,7 @@ class KafkaSinkCommitter(SinkCommitter):
             return (f"{committable.records} records were written to {committable.topic!r} by the write task under "
                     f"{committable.guarantee}; nothing to commit")
         settings = self.output.client_settings(committable.bootstrap_servers)
-        reports = {r.transactional_id: r for r in committable.transactions}
+        reports = {r.held_transaction.transactional_id: r for r in committable.transactions}
         try:
             admin = probe.new_admin_client(settings)
         except Exception as exc:
@@ -106,7 +107,7 @@ class KafkaSinkCommitter(SinkCommitter):
         if committable.guarantee != "EXACTLY_ONCE":
             return
         settings = self.output.client_settings(committable.bootstrap_servers)
-        reports = {r.transactional_id: r for r in committable.transactions}
+        reports = {r.held_transaction.transactional_id: r for r in committable.transactions}
         try:
             admin = probe.new_admin_client(settings)
         except Exception as exc:  # a cheap check only: the commit that follows finds out and says why
@@ -137,7 +138,7 @@ class KafkaSinkCommitter(SinkCommitter):
             with probe.admin_client(settings) as admin:
                 if committable is not None:
                     aborted = self._transactions(settings, admin).abort_all(
-                        [r.transaction for r in committable.transactions])
+                        [r.held_transaction for r in committable.transactions])
                 else:
                     known = probe.matching_transactions(admin, transactional_id_pattern(output.id_prefix, batch.seq))
                     for tid in sorted(known):

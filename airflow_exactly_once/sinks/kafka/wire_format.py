@@ -207,12 +207,12 @@ def _protobuf_body(writer: PartWriter, schema: str, column: Any, spark_type: Any
 
 def check_given_schemas(spec: Mapping[str, Any], config: PipelineConfig | None) -> None:
     """At plan time: a schema given in the spec must be in its subject (or registrable there)."""
-    writers = [w for w in part_writers(spec) if w.schema is not None]
-    if not writers:
+    given = [(w, w.schema) for w in part_writers(spec) if w.schema is not None]
+    if not given:
         return
     if config is None or not config.schema_registry:
         raise ConfigurationError("kafka sink: value_format / key_format write through a Schema Registry: give the "
                                  "pipeline schema_registry_conn_id='<a schema_registry connection>'")
     registry = Registry(config)
-    for writer in writers:
-        schema_id(registry, writer, writer.schema)
+    for writer, schema in given:
+        schema_id(registry, writer, schema)

@@ -20,7 +20,7 @@ from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
 
 
 # [START committer_class]
-class ParquetSinkCommitter(SinkCommitter):
+class ParquetSinkCommitter(SinkCommitter[StagedFolder]):
     spec_type = ParquetSpec
     supports_retract = True
     committable_type = StagedFolder

@@ -20,7 +20,7 @@ from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 from airflow_exactly_once.sinks.postgres.table import PostgresTable
 
 
-class PostgresSinkCommitter(SinkCommitter):
+class PostgresSinkCommitter(SinkCommitter[PostgresCommittable]):
     spec_type = PostgresSpec
     committable_type = PostgresCommittable
 

@@ -522,7 +522,7 @@ def prepare_rows(
     if mode == "upsert":
         rows = _dedupe_by_key(rows, [columns.index(k) for k in keys])
 
-    handle = {
+    handle: dict[str, Any] = {
         "gid": gid,
         "table": table_name,
         "mode": mode,

@@ -47,7 +47,8 @@ def explain(exc: BaseException, url: str) -> BaseException:
     A server error can surface anywhere, also while the transform builds its plan (which our
     own wrapping would call a transform bug), so the whole chain of causes is read.
     """
-    chain, cause = [], exc
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
     while cause is not None and len(chain) < 10 and cause not in chain:
         chain.append(cause)
         cause = cause.__cause__ or cause.__context__

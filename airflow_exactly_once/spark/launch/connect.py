@@ -26,6 +26,7 @@ from typing import Any, Callable
 from airflow_exactly_once.core.errors import raise_explained
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
+from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
     SparkConnectUnavailable,
@@ -50,7 +51,7 @@ class ConnectWrite(WriteLauncher):
     job there; `cancel` (on_kill, or a newer attempt's fence) interrupts this attempt's operations."""
 
     def __init__(self, coordinator: BatchCoordinator, url: str, transform: str | Callable | None,
-                 log_: logging.Logger | None = None) -> None:
+                 log_: TaskLog | None = None) -> None:
         self.coordinator = coordinator
         self.url = url
         self.transform = transform

@@ -10,7 +10,6 @@ optional extra, and this module stays free of Airflow.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from airflow_exactly_once.core.config import resolve_transform
@@ -18,6 +17,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
 from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport, skipped
 from airflow_exactly_once.spark.packages import pipeline_packages
@@ -28,14 +28,14 @@ class SparkSubmitWrite(WriteLauncher):
     `cancel` is the hook's on_kill (spark-submit and its driver stop)."""
 
     def __init__(self, coordinator: BatchCoordinator, spark_conn_id: str, spark_conf: dict[str, Any] | None,
-                 transform: str | Callable | None, log: logging.Logger, submit_hook: Callable[..., Any]) -> None:
+                 transform: str | Callable | None, log: TaskLog, submit_hook: Callable[..., Any]) -> None:
         self.coordinator = coordinator
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf
         self.transform = transform
         self.log = log
         self.submit_hook = submit_hook  # hooks.spark_submit.WriteJobSubmitHook
-        self.hook = None
+        self.hook: Any = None  # the Spark provider's SparkSubmitHook (this module stays free of Airflow)
         self.report: WriteReport | None = None  # known before any submission: the batch is past the write
 
     @staticmethod

@@ -11,6 +11,8 @@ same step: its missing tables (if an older release had fewer) are added, then it
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -22,10 +24,10 @@ depends_on = None
 
 def _tables() -> sa.MetaData:
     meta = sa.MetaData()
-    key = {"primary_key": True}
-    required = {"nullable": False}
+    key: dict[str, Any] = {"primary_key": True}
+    required: dict[str, Any] = {"nullable": False}
 
-    def pipeline_id(**role) -> sa.Column:
+    def pipeline_id(**role: Any) -> sa.Column:
         return sa.Column("pipeline_id", sa.String(250), **role)
 
     def batch_seq() -> sa.Column:
@@ -34,7 +36,7 @@ def _tables() -> sa.MetaData:
     def at(name: str) -> sa.Column:
         return sa.Column(name, sa.DateTime(timezone=True), nullable=False)
 
-    def topic_partition(role: dict) -> list[sa.Column]:
+    def topic_partition(role: dict[str, Any]) -> list[sa.Column]:
         return [sa.Column("topic", sa.String(249), **role), sa.Column("partition", sa.Integer, **role)]
 
     sa.Table("aeo_pipeline", meta, pipeline_id(**key), sa.Column("epoch", sa.BigInteger, **required),
