@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_exactly_once.assets import batches_alias
-from airflow_exactly_once.compat import TaskGroup
+from airflow_exactly_once.airflow_integration.assets import batches_alias
+from airflow_exactly_once.airflow_integration.compat import TaskGroup
 from airflow_exactly_once.operators.batch import (
     AbortBatchOperator,
     NotifyCompleteOperator,

@@ -38,10 +38,10 @@ from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
-from airflow_exactly_once.spark.job import kafka_read_options, run_write
-from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+from airflow_exactly_once.spark.in_process_session import build_spark_session, stop_spark
+from airflow_exactly_once.spark.write_job import kafka_read_options, run_write
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import use_prefetched_connector
 

@@ -28,7 +28,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable

@@ -55,15 +55,15 @@ from typing import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from airflow_exactly_once.assets import batch_event_extra
+from airflow_exactly_once.airflow_integration.assets import batch_event_extra
 from airflow_exactly_once.cli.main import main as cli
+from airflow_exactly_once.core.backlog import partition_lags
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.planning import plan_batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import partition_lags
 from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.ui.app import report_json
 from airflow_exactly_once.ui.loading import DriftResult, LagResult, LedgerReader, read_drift

@@ -25,8 +25,8 @@ from airflow_exactly_once.core.states import BatchState
 from devtools.maven import postgres_jdbc_jars, use_prefetched_connector
 from devtools.postgres import LocalPostgres
 from airflow_exactly_once.sinks import create_committer, create_writer
-from airflow_exactly_once.spark.runner import run_partition_writers
-from airflow_exactly_once.spark.session import build_spark_session
+from airflow_exactly_once.spark.in_process_session import build_spark_session
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 
 TABLE = "bench_rows"
 DDL = f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, name text, amount double precision, ts timestamptz)"

@@ -17,7 +17,7 @@ from pathlib import Path
 from airflow.sdk import DAG
 from example_transforms import EVENT_SCHEMA, select_events  # the DAG folder is on the Python path
 
-from airflow_exactly_once.assets import pipeline_backlog_asset
+from airflow_exactly_once.airflow_integration.assets import pipeline_backlog_asset
 from airflow_exactly_once.task_group import exactly_once_batch
 from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 

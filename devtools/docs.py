@@ -25,7 +25,7 @@ the options of a section of airflow.cfg that the provider declares (provider_inf
     | option | ...
     <!-- /airflow-config -->
 
-the table of every metric (made by airflow_exactly_once.metrics.markdown_table) like this:
+the table of every metric (made by airflow_exactly_once.airflow_integration.metrics.markdown_table) like this:
 
     <!-- metrics -->
     | metric | ...
@@ -83,7 +83,7 @@ def region(path: Path, name: str) -> str:
 
 def config_table(section: str) -> str:
     """The options of `[section]` in airflow.cfg, as the provider declares them for Airflow."""
-    from airflow_exactly_once.provider_info import CONFIG
+    from airflow_exactly_once.airflow_integration.provider_info import CONFIG
 
     rows = ["| option | default | what |", "|---|---|---|"]
     for name, option in CONFIG[section]["options"].items():
@@ -138,7 +138,7 @@ def error_section(path: str) -> str:
 
 def render(text: str) -> str:
     """`text` with every include and generated table made anew from their sources."""
-    from airflow_exactly_once.metrics import markdown_table as metrics_table
+    from airflow_exactly_once.airflow_integration.metrics import markdown_table as metrics_table
     from airflow_exactly_once.operators.arguments import markdown_table
     from airflow_exactly_once.sinks import SPECS
 

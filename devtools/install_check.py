@@ -140,11 +140,14 @@ def check_extras(extras: set[str], problems: list[str]) -> dict[str, str]:
             problems.append(f"[schema-registry]: a .proto does not compile: {type(exc).__name__}: {exc}")
     if "openlineage" in extras:
         try:
+            from airflow_exactly_once.airflow_integration.lineage import FACET_NAME, step_lineage
             from airflow_exactly_once.core.config import PipelineConfig
-            from airflow_exactly_once.lineage import FACET_NAME, step_lineage
+            from airflow_exactly_once.sinks import pipeline_committer
+            from airflow_exactly_once.sinks.dead_letters import lineage_outputs
 
-            found = step_lineage(PipelineConfig(pipeline_id="p", topics=["t"], bootstrap_servers="k:9092",
-                                                sink={"type": "parquet", "path": "/data/p"}), None)
+            config = PipelineConfig(pipeline_id="p", topics=["t"], bootstrap_servers="k:9092",
+                                    sink={"type": "parquet", "path": "/data/p"})
+            found = step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), None)
             assert found is not None and FACET_NAME in found.run_facets, found
             results["openlineage"] = f"{len(found.inputs)} input, {len(found.outputs)} output, {FACET_NAME}"
         except Exception as exc:  # noqa: BLE001
@@ -211,7 +214,7 @@ def check_provider(problems: list[str]) -> dict[str, Any]:
 
 
 def check_cli(home: str, problems: list[str]) -> dict[str, Any]:
-    from airflow_exactly_once.compat import airflow_release
+    from airflow_exactly_once.airflow_integration.compat import airflow_release
     import airflow
 
     url = f"sqlite:///{Path(home) / 'cli-ledger.db'}"
@@ -240,7 +243,7 @@ def check_cli(home: str, problems: list[str]) -> dict[str, Any]:
 def check_connector(problems: list[str]) -> str:
     import pyspark
 
-    from airflow_exactly_once.spark.connector import kafka_package
+    from airflow_exactly_once.spark.packages import kafka_package
 
     release = re.match(r"\d+\.\d+\.\d+", pyspark.__version__).group(0)
     scala = "2.12" if release.startswith("3.") else "2.13"  # what each pyspark wheel ships
@@ -252,9 +255,9 @@ def check_connector(problems: list[str]) -> str:
 
 def check_spark(problems: list[str]) -> dict[str, Any]:
     """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars)."""
-    from airflow_exactly_once.spark.job import local_frame
+    from airflow_exactly_once.spark.in_process_session import build_spark_session
     from airflow_exactly_once.spark.records import KAFKA_COLUMNS
-    from airflow_exactly_once.spark.session import build_spark_session
+    from airflow_exactly_once.spark.write_job import local_frame
 
     os.environ.pop("SPARK_CONF_DIR", None)
     os.environ.pop("PYSPARK_SUBMIT_ARGS", None)

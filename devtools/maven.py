@@ -88,7 +88,7 @@ def artifact(coordinates: str, transitive: bool = False) -> Artifact:
 def iceberg_jars() -> list[str]:
     """Iceberg's Spark runtime for the installed pyspark (one shaded jar) and the JDBC drivers of its catalogs."""
     from airflow_exactly_once.sinks.iceberg.catalog import POSTGRES_JDBC_PACKAGE, SQLITE_JDBC_PACKAGE
-    from airflow_exactly_once.spark.connector import iceberg_package
+    from airflow_exactly_once.spark.packages import iceberg_package
 
     runtime = artifact(iceberg_package())
     jars = []
@@ -106,7 +106,7 @@ SPARK_AVRO_ENV = "AIRFLOW_EXACTLY_ONCE_SPARK_AVRO"
 
 def avro_jars() -> list[str]:
     """Spark's Avro functions (spark-avro) for the installed pyspark: Avro itself ships with pyspark."""
-    from airflow_exactly_once.spark.connector import avro_package
+    from airflow_exactly_once.spark.packages import avro_package
 
     if os.environ.get(SPARK_AVRO_ENV, "1") == "0":
         return []
@@ -198,7 +198,7 @@ def kafka_broker_jars(version: str | None = None) -> Path:
 
 def installed_spark() -> tuple[str, str]:
     """(release, Scala binary version) of the pyspark installed here: the connector must match both."""
-    from airflow_exactly_once.spark.connector import scala_version, spark_version
+    from airflow_exactly_once.spark.packages import scala_version, spark_version
 
     version = spark_version()
     return version, scala_version(version=version)
@@ -210,7 +210,7 @@ def spark_kafka_jars() -> list[str]:
     Only the jars that pyspark lacks: a second, other release of a library pyspark ships (lz4,
     snappy, slf4j, Scala) on the same classpath is a conflict, not a dependency.
     """
-    from airflow_exactly_once.spark.connector import spark_home
+    from airflow_exactly_once.spark.packages import spark_home
 
     version, scala = installed_spark()
     folder = fetch_jars(f"spark-kafka_{scala}", spark_kafka_artifacts(version, scala), strip_version=True)

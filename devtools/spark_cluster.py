@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.spark.connector import spark_home
+from airflow_exactly_once.spark.packages import spark_home
 from devtools.ports import reserve_port
 from devtools.processes import check_alive, stop_session
 

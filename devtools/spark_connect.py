@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_exactly_once.spark.connector import spark_home
+from airflow_exactly_once.spark.packages import spark_home
 from devtools.maven import iceberg_jars, spark_connector_jars
 from devtools.ports import reserve_port
 from devtools.processes import LocalServer, stop_session

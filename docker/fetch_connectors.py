@@ -15,7 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from airflow_exactly_once.sinks.iceberg.catalog import POSTGRES_JDBC_PACKAGE, SQLITE_JDBC_PACKAGE
-from airflow_exactly_once.spark.connector import (
+from airflow_exactly_once.spark.packages import (
     IVY_SETTINGS,
     artifact_of,
     avro_package,

@@ -408,7 +408,7 @@ def spark():
     One for every tier: a second `build_spark_session` in the same process returns this same session
     (getOrCreate), so a test that stopped "its own" would end the JVM under every later user.
     """
-    from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+    from airflow_exactly_once.spark.in_process_session import build_spark_session, stop_spark
 
     session = build_spark_session("tests", {"spark.master": "local[2]"})
     yield session

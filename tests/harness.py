@@ -24,7 +24,7 @@ from airflow_exactly_once.core.sink import Committable, RunWriters
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 from airflow_exactly_once.sinks.parquet.committable import StagedFolder
 from airflow_exactly_once.sinks.parquet.sink_writer import ParquetSinkWriter

@@ -23,7 +23,7 @@ STEPS = ("plan", "write", "notify_complete")  # a whole run, in order
 def run(request: dict[str, Any]) -> dict[str, Any]:
     from airflow.sdk import DAG
 
-    from airflow_exactly_once.compat import AirflowSkipException
+    from airflow_exactly_once.airflow_integration.compat import AirflowSkipException
     from airflow_exactly_once.operators.batch import NotifyCompleteOperator, PlanBatchOperator, WriteBatchOperator
 
     with warnings.catch_warnings(record=True) as parsed:

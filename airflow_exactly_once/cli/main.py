@@ -361,7 +361,8 @@ def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
                                   group)
 
     def read_events(since: datetime | None) -> list:
-        from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow's database only when read
+        # Airflow's database only when read
+        from airflow_exactly_once.airflow_integration.asset_history import recorded_batch_events
 
         return recorded_batch_events(pid, since=since)
 

@@ -131,7 +131,7 @@ class PipelineConfig:
     schema_registry: dict[str, Any] | None = field(default=None, metadata={"argument": False})
     schema_registry_conn_id: str | None = field(default=None, metadata={"argument": False})
     # Where the secrets are, as key paths such as ["sink", "kafka_config", "sasl.password"] (not an argument):
-    # found by airflow_exactly_once.pipeline.checked() from the Kafka settings and the sinks' declarations.
+    # found by airflow_exactly_once.pipeline_check.checked() from the Kafka settings and the sinks' declarations.
     # None until then, and a config whose secrets are not known is never stored.
     secret_paths: list[list[str]] | None = field(default=None, metadata={"argument": False})
 
@@ -310,7 +310,7 @@ class PipelineConfig:
         password); see secrets()."""
         if self.secret_paths is None:
             raise RuntimeError(f"pipeline {self.pipeline_id}: its secrets are not known yet; build the config with "
-                               "airflow_exactly_once.pipeline.checked(), which finds them, before storing it")
+                               "airflow_exactly_once.pipeline_check.checked(), which finds them, before storing it")
         stored = asdict(self)
         for path, value in self._secret_values(stored):
             _set(stored, path, redacted_value(value))

@@ -165,7 +165,7 @@ class SinkSpec:
         return f"the {cls.type_name} sink"
 
     # Keys whose value is a folder the sink writes files to, and what a deployment on several machines uses instead of
-    # a folder one machine holds (the placement warning, airflow_exactly_once.placement).
+    # a folder one machine holds (the placement warning, airflow_exactly_once.airflow_integration.placement).
     local_folder_keys: ClassVar[tuple[str, ...]] = ()
     shared_storage: ClassVar[str] = ""
 

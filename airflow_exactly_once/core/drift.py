@@ -2,7 +2,8 @@
 
 The ledger is the only truth (docs/protocol.md). Two others keep an account of it, and people read
 them as if they were: the mirrored consumer group (kafka/consumer_group.py, what lag dashboards read)
-and the Asset events Airflow recorded for committed batches (assets.py, what downstream DAGs run on).
+and the Asset events Airflow recorded for committed batches (airflow_integration/assets.py, what downstream DAGs
+run on).
 This compares them with the ledger and says, for each difference, what caused it and how to repair it.
 A difference that a recorded decision explains (a rewind, a re-run that re-announced a batch) is a
 note, not drift. Reading Kafka and Airflow is the caller's; this module only compares.

@@ -2,7 +2,7 @@
 URI of a pipeline's own Airflow Asset.
 
 Each sink says where it writes (SinkCommitter.lineage_dataset) with these; the operators turn them into
-OpenLineage datasets when the OpenLineage provider is installed (airflow_exactly_once/lineage.py).
+OpenLineage datasets when the OpenLineage provider is installed (airflow_exactly_once/airflow_integration/lineage.py).
 Names only, never credentials: user info in URLs is dropped.
 """
 
@@ -20,7 +20,8 @@ class DatasetName:
 
 
 def pipeline_asset_uri(pipeline_id: str) -> str:
-    """The URI of the Airflow Asset whose events announce a pipeline's committed batches (assets.py)."""
+    """The URI of the Airflow Asset whose events announce a pipeline's committed batches
+    (airflow_integration/assets.py)."""
     return f"x-exactly-once://{pipeline_id}"
 
 

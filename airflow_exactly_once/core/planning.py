@@ -97,8 +97,7 @@ class Planner(ABC):
         epoch = self.ledger.ensure_pipeline(self.pipeline_id, self.config.fingerprint(), self.config.to_stored_dict())
         mode = self.ledger.newest_batch_mode(self.pipeline_id)
         if mode is not None and mode != self.range_mode:
-            other = mode
-            raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned in {other} mode; it cannot "
+            raise ConfigurationError(f"pipeline {self.pipeline_id} has batches planned in {mode} mode; it cannot "
                                      f"switch to range_mode={self.range_mode!r}: give the new pipeline its own "
                                      "pipeline_id")
         settled = self._settled(run_id, interval)

@@ -2,7 +2,7 @@
 
 Flink's TwoPhaseCommitSinkFunction mapped onto Airflow tasks:
   plan            = initializeState (recover: commit PREPARED batches) + fix the range (core.planning)
-  write           = snapshotState -> preCommit: `claim`, the sink stages, `prepare` (spark.job)
+  write           = snapshotState -> preCommit: `claim`, the sink stages, `prepare` (spark.write_job)
   notify_complete = notifyCheckpointComplete -> `commit`, then advance the offsets
   abort           = notifyCheckpointAborted -> `abort`
 No Airflow and no Spark here: the operators and the Spark job call these methods.
@@ -44,7 +44,7 @@ class BatchCoordinator:
     """recover / claim / prepare / commit / abort of one pipeline's batches.
 
     It holds the commit side of the pipeline's sink only (`sink`, bound to the ledger's history); the
-    write step stages with the sink's writer (spark.job) and hands its committable to `prepare`.
+    write step stages with the sink's writer (spark.write_job) and hands its committable to `prepare`.
     """
 
     def __init__(self, config: PipelineConfig, ledger: Ledger, sink: SinkCommitter,

@@ -14,7 +14,7 @@ Python data sources (DataSourceArrowWriter, WriterCommitMessage):
 
 Writer and committer are made from the same spec and share `SinkSide` (below); the processes
 that commit (notify_complete, recovery, the CLI) never build a writer. The framework owns the
-executor-to-driver plumbing (airflow_exactly_once.spark.runner runs the writers and brings
+executor-to-driver plumbing (airflow_exactly_once.spark.partition_writers runs the writers and brings
 messages and errors back); a writer's `stage` only says what to run. Nothing here imports
 PySpark: a DataFrame reaches `stage` as an object whose methods it calls.
 """
@@ -106,7 +106,7 @@ class PartitionWriter(ABC):
         `claim.ensure(...)` right before the writer makes anything durable (begins a transaction,
         prepares one): a zombie attempt of an aborted batch then stages nothing.
 
-        Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: the runner
+        Raise an ExactlyOnceError (SinkError, ...) for what the sink understands: spark.partition_writers
         carries it to the driver with its class and `retriable`.
         """
 

@@ -1,4 +1,4 @@
-"""The write side of a sink: what the write step (spark.job) uses to stage a batch on the Spark driver.
+"""The write side of a sink: what the write step (spark.write_job) uses to stage a batch on the Spark driver.
 
 A writer says which partition writers to run and makes their commit messages the batch's
 committable. What a failed stage leaves behind is taken away by the sink's committer, the
@@ -25,7 +25,7 @@ class SinkWriter(SinkSide, ABC):
     # transaction per Spark partition (Kafka, PostgreSQL) keeps one partition per offset range.
     splits_reads: ClassVar[bool] = False
     # Whether the write reads a batch in a task per core, several offset ranges (or parts of them) to a task: a
-    # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.job.read_layout.
+    # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.write_job.read_layout.
     joins_reads: ClassVar[bool] = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -42,7 +42,7 @@ class SinkWriter(SinkSide, ABC):
     def spark_packages(self) -> list[str]:
         """Maven coordinates of JVM libraries the write's Spark needs beyond Kafka's connector.
 
-        Loaded like the Kafka connector (airflow_exactly_once.spark.connector): the user's own
+        Loaded like the Kafka connector (airflow_exactly_once.spark.packages): the user's own
         Spark settings win, else Spark resolves them itself. `{spark_line}` ("4.0") and `{scala}`
         ("2.13") in them are filled in with the installed pyspark's.
         """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_exactly_once.compat import BaseHook
+from airflow_exactly_once.airflow_integration.compat import BaseHook
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import REDACTED

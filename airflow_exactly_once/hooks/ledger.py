@@ -2,7 +2,7 @@
 
 The embedded default is a SQLite file in AIRFLOW_HOME: one per machine (per pod, per worker's home). Where a
 task may run on another machine than the pipeline's other runs (the executor it runs under is not a local one,
-airflow_exactly_once.executors), each machine would keep its own ledger, and a run there would start the pipeline
+airflow_integration/executors.py), each machine would keep its own ledger, and a run there would start the pipeline
 again from startup_mode and write its records a second time. So the hook refuses the embedded file there, before
 anything is read or written, unless the deployment says its workers share the file
 (`[exactly_once] embedded_ledger_shared`); DAG files get the same verdict as a warning when they are parsed.
@@ -15,18 +15,18 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from airflow_exactly_once.compat import BaseHook, config_flag
-from airflow_exactly_once.connections import connection_to_url
-from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.ledger import Ledger, redacted_url
-from airflow_exactly_once.placement import several_machines
-from airflow_exactly_once.provider_info import (
+from airflow_exactly_once.airflow_integration.compat import BaseHook, config_flag
+from airflow_exactly_once.airflow_integration.connections import connection_to_url
+from airflow_exactly_once.airflow_integration.placement import several_machines
+from airflow_exactly_once.airflow_integration.provider_info import (
     CONFIG_SECTION,
     EMBEDDED_LEDGER_SHARED,
     LEDGER_CONN_FIELDS,
     LEDGER_CONN_TYPE,
     LEDGER_UI_FIELD_BEHAVIOUR,
 )
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.ledger import Ledger, redacted_url
 
 EMBEDDED_LEDGER_FILE = "exactly_once_ledger.db"
 SHARED_SETTING = f"[{CONFIG_SECTION}] {EMBEDDED_LEDGER_SHARED} = True"

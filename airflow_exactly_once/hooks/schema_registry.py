@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_exactly_once.compat import BaseHook
+from airflow_exactly_once.airflow_integration.compat import BaseHook
+from airflow_exactly_once.airflow_integration.provider_info import REGISTRY_CONN_TYPE, REGISTRY_UI_FIELD_BEHAVIOUR
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.provider_info import REGISTRY_CONN_TYPE, REGISTRY_UI_FIELD_BEHAVIOUR
 
 
 class SchemaRegistryHook(BaseHook):

@@ -1,14 +1,14 @@
 """The write job of one batch, submitted to a Spark cluster with the Spark provider's SparkSubmitHook.
 
 Only the batch id travels on the command line, and the ledger URL (without its password) and
-the secrets the ledger does not store in the environment (spark.job.secrets_environment); the
+the secrets the ledger does not store in the environment (spark.write_job.secrets_environment); the
 job reads everything else from the ledger. What the job needs besides pyspark goes with
 the submission: the Kafka connector jars (`--jars`, unless `spark_conf` already names
 them) and a zip of this package and of the transform's module (`--py-files`).
 
 The Spark provider is optional (the `spark-submit` extra): without it this module fails to
 import with a MissingExtraError naming the extra, and only a pipeline with `spark_conn_id`
-imports it (operators/write_launch.py hands it to spark/submit.py when the write task runs).
+imports it (operators/write_launch.py hands it to spark/launch/submit.py when the write task runs).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ except ImportError as exc:
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import BatchId
-from airflow_exactly_once.spark.connector import spark_home, with_connectors
-from airflow_exactly_once.spark.job import secrets_environment
+from airflow_exactly_once.spark.packages import spark_home, with_connectors
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.shipping import build_bundle
+from airflow_exactly_once.spark.write_job import secrets_environment
 
 
 def _join(*parts: str | None) -> str:
@@ -42,7 +42,7 @@ def _join(*parts: str | None) -> str:
 
 
 class WriteJobSubmitHook(SparkSubmitHook):
-    """A SparkSubmitHook for `airflow_exactly_once.spark.job`; `on_kill` is the provider's own."""
+    """A SparkSubmitHook for `airflow_exactly_once.spark.write_job`; `on_kill` is the provider's own."""
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
                  spark_conf: dict[str, Any] | None = None, config: PipelineConfig | None = None,

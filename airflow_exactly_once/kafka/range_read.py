@@ -1,8 +1,8 @@
 """A small batch's offset ranges read by the process that runs the write, instead of Spark's Kafka source.
 
-On a warm Spark Connect server, Spark's Kafka source spent about 0.45 s of a 100-record write (an admin
-client per query to check the offsets, then a consumer per partition in the tasks): a query that writes
-the same rows from a local relation took 0.14 s. A batch of at most `local_read_max_records` offsets (a
+On a warm Spark Connect server, Spark's Kafka source spent most of a small write's time (an admin
+client per query to check the offsets, then a consumer per partition in the tasks) against a query that
+writes the same rows from a local relation (docs/benchmarks.md). A batch of at most `local_read_max_records` offsets (a
 pipeline setting, 5,000 by default) is read here with librdkafka instead, exactly as Spark's source reads
 it (read_committed, the planned offsets and nothing else, a missing record or partition is data loss),
 and handed to Spark as a local relation. When its records turn out larger than MAX_BYTES, None sends the

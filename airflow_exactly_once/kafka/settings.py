@@ -283,8 +283,8 @@ class KafkaSettings:
         """The group id of a pipeline's reads in Spark (which assigns partitions: it never joins or commits).
 
         Spark's executors pool their consumers by group id and partition, and name a batch read's group anew
-        each time: with one id per pipeline a warm executor's consumer reads the next batch too (0.1 to 0.3 s
-        of a 100-record write on a warm Spark Connect server). The digest of the connection's settings
+        each time: with one id per pipeline a warm executor's consumer reads the next batch too (a
+        consumer less to open per small write: docs/benchmarks.md). The digest of the connection's settings
         (servers, security, user; never a secret) keeps a consumer of the old cluster or user from serving a
         pipeline whose connection changed.
         """

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import options_of
 from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN, matching_key_paths, secret_values
-from airflow_exactly_once.pipeline import secret_paths
+from airflow_exactly_once.pipeline_check import secret_paths
 from airflow_exactly_once.sinks import SPECS
 
 

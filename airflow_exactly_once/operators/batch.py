@@ -18,13 +18,16 @@ from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any, Callable, Iterable, Sequence
 
-from airflow_exactly_once.assets import batch_event_extra, emit_batch_events
-from airflow_exactly_once.compat import (
+from airflow_exactly_once.airflow_integration.assets import batch_event_extra, emit_batch_events
+from airflow_exactly_once.airflow_integration.compat import (
     AirflowFailException,
     AirflowSkipException,
     BaseOperator,
     mask_secret,
 )
+from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
+from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems
+from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, TransactionLostError
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -38,15 +41,13 @@ from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.metrics import PipelineMetrics
-from airflow_exactly_once.monitor import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
 from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
-from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems
-from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer
-from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport
+from airflow_exactly_once.pipeline_check import checked
+from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer, spec_local_folders
+from airflow_exactly_once.sinks.dead_letters import lineage_outputs
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport
 
 
 class ExactlyOnceBaseOperator(BaseOperator):
@@ -169,7 +170,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
     def local_folder_problems(self) -> list[str]:
         """The sink's folders that other workers may not see under the executor this task runs under (a warning:
         a folder every worker mounts is a valid setup)."""
-        return local_folder_problems(self.sink, self.dead_letter, self.executor)
+        folders = spec_local_folders(self.sink) + spec_local_folders(self.dead_letter, "dead_letter")
+        return local_folder_problems(folders, self.executor)
 
     def spark_connect_url(self) -> str | None:
         """The Spark Connect server the writes run on (None: in the task, or spark-submitted)."""
@@ -189,7 +191,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     @cached_property
     def metrics(self) -> PipelineMetrics:
-        """This pipeline's metrics (airflow_exactly_once.metrics), for the rendered pipeline_id; one per step."""
+        """This pipeline's metrics (airflow_integration/metrics.py), for the rendered pipeline_id; one per step."""
         return PipelineMetrics(str(self.pipeline_id), logger=self.log)
 
     def report_in_flight(self, coordinator: BatchCoordinator) -> None:
@@ -223,9 +225,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
     # -- OpenLineage: the provider's DefaultExtractor calls these, only where it is installed and on ------
 
     def get_openlineage_facets_on_start(self) -> Any:
-        from airflow_exactly_once.lineage import step_lineage
-
-        return step_lineage(self.pipeline_config(), None)
+        return self._lineage(None, [])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         return self._step_lineage()
@@ -235,11 +235,16 @@ class ExactlyOnceBaseOperator(BaseOperator):
 
     def _step_lineage(self) -> Any:
         """Lineage with the batch this step worked on, in the state the ledger holds it now."""
-        from airflow_exactly_once.lineage import step_lineage
-
         batch_id = self._lineage_batch_id
         batch = None if batch_id is None else self.ledger_hook().get_conn().get_batch(batch_id)
-        return step_lineage(self.pipeline_config(), batch, list(self._lineage_recovered))
+        return self._lineage(batch, list(self._lineage_recovered))
+
+    def _lineage(self, batch: Batch | None, recovered: list[str]) -> Any:
+        """The step's OpenLineage: the pipeline's topics, what its sinks write (named by them), `batch`."""
+        from airflow_exactly_once.airflow_integration.lineage import step_lineage
+
+        config = self.pipeline_config()
+        return step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), batch, recovered)
 
 
 ExactlyOnceBaseOperator.__doc__ = (ExactlyOnceBaseOperator.__doc__ or "").format(params=arguments.param_docs())

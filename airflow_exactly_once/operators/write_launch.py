@@ -1,8 +1,8 @@
 """Where the write runs (docs/cluster.md), chosen in one place from the write task's settings.
 
-In the task (spark.in_task), on a Spark Connect server (spark.connect), or spark-submitted to
-a cluster (spark.submit): `write_launcher` returns one of them, behind the interface of
-spark.launcher. A write on a Spark Connect server can outlive its task, so the protocol is also
+In the task (spark.launch.in_task), on a Spark Connect server (spark.launch.connect), or spark-submitted to
+a cluster (spark.launch.submit): `write_launcher` returns one of them, behind the interface of
+spark.launch.launcher. A write on a Spark Connect server can outlive its task, so the protocol is also
 told how to stop such attempts (`attempts_stopper`).
 
 Each launcher is imported in its own branch: Airflow imports this module with the DAG in every task of
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from airflow_exactly_once.core.protocol import BatchCoordinator, StopAttempts
 from airflow_exactly_once.core.task_log import TaskLog
-from airflow_exactly_once.spark.launcher import WriteLauncher
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher
 
 
 def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id: str | None,
@@ -30,15 +30,15 @@ def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id
     without it was refused.
     """
     if connect_url is not None:
-        from airflow_exactly_once.spark.connect import ConnectWrite
+        from airflow_exactly_once.spark.launch.connect import ConnectWrite
 
         return ConnectWrite(coordinator(), connect_url, transform, log)
     if spark_conn_id:
-        from airflow_exactly_once.spark.submit import SparkSubmitWrite
+        from airflow_exactly_once.spark.launch.submit import SparkSubmitWrite
 
         SparkSubmitWrite.check_transform(transform, spark_conn_id)
         return SparkSubmitWrite(coordinator(), spark_conn_id, spark_conf, transform, log, _submit_hook_class())
-    from airflow_exactly_once.spark.in_task import InTaskWrite
+    from airflow_exactly_once.spark.launch.in_task import InTaskWrite
 
     return InTaskWrite(coordinator(), spark_conf, transform)
 
@@ -48,7 +48,7 @@ def attempts_stopper(connect_url: str | None) -> StopAttempts | None:
     In the task its JVM dies with it; spark-submitted, its driver does (die_with_parent) or is fenced."""
     if connect_url is None:
         return None
-    from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
+    from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 
     return partial(stop_batch_attempts, connect_url)
 

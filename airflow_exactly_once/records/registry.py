@@ -3,7 +3,7 @@
 For each part read in a registry format (the value, the key) the driver fetches the reader
 schema (the subject's latest version, a pinned version, or the schema the user gave) and the
 writer schemas: every version of the subject at first, then any other id the batch's records
-name (spark.job asks again for those once it has counted them). Schemas are immutable per id,
+name (spark.write_job asks again for those once it has counted them). Schemas are immutable per id,
 so they are cached for the life of the process; nothing is fetched per record, and the Spark
 expressions carry the schemas to the executors.
 

@@ -201,3 +201,11 @@ class PairedWriter(Pair[SinkWriter], SinkWriter):
         if self.committer is None:
             raise ValueError("bind the PairedWriter to the pipeline's PairedCommitter before staging")
         return self.committer
+
+
+def lineage_outputs(committer: SinkCommitter) -> list[tuple[DatasetName, str]]:
+    """(where, role) of what a bound committer writes: the sink ("output") and, when it is paired with a dead-letter
+    destination, that destination ("dead_letter"); a side that names no dataset is left out."""
+    parts = [(committer.output, "output"), (committer.dead, "dead_letter")] \
+        if isinstance(committer, PairedCommitter) else [(committer, "output")]
+    return [(name, role) for part, role in parts if (name := part.lineage_dataset()) is not None]

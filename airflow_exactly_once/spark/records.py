@@ -142,7 +142,7 @@ def _decode_registry(frame: Any, schemas: PartSchemas, into: str | None) -> Any:
     record's fields as columns (the value).
 
     The expressions are SQL text where Spark has the function: each Column built in Python is a round trip to
-    the JVM, and the Column API's version of this took about 600 of them (0.25 s of every batch's write)."""
+    the JVM, and the Column API's version of this took hundreds of them per batch (docs/benchmarks.md)."""
     from pyspark.sql import functions as F
 
     part = f"`{schemas.part}`"

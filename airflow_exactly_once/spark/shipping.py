@@ -26,7 +26,7 @@ ZIP_NAME = "airflow_exactly_once_job.zip"
 LAUNCHER = '''"""spark-submit entry point of the airflow-exactly-once write job (generated at submit time)."""
 import sys
 
-from airflow_exactly_once.spark.job import main
+from airflow_exactly_once.spark.write_job import main
 
 sys.exit(main())
 '''

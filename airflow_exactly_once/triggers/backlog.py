@@ -29,7 +29,7 @@ A ledger or broker that does not answer never ends the trigger: it logs the erro
 distinct error, in the triggerer's log) and tries again at every poll.
 
 Every poll also sends the pipeline's metrics through Airflow's metrics layer
-(airflow_exactly_once.metrics): the lag per partition, under the same name and tags as the plan
+(airflow_exactly_once.airflow_integration.metrics): the lag per partition, under the same name and tags as the plan
 step's, and the batches in flight with the oldest PREPARED one against its sink's commit deadline,
 so that those gauges stay fresh between runs.
 """
@@ -44,12 +44,9 @@ from typing import Any, AsyncIterator
 
 from asgiref.sync import sync_to_async
 
-from airflow_exactly_once.compat import BaseEventTrigger, TriggerEvent
-from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
-from airflow_exactly_once.core.timestamps import iso, now_ms
-from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
-from airflow_exactly_once.metrics import PipelineMetrics
-from airflow_exactly_once.monitor import (
+from airflow_exactly_once.airflow_integration.compat import BaseEventTrigger, TriggerEvent
+from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
+from airflow_exactly_once.core.backlog import (
     IN_FLIGHT,
     InFlightSummary,
     WakeGate,
@@ -58,6 +55,9 @@ from airflow_exactly_once.monitor import (
     waited_too_long,
     waiting_records,
 )
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.timestamps import iso, now_ms
+from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 
 TopicPartition = tuple[str, int]
 
@@ -212,7 +212,7 @@ class PipelineBacklogTrigger(BaseEventTrigger):
         })
 
     def metrics(self) -> PipelineMetrics:
-        """The pipeline's metrics, the same names and tags as its steps send (airflow_exactly_once.metrics)."""
+        """The pipeline's metrics, the same names and tags as its steps send (airflow_integration/metrics.py)."""
         if "_metrics" not in self.__dict__:
             self._metrics = PipelineMetrics(self.pipeline_id, logger=self.log)
         return self._metrics

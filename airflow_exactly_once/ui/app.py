@@ -25,9 +25,9 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import select
 
+from airflow_exactly_once.airflow_integration.provider_info import CONFIG_SECTION
+from airflow_exactly_once.core.backlog import PipelineReport, utc
 from airflow_exactly_once.hooks.ledger import LedgerHook
-from airflow_exactly_once.monitor import PipelineReport, utc
-from airflow_exactly_once.provider_info import CONFIG_SECTION
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from airflow_exactly_once.ui.loading import (
     DEFAULT_KAFKA_TIMEOUT_MS,

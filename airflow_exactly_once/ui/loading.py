@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from kafka.errors import KafkaError
 
+from airflow_exactly_once.core.backlog import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
@@ -22,7 +23,6 @@ from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redact
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.kafka.consumer_group import read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
-from airflow_exactly_once.monitor import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.sinks import stored_commit_deadline_ms as commit_deadline_ms
 
 DEFAULT_KAFKA_TIMEOUT_MS = 5_000
@@ -140,7 +140,7 @@ def read_drift(reader: LedgerReader, report: PipelineReport, session: Any,
                timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS) -> DriftResult:
     """The ledger against the mirrored consumer group (with the pipeline's Kafka settings, as the lag) and the
     Asset events in Airflow's database (the api-server's session), as `airflow-exactly-once check` compares."""
-    from airflow_exactly_once.asset_history import recorded_batch_events  # Airflow: its database
+    from airflow_exactly_once.airflow_integration.asset_history import recorded_batch_events  # Airflow: its database
     from airflow_exactly_once.hooks.kafka import stored_pipeline_kafka_settings  # Airflow: the connection
 
     pid = report.pipeline_id

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any, Iterable
 from urllib.parse import quote
 
+from airflow_exactly_once.core.backlog import NOTABLE_EVENTS, ChartPoint, PipelineReport, utc
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import NOTABLE_EVENTS, ChartPoint, PipelineReport, utc
 from airflow_exactly_once.ui.loading import DriftResult, LagResult, PipelineSummary
 
 STATE_COLOURS = {

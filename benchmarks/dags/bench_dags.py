@@ -52,7 +52,7 @@ with DAG("bench_by_hand", schedule=None, start_date=datetime(2024, 1, 1), catchu
         from kafka import KafkaConsumer, TopicPartition
         from pyspark.sql import SparkSession
 
-        from airflow_exactly_once.spark.connector import with_connectors
+        from airflow_exactly_once.spark.packages import with_connectors
 
         output = Path(os.environ.get("BENCH_OUTPUT", "/tmp/bench-out")) / "bench_by_hand"
         stored = output.parent / "bench_by_hand.offsets.json"

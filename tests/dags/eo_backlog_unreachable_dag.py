@@ -11,7 +11,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, task
 
-from airflow_exactly_once.assets import pipeline_backlog_asset
+from airflow_exactly_once.airflow_integration.assets import pipeline_backlog_asset
 from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 
 KAFKA = os.environ.get("EO_UNREACHABLE_KAFKA", "127.0.0.1:9")

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_exactly_once.assets import pipeline_backlog_asset
+from airflow_exactly_once.airflow_integration.assets import pipeline_backlog_asset
 from airflow_exactly_once.task_group import exactly_once_batch
 from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 

@@ -2,7 +2,7 @@
 
 The input topic holds good JSON records and four bad ones: a truncated value, a field of the
 wrong type, a tombstone (null value) and a poison record the transform cannot compute
-(its guarded UDF raises). Each policy is driven through spark.job.run_write and the
+(its guarded UDF raises). Each policy is driven through spark.write_job.run_write and the
 coordinator, as the write and notify_complete tasks do:
 
 * fail: the batch fails naming the bad records' offsets; nothing is staged, the batch stays PLANNED;
@@ -25,9 +25,9 @@ from airflow_exactly_once.core.errors import BadRecordsError, TransactionLostErr
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.spark.job import run_write
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from airflow_exactly_once.spark.records import guarded_column
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.write_job import run_write
 from tests.conftest import PG_DATABASE
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, pg_query, read_parquet, staging_leftovers

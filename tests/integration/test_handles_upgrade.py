@@ -20,7 +20,7 @@ from airflow_exactly_once.core.handles import VERSION_KEY
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks.dead_letters import DEAD_LETTER_HANDLES
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import read_parquet, staging_leftovers
 from tests.integration.test_sink_contract import ADAPTERS, rows

@@ -19,7 +19,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
-from airflow_exactly_once.spark.job import run_write
+from airflow_exactly_once.spark.write_job import run_write
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, iceberg_staged, produce

@@ -28,7 +28,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.range_read import read_ranges
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from devtools.kafka_broker import LocalKafkaBroker

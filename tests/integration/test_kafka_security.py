@@ -37,10 +37,10 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.kafka import source_kafka_settings
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
+from airflow_exactly_once.spark.write_job import run_write
 from devtools.kafka_secured import Grant
 from devtools.tls import make_ca
 from tests.conftest import (

@@ -22,7 +22,7 @@ from airflow_exactly_once.core.ranges import interval_ranges
 from airflow_exactly_once.core.rewind import apply_rewind, finish_retractions, plan_rewind
 from airflow_exactly_once.core.states import BatchState, check_transition
 from airflow_exactly_once.core.timestamps import to_epoch_ms
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import FakeSource, Pipe
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import airflow
 
-from airflow_exactly_once.compat import airflow_release
+from airflow_exactly_once.airflow_integration.compat import airflow_release
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = ("kafka_to_kafka", "kafka_to_parquet", "kafka_to_parquet_hourly", "kafka_to_parquet_on_arrival",

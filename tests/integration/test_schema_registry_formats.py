@@ -3,7 +3,7 @@
 Records are produced by confluent-kafka's own serializers with two schema versions mixed in one
 batch; the bad ones are every kind the policy knows: not in the wire format, an id the registry
 does not know, a writer schema that does not resolve to the reader's (registered under another
-subject), truncated data, a tombstone. Driven through spark.job.run_write and the coordinator,
+subject), truncated data, a tombstone. Driven through spark.write_job.run_write and the coordinator,
 as the write and notify_complete tasks do.
 """
 
@@ -26,8 +26,8 @@ from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.wire_format import frame
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
+from airflow_exactly_once.spark.write_job import run_write
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, read_parquet
 

@@ -21,7 +21,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.records import protobuf_rows
 from airflow_exactly_once.records.registry import protobuf_reader
-from airflow_exactly_once.spark.job import run_write
+from airflow_exactly_once.spark.write_job import run_write
 from tests.helpers import create_topic
 from tests.integration.test_schema_registry_formats import pipe, produce, registry_settings
 

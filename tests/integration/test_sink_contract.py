@@ -32,7 +32,7 @@ from airflow_exactly_once.sinks import create_committer, sink_types
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, iceberg_staged, pg_query, read_parquet, staging_leftovers

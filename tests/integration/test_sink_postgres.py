@@ -29,7 +29,7 @@ from airflow_exactly_once.sinks.postgres.transactions import (
     rollback_prepared,
     rollback_prepared_matching,
 )
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from devtools.postgres import LocalPostgres
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
@@ -447,7 +447,7 @@ def test_a_url_password_stays_out_of_the_ledger_and_every_write_path_gets_it_fro
 
     stored = PipelineConfig.from_dict(ledger.pipeline(config.pipeline_id)["config"])
     assert stored.sink["url"] == dsn.replace("@", ":***@", 1)
-    job = BatchCoordinator(stored.with_secrets(config.secrets()), ledger, pipeline_committer(stored))  # spark.job's view
+    job = BatchCoordinator(stored.with_secrets(config.secrets()), ledger, pipeline_committer(stored))  # the write job's view
     writer = pipeline_writer(stored).bind(job.config, job.sink)
     third = pipe.planted_batch("run-3", [OffsetRange("t", 0, 2, 4)])
     claimed = job.claim(third.id)

@@ -28,9 +28,9 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.sinks.kafka import probe
 from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
-from airflow_exactly_once.spark.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
-from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
-from airflow_exactly_once.spark.job import read_batch
+from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
+from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
+from airflow_exactly_once.spark.write_job import read_batch
 from devtools.ports import reserve_port
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.dags.eo_cluster_transforms import HOLD, started_attempt
@@ -46,7 +46,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.sinks import pipeline_committer
-from airflow_exactly_once.spark.connect import ConnectWrite
+from airflow_exactly_once.spark.launch.connect import ConnectWrite
 from tests.harness import open_ledger
 
 config = PipelineConfig.from_dict(json.loads(sys.argv[1]))
@@ -107,10 +107,10 @@ def test_a_transform_that_filters_gets_both_counts_from_the_writes_observations(
     """Spark Connect reports the observations of a write command (with its plan cache off: SPARK-53908), the
     input's and the output's: the range is read once. A small batch read by the write counts its input as it
     reads it (no Observation of the input), and is not read a second time either."""
-    from airflow_exactly_once.spark import job
+    from airflow_exactly_once.spark import write_job
 
     reads = []
-    monkeypatch.setattr(job, "read_batch", lambda *args, **kwargs: reads.append(1) or read_batch(*args, **kwargs))
+    monkeypatch.setattr(write_job, "read_batch", lambda *args, **kwargs: reads.append(1) or read_batch(*args, **kwargs))
     name = f"connect-filter-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
     sent = produce(kafka.bootstrap_servers, name, 90)

@@ -2,7 +2,7 @@
 
 A fresh driver process (the session's own Spark already has the pre-fetched jars) with an
 empty SPARK_CONF_DIR and an empty Ivy cache reads a real topic through the production path
-(airflow_exactly_once.spark.session + spark.connector).
+(airflow_exactly_once.spark.in_process_session + spark.packages).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.helpers import create_topic, produce
 
 READ = textwrap.dedent("""
     import sys
-    from airflow_exactly_once.spark.session import build_spark_session
+    from airflow_exactly_once.spark.in_process_session import build_spark_session
 
     spark = build_spark_session("connector-test", {"spark.master": "local[1]", "spark.jars.ivy": sys.argv[3]})
     frame = spark.read.format("kafka").option("kafka.bootstrap.servers", sys.argv[1]) \\
@@ -45,8 +45,8 @@ def test_spark_resolves_the_connector_of_the_installed_pyspark(kafka, tmp_path, 
 
 def test_the_resolved_connector_jars_stay_off_the_python_workers_path(spark):
     """Spark adds the jars it resolves from spark.jars.packages to the Python includes as well; the session
-    takes ours off again (they carry no Python), and Python tasks still run (spark.session). The tests' session
-    may load the connector from prefetched jars instead: then there are none to take off."""
+    takes ours off again (they carry no Python), and Python tasks still run (spark.in_process_session).
+    The tests' session may load the connector from prefetched jars instead: then there are none to take off."""
     assert [name for name in spark.sparkContext._python_includes if name.endswith(".jar")] == []
 
     def pids(batches):

@@ -18,7 +18,7 @@ import pytest
 
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import INSTALLED, SPECS, sink_types, spec_type
-from airflow_exactly_once.spark.runner import run_partition_writers
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.harness import REPO, FakeSource, Pipe, open_ledger, pipeline_config
 
 FIXTURE = REPO / "tests" / "fixtures" / "third_party_sink"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from airflow_exactly_once.core.backlog import utc
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import utc
 from tests.conftest import ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS, ARRIVAL_TOPIC
 from tests.harness import airflow_ledger
 from tests.helpers import assert_exactly_once, assert_ranges_tile, produce, read_parquet, wait_for

@@ -1,4 +1,4 @@
-"""A pipeline's metrics reach a StatsD server through Airflow's own metrics layer (airflow_exactly_once.metrics).
+"""A pipeline's metrics reach a StatsD server through Airflow's own metrics layer (airflow_integration/metrics.py).
 
 The session's Airflow sends them to listeners on 127.0.0.1 (tests/conftest.py `statsd`: `[metrics] statsd_on`,
 an allow list of `exactly_once`, InfluxDB-style tags so that the tags show in the datagrams): the tasks' to one,

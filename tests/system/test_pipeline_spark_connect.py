@@ -17,7 +17,7 @@ import pytest
 
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.spark.connect import SESSION_DETAIL
+from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL
 from tests.dags.eo_cluster_transforms import HOLD, STARTED, started_attempt
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,

@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from airflow_exactly_once.compat import BaseOperator
+from airflow_exactly_once.airflow_integration.compat import BaseOperator
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.operators import arguments
@@ -18,7 +18,7 @@ from airflow_exactly_once.operators.batch import (
     PlanBatchOperator,
     WriteBatchOperator,
 )
-from airflow_exactly_once.spark.connect_stop import stop_batch_attempts
+from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 from airflow_exactly_once.task_group import exactly_once_batch
 
 OPERATORS = (PlanBatchOperator, WriteBatchOperator, NotifyCompleteOperator, AbortBatchOperator)

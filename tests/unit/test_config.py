@@ -6,7 +6,7 @@ import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import pipeline_config
 

@@ -238,7 +238,7 @@ def test_secret_keys_of_the_kafka_settings_and_the_registry():
 
 
 def test_schema_registry_connection_fields():
-    from airflow_exactly_once.provider_info import REGISTRY_UI_FIELD_BEHAVIOUR
+    from airflow_exactly_once.airflow_integration.provider_info import REGISTRY_UI_FIELD_BEHAVIOUR
 
     form = {"host", "schema", "login", "password", "port", "extra"}  # the fields of Airflow's connection form
     documented = {word.lower() for row in doc_table("docs/schema-registry.md", "field")

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from airflow_exactly_once.airflow_integration.provider_info import LEDGER_CONN_TYPE, REGISTRY_CONN_TYPE
 from airflow_exactly_once.core.config import REGISTRY_FORMATS
 from airflow_exactly_once.operators import arguments
-from airflow_exactly_once.provider_info import LEDGER_CONN_TYPE, REGISTRY_CONN_TYPE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

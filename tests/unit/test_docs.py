@@ -210,7 +210,7 @@ def test_error_classes_finds_the_sinks_own_classes_beside_the_core():
 
 
 def test_every_airflow_config_section_has_its_generated_table_in_the_docs():
-    from airflow_exactly_once.provider_info import CONFIG
+    from airflow_exactly_once.airflow_integration.provider_info import CONFIG
 
     text = "".join(doc.read_text() for doc in docs.DOCS)
     for section in CONFIG:
@@ -218,7 +218,7 @@ def test_every_airflow_config_section_has_its_generated_table_in_the_docs():
 
 
 def test_the_metrics_table_in_the_docs_is_generated_from_the_metrics_module():
-    from airflow_exactly_once.metrics import markdown_table
+    from airflow_exactly_once.airflow_integration.metrics import markdown_table
 
     page = (docs.REPO / "docs" / "operating.md").read_text()
     assert f"<!-- metrics -->\n{markdown_table()}\n<!-- /metrics -->" in page

@@ -1,7 +1,7 @@
 """Issue 52: the embedded SQLite ledger where a pipeline's tasks may run on several machines.
 
 Which executor a task runs under, and whether it keeps every task on one machine (pure logic on the names,
-airflow_exactly_once.executors); then the verdict as Airflow's real configuration gives it (set through its
+airflow_integration/executors.py); then the verdict as Airflow's real configuration gives it (set through its
 AIRFLOW__SECTION__OPTION variables): an error when a task runs, a warning when the DAG is parsed, and a line of the
 CLI and the ledger page that says which ledger they read. tests/integration/test_ledger_on_two_workers.py runs the
 pipeline on two workers with their own AIRFLOW_HOMEs against the real broker and PostgreSQL.
@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 
-from airflow_exactly_once.compat import AirflowFailException
+from airflow_exactly_once.airflow_integration.compat import AirflowFailException
+from airflow_exactly_once.airflow_integration.executors import ExecutorEntry, configured_executors, task_executor
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.executors import ExecutorEntry, configured_executors, task_executor
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE, EmbeddedLedgerWarning, LedgerHook
 from airflow_exactly_once.operators.batch import NotifyCompleteOperator, PlanBatchOperator
 

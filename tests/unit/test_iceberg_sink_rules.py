@@ -11,7 +11,7 @@ from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE, ICEBERG_SPARK_RUNTIME
-from airflow_exactly_once.spark import connector
+from airflow_exactly_once.spark import packages as spark_packages
 
 
 def spec(**overrides):
@@ -25,8 +25,8 @@ def test_a_valid_spec_names_table_catalog_and_packages():
     assert target.catalog == CatalogSpec("iceberg", "embedded", "file:///data/lake",
                                        "sqlite:////data/lake/_iceberg_catalog.sqlite")
     assert create_committer(spec()).supports_retract and not target.create_table
-    packages = [connector.for_installed_spark(p) for p in sink.spark_packages()]
-    assert packages[0].startswith(f"org.apache.iceberg:iceberg-spark-runtime-{connector.spark_version()[:3]}_")
+    packages = [spark_packages.for_installed_spark(p) for p in sink.spark_packages()]
+    assert packages[0].startswith(f"org.apache.iceberg:iceberg-spark-runtime-{spark_packages.spark_version()[:3]}_")
     assert packages[1].startswith("org.xerial:sqlite-jdbc:")
 
 
@@ -119,21 +119,21 @@ def test_a_batch_can_be_withdrawn_exactly_only_while_its_files_are_live():
 def test_the_sinks_packages_join_kafkas_unless_the_user_names_them(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
-    assert connector.artifact_of("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.1") == \
+    assert spark_packages.artifact_of("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.1") == \
         "iceberg-spark-runtime-4.0"
-    assert connector.artifact_of("org.xerial:sqlite-jdbc:3.50.3.0") == "sqlite-jdbc"
+    assert spark_packages.artifact_of("org.xerial:sqlite-jdbc:3.50.3.0") == "sqlite-jdbc"
     with pytest.raises(ValueError):
-        connector.artifact_of("sqlite-jdbc")
+        spark_packages.artifact_of("sqlite-jdbc")
     # Whoever hands a sink's packages to Spark gets its templates completed (a benchmark once passed them raw).
-    runtime = connector.with_connectors({}, [ICEBERG_SPARK_RUNTIME])["spark.jars.packages"].split(",")[1]
-    assert runtime == connector.iceberg_package()
-    iceberg = connector.iceberg_package("4.0.0", "2.13")
+    runtime = spark_packages.with_connectors({}, [ICEBERG_SPARK_RUNTIME])["spark.jars.packages"].split(",")[1]
+    assert runtime == spark_packages.iceberg_package()
+    iceberg = spark_packages.iceberg_package("4.0.0", "2.13")
     assert iceberg == f"org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:{ICEBERG_RELEASE}"
-    conf = connector.with_connectors({}, [iceberg, "org.xerial:sqlite-jdbc:3.50.3.0"])
-    assert conf["spark.jars.packages"].split(",") == [connector.kafka_package(), iceberg,
+    conf = spark_packages.with_connectors({}, [iceberg, "org.xerial:sqlite-jdbc:3.50.3.0"])
+    assert conf["spark.jars.packages"].split(",") == [spark_packages.kafka_package(), iceberg,
                                                       "org.xerial:sqlite-jdbc:3.50.3.0"]
-    own = connector.with_connectors({"spark.jars": "/j/iceberg-spark-runtime-4.0_2.13-1.9.0.jar"}, [iceberg])
-    assert own["spark.jars.packages"] == connector.kafka_package()  # the user's Iceberg jar wins
+    own = spark_packages.with_connectors({"spark.jars": "/j/iceberg-spark-runtime-4.0_2.13-1.9.0.jar"}, [iceberg])
+    assert own["spark.jars.packages"] == spark_packages.kafka_package()  # the user's Iceberg jar wins
     (tmp_path / "spark-defaults.conf").write_text(
         "spark.jars /j/spark-sql-kafka-0-10_2.13-4.0.0.jar,/j/iceberg-spark-runtime-4.0_2.13.jar\n")
-    assert connector.with_connectors({}, [iceberg]) == {}
+    assert spark_packages.with_connectors({}, [iceberg]) == {}

@@ -155,7 +155,7 @@ def test_spark_reads_a_range_without_the_brokers_fetch_wait_unless_kafka_config_
     """Spark's Kafka reader waited fetch.max.wait.ms (500 ms) per partition of every batch; kafka_config still wins."""
     from airflow_exactly_once.core.model import Batch, OffsetRange
     from airflow_exactly_once.core.states import BatchState
-    from airflow_exactly_once.spark.job import kafka_read_options
+    from airflow_exactly_once.spark.write_job import kafka_read_options
     from tests.harness import pipeline_config
 
     batch = Batch("p", 1, "run", BatchState.PLANNED, 1, (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 3, 3)))
@@ -172,7 +172,7 @@ def test_a_pipelines_reads_share_one_group_id_that_changes_with_the_connection_b
     """Spark pools its executors' consumers by group id and partition (KafkaSettings.reader_group)."""
     from airflow_exactly_once.core.model import Batch, OffsetRange
     from airflow_exactly_once.core.states import BatchState
-    from airflow_exactly_once.spark.job import kafka_read_options
+    from airflow_exactly_once.spark.write_job import kafka_read_options
     from tests.harness import pipeline_config
 
     sink = {"type": "parquet", "path": "/tmp/unused"}

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import airflow_exactly_once
-from airflow_exactly_once import provider_info
+from airflow_exactly_once.airflow_integration import provider_info
+from airflow_exactly_once.core.backlog import PartitionLag, read_pipeline
 from airflow_exactly_once.core.drift import DriftReport, Finding
-from airflow_exactly_once.monitor import PartitionLag, read_pipeline
 from airflow_exactly_once.ui.loading import (
     DriftResult,
     LagResult,
@@ -176,7 +176,7 @@ def test_the_backlog_trigger_serializes_to_what_rebuilds_it():
     module, _, name = classpath.rpartition(".")
     again = getattr(importlib.import_module(module), name)(**kwargs)
     assert again.serialize() == (classpath, kwargs) and kwargs["topics"] == ["t"]
-    from airflow_exactly_once.compat import BaseEventTrigger
+    from airflow_exactly_once.airflow_integration.compat import BaseEventTrigger
 
     assert isinstance(again, BaseEventTrigger)
 

@@ -1,5 +1,5 @@
 """OpenLineage: the dataset names each sink gives (core/lineage_names.py, SinkCommitter.lineage_dataset), what a step
-reports (airflow_exactly_once/lineage.py), that no secret reaches it, and nothing without the extra. Through a
+reports (airflow_integration/lineage.py), that no secret reaches it, and nothing without the extra. Through a
 real Airflow with the OpenLineage provider: tests/system/test_lineage_airflow.py.
 """
 
@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
-from airflow_exactly_once import compat, lineage
+from airflow_exactly_once.airflow_integration import compat, lineage
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset, kafka_dataset, postgres_dataset
 from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.operators.batch import AbortBatchOperator
-from airflow_exactly_once.pipeline import checked
-from airflow_exactly_once.sinks import create_committer
+from airflow_exactly_once.pipeline_check import checked
+from airflow_exactly_once.sinks import create_committer, pipeline_committer
+from airflow_exactly_once.sinks.dead_letters import lineage_outputs
 
 
 @pytest.mark.parametrize("location, expected", [
@@ -69,6 +70,11 @@ def secret_config() -> PipelineConfig:
         bad_record_policy="dead_letter"))
 
 
+def step_lineage(config: PipelineConfig, batch: Batch | None, recovered: list[str] | None = None):
+    """A step's lineage with what the pipeline writes named as the operators name it."""
+    return lineage.step_lineage(config, lineage_outputs(pipeline_committer(config).bind(config)), batch, recovered)
+
+
 def serialized(found) -> str:
     from openlineage.client.serde import Serde
 
@@ -79,7 +85,7 @@ def serialized(found) -> str:
 def test_a_step_reports_topics_sink_dead_letters_and_its_batch_and_no_secret():
     batch = Batch("orders", 7, "run", BatchState.COMMITTED, 3, (OffsetRange("orders", 0, 10, 25),),
                   input_records=15, output_records=13, details={"bad_records": {"count": 2, "policy": "dead_letter"}})
-    found = lineage.step_lineage(secret_config(), batch, ["orders:6"])
+    found = step_lineage(secret_config(), batch, ["orders:6"])
     events = json.loads(serialized(found))
     assert [(d["namespace"], d["name"]) for d in events[:3]] == [
         ("kafka://k1:9092", "orders"), ("postgres://db:5432", "shop.public.orders"), ("kafka://k3:9092", "orders-dlq")]
@@ -94,7 +100,7 @@ def test_a_step_reports_topics_sink_dead_letters_and_its_batch_and_no_secret():
 
 
 def test_before_its_batch_a_step_reports_the_datasets_only():
-    found = lineage.step_lineage(secret_config(), None)
+    found = step_lineage(secret_config(), None)
     facet = found.run_facets[lineage.FACET_NAME]
     assert (facet.pipelineId, facet.batchId, facet.ranges) == ("orders", None, [])
     assert [o.outputFacets for o in found.outputs] == [{}, {}] and found.inputs[0].inputFacets == {}
@@ -123,4 +129,4 @@ def test_without_the_openlineage_extra_nothing_is_reported(monkeypatch):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "openlineage", None)  # as if the extra were not installed
     assert compat.openlineage() is None
-    assert lineage.step_lineage(secret_config(), None) is None
+    assert step_lineage(secret_config(), None) is None

@@ -12,8 +12,10 @@ import warnings
 
 import pytest
 
+from airflow_exactly_once.airflow_integration.placement import (LocalFolderWarning, local_folder_problems,
+                                                                 several_machines)
 from airflow_exactly_once.operators.batch import PlanBatchOperator, WriteBatchOperator
-from airflow_exactly_once.placement import LocalFolderWarning, local_folder_problems, several_machines
+from airflow_exactly_once.sinks import spec_local_folders
 
 CELERY = "CeleryExecutor"
 
@@ -58,7 +60,7 @@ def test_parsing_warns_of_a_local_parquet_path_naming_the_executor_and_the_way_o
 def test_an_iceberg_warehouse_is_warned_of_when_local_only(celery, tmp_path, warehouse, warned):
     sink = {"type": "iceberg", "table": "db.events", "warehouse": warehouse,
             "catalog": {"type": "postgres", "conn_id": "catalog"}}
-    problems = local_folder_problems(sink, None)
+    problems = local_folder_problems(spec_local_folders(sink))
     assert bool(problems) is warned
     if warned:
         assert problems[0].startswith(f"sink warehouse {warehouse!r} is a local path")
@@ -66,8 +68,10 @@ def test_an_iceberg_warehouse_is_warned_of_when_local_only(celery, tmp_path, war
 
 
 def test_a_dead_letter_folder_is_looked_at_too(celery, tmp_path):
-    problems = local_folder_problems({"type": "kafka", "topic": "out"},
-                                     {"type": "parquet", "path": "/var/dead"})
+    write = WriteBatchOperator(task_id="write", batch_id="p:1", **args(
+        tmp_path, {"type": "kafka", "topic": "out"}, bad_record_policy="dead_letter",
+        dead_letter={"type": "parquet", "path": "/var/dead"}))
+    problems = write.local_folder_problems()
     assert len(problems) == 1 and problems[0].startswith("dead_letter path '/var/dead' is a local path")
 
 

@@ -1,5 +1,5 @@
 """A pipeline's metrics: names, tags and values, what Airflow's metrics layer makes of them, and that sending
-them never fails a step (airflow_exactly_once.metrics; the end-to-end check is tests/system/test_metrics_airflow.py)."""
+them never fails a step (airflow_integration/metrics.py; the end-to-end check is tests/system/test_metrics_airflow.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import importlib
 
 import pytest
 
-from airflow_exactly_once import metrics as metrics_module
+from airflow_exactly_once.airflow_integration import metrics as metrics_module
+from airflow_exactly_once.airflow_integration.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
+from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
-from airflow_exactly_once.monitor import InFlightSummary
 from airflow_exactly_once.operators.batch import AbortBatchOperator, NotifyCompleteOperator
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
@@ -257,7 +257,7 @@ def test_sending_through_airflows_opentelemetry_logger_keeps_the_tags_as_attribu
 
 def test_an_emitting_error_is_logged_once_and_never_raised(caplog):
     metrics = PipelineMetrics("p", stats=BrokenStats())
-    with caplog.at_level(logging.DEBUG, logger="airflow_exactly_once.metrics"):
+    with caplog.at_level(logging.DEBUG, logger="airflow_exactly_once.airflow_integration.metrics"):
         metrics.batch_committed(1, 1, 1, "skip")
         metrics.lag({("t", 0): 1})
         metrics.phase_duration("plan", 1.0)
@@ -273,7 +273,7 @@ def test_an_emitting_error_is_logged_once_and_never_raised(caplog):
 
 def test_a_misused_metric_is_logged_not_raised(caplog):
     fake = FakeStats()
-    with caplog.at_level(logging.WARNING, logger="airflow_exactly_once.metrics"):
+    with caplog.at_level(logging.WARNING, logger="airflow_exactly_once.airflow_integration.metrics"):
         PipelineMetrics("p", stats=fake).phase_duration("transform", 1.0)
     assert fake.sent == [] and "phases" in caplog.text
 

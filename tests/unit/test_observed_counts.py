@@ -1,4 +1,4 @@
-"""How the write reads its Observations' counts (spark.job._observed_records): through the Java map's own get on
+"""How the write reads its Observations' counts (spark.write_job._observed_records): through the Java map's own get on
 classic PySpark (its Observation.get iterates the map into an exception at every read), as a dict on Spark
 Connect, and None when Spark reported no count."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_exactly_once.spark.job import _observed_records
+from airflow_exactly_once.spark.write_job import _observed_records
 
 
 class JavaMap:

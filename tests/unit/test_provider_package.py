@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import airflow_exactly_once
-from airflow_exactly_once import provider_info
+from airflow_exactly_once.airflow_integration import provider_info
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
 from airflow_exactly_once.core.ledger import Ledger
 
@@ -33,7 +33,7 @@ PACKAGE = Path(airflow_exactly_once.__file__).resolve().parent
 
 @pytest.mark.parametrize("version", ["3.1.2", "3.1.8", "3.3.2", "3.2.0.dev0", "4.0.0"])
 def test_supported_airflow_releases_pass_the_floor(version):
-    from airflow_exactly_once.compat import AIRFLOW_FLOOR, airflow_release, check_airflow_version
+    from airflow_exactly_once.airflow_integration.compat import AIRFLOW_FLOOR, airflow_release, check_airflow_version
 
     assert airflow_release(version) >= AIRFLOW_FLOOR == (3, 1, 2)
     assert check_airflow_version(version) is None  # raises ImportError below the floor (the test below)
@@ -42,14 +42,14 @@ def test_supported_airflow_releases_pass_the_floor(version):
 def test_the_import_floor_is_the_one_setup_cfg_requires():
     from devtools.install_matrix import floor_versions
 
-    from airflow_exactly_once.compat import AIRFLOW_FLOOR
+    from airflow_exactly_once.airflow_integration.compat import AIRFLOW_FLOOR
 
     assert ".".join(map(str, AIRFLOW_FLOOR)) == floor_versions()["apache-airflow"]
 
 
 @pytest.mark.parametrize("version", ["3.1.1", "3.1.0", "3.0.6", "2.11.0"])
 def test_older_airflow_fails_naming_the_release_to_install(version):
-    from airflow_exactly_once.compat import check_airflow_version
+    from airflow_exactly_once.airflow_integration.compat import check_airflow_version
 
     with pytest.raises(ImportError, match=r"needs Apache Airflow >= 3\.1\.2 \(this is Airflow " + version +
                        r"\): upgrade with pip install 'apache-airflow>=3\.1\.2,<4'"):
@@ -60,7 +60,7 @@ def test_the_check_runs_when_an_airflow_facing_module_is_imported(monkeypatch):
     import airflow
 
     monkeypatch.setattr(airflow, "__version__", "3.0.6")
-    for name in ("airflow_exactly_once.compat", "airflow_exactly_once.hooks.ledger"):
+    for name in ("airflow_exactly_once.airflow_integration.compat", "airflow_exactly_once.hooks.ledger"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ImportError, match=r"pip install 'apache-airflow>=3\.1\.2,<4'"):
         importlib.import_module("airflow_exactly_once.hooks.ledger")
@@ -70,7 +70,7 @@ def test_the_check_runs_when_an_airflow_facing_module_is_imported(monkeypatch):
 # Airflow's CLI definitions, the ledger page in the api-server (plugin base class, auth, DB session), and the
 # drift check's reader of Airflow's Asset events (the metadata database's models, from the CLI).
 AIRFLOW_COMPONENT_MODULES = {("cli", "definition.py"), ("ui", "plugin.py"), ("ui", "app.py"),
-                             ("airflow_exactly_once", "asset_history.py")}
+                             ("airflow_integration", "asset_history.py")}
 
 
 def test_only_compat_imports_airflow_names():
@@ -263,7 +263,7 @@ def _conn(**fields):
 def test_ledger_connection_with_a_full_url_in_host_takes_login_and_password_from_the_fields():
     from sqlalchemy.engine import make_url
 
-    from airflow_exactly_once.connections import connection_to_url
+    from airflow_exactly_once.airflow_integration.connections import connection_to_url
 
     url = connection_to_url(_conn(host="postgresql+psycopg2://db.internal:5433/ledger?sslmode=require",
                                   login="eo user", password="p@ss:w/rd"))
@@ -279,7 +279,7 @@ def test_ledger_connection_with_a_full_url_in_host_takes_login_and_password_from
 def test_ledger_connection_fields_build_a_postgres_url():
     from sqlalchemy.engine import make_url
 
-    from airflow_exactly_once.connections import connection_to_url
+    from airflow_exactly_once.airflow_integration.connections import connection_to_url
 
     url = connection_to_url(_conn(host="db.internal", port=5433, login="eo", password="s3cr@t", schema="ledger",
                                   extra={"sslmode": "require"}))
@@ -290,7 +290,7 @@ def test_ledger_connection_fields_build_a_postgres_url():
 
 
 def test_ledger_connection_with_the_sqlite_backend_is_a_usable_ledger(tmp_path):
-    from airflow_exactly_once.connections import connection_to_url
+    from airflow_exactly_once.airflow_integration.connections import connection_to_url
 
     for extra in ({"backend": "sqlite"}, {"extra__exactly_once_ledger__backend": "sqlite"}):  # new and old UI
         path = tmp_path / f"{len(extra)}-{next(iter(extra))}.db"
@@ -308,7 +308,7 @@ def test_ledger_connection_with_the_sqlite_backend_is_a_usable_ledger(tmp_path):
     ({"host": "://nowhere"}, "is not a SQLAlchemy URL"),
 ])
 def test_ledger_connection_mistakes_say_what_to_change(fields, message):
-    from airflow_exactly_once.connections import connection_to_url
+    from airflow_exactly_once.airflow_integration.connections import connection_to_url
 
     with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
         connection_to_url(_conn(**fields))

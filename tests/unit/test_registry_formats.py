@@ -9,7 +9,7 @@ import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.hooks.schema_registry import registry_settings
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.records import wire_format
 from airflow_exactly_once.records.avro_resolution import resolution_problem
 from airflow_exactly_once.records.registry import PartSchemas, add_writer, subjects

@@ -16,13 +16,13 @@ import sqlalchemy as sa
 from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core import protocol
 from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.core.backlog import read_pipeline
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.ledger import Ledger, events
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.retention import Retention, prune
 from airflow_exactly_once.core.rewind import plan_rewind
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import read_pipeline
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 T0, T1 = ("t", 0), ("t", 1)

@@ -12,7 +12,7 @@ from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.secrets import REDACTED, redacted_value, scrub, url_password
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.batch import PlanBatchOperator
-from airflow_exactly_once.pipeline import checked
+from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
 
 

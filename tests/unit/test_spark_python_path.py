@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from airflow_exactly_once.spark.connector import user_adds_packages
-from airflow_exactly_once.spark.session import keep_jars_off_python_path
+from airflow_exactly_once.spark.in_process_session import keep_jars_off_python_path
+from airflow_exactly_once.spark.packages import user_adds_packages
 
 
 def session_with(includes):

@@ -6,7 +6,7 @@ import os
 import sys
 import types
 
-from airflow_exactly_once.spark.session import CONNECT_MODE_ENV, drop_stale_connect_mode
+from airflow_exactly_once.spark.in_process_session import CONNECT_MODE_ENV, drop_stale_connect_mode
 
 
 def _connect_module(default_session) -> types.ModuleType:
@@ -41,7 +41,7 @@ def test_nothing_to_drop(monkeypatch):
 
 def test_spark_connect_errors_name_the_server_never_its_token_and_keep_their_cause():
     from airflow_exactly_once.core.errors import raise_explained
-    from airflow_exactly_once.spark.connect_session import SparkConnectUnavailable, explain, server_address
+    from airflow_exactly_once.spark.connect_server.session import SparkConnectUnavailable, explain, server_address
 
     url = "sc://spark.example:15002/;token=s3cret;user_id=etl"
     assert server_address(url) == "sc://spark.example:15002"

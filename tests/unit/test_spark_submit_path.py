@@ -19,16 +19,16 @@ import zipfile
 
 import pytest
 
-from airflow_exactly_once.compat import AirflowFailException
+from airflow_exactly_once.airflow_integration.compat import AirflowFailException
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, FencedError, TransformError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import BatchId, OffsetRange
 from airflow_exactly_once.core.write_report import clear_failure, record_failure, recorded_failure
 from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
 from airflow_exactly_once.operators.batch import WriteBatchOperator
-from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
-from airflow_exactly_once.spark.job import EXIT_FOR_GOOD, LEDGER_URL_ENV, SECRETS_ENV
+from airflow_exactly_once.spark.packages import kafka_package
+from airflow_exactly_once.spark.write_job import EXIT_FOR_GOOD, LEDGER_URL_ENV, SECRETS_ENV
 
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]key"  # Spark's spark.redaction.regex default
 from airflow_exactly_once.spark.shipping import build_bundle, transform_source
@@ -65,7 +65,7 @@ def test_bundle_ships_the_package_and_the_transform_module(tmp_path, monkeypatch
 
     names = zipfile.ZipFile(bundle.py_files).namelist()
     assert bundle.modules == ("airflow_exactly_once", "my_transforms")
-    assert "airflow_exactly_once/spark/job.py" in names and "my_transforms.py" in names
+    assert "airflow_exactly_once/spark/write_job.py" in names and "my_transforms.py" in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     # The launcher runs the job's entry point from the zip alone (as spark-submit's Python would).
     run = subprocess.run([sys.executable, str(bundle.launcher), "--help"], capture_output=True, text=True,
@@ -77,7 +77,7 @@ def test_bundle_ships_the_package_and_the_transform_module(tmp_path, monkeypatch
 def test_installed_or_missing_transform_modules(tmp_path):
     assert transform_source("json:loads") is None  # standard library: on every Python already
     assert transform_source("pyspark.sql.functions:col") is None  # installed distribution
-    assert transform_source("airflow_exactly_once.spark.job:main") is None  # in the zip anyway
+    assert transform_source("airflow_exactly_once.spark.write_job:main") is None  # in the zip anyway
     with pytest.raises(ConfigurationError, match="'no_such_transforms' cannot be found"):
         transform_source("no_such_transforms:parse")
 
@@ -108,7 +108,7 @@ def test_submit_command_carries_only_the_batch_id(spark_conn, monkeypatch, tmp_p
 
 def test_the_job_gets_the_ledger_password_and_the_configs_secrets_from_its_environment_only(monkeypatch):
     from airflow_exactly_once.core.config import PipelineConfig
-    from airflow_exactly_once.spark.job import _from_environment, secrets_environment
+    from airflow_exactly_once.spark.write_job import _from_environment, secrets_environment
     from tests.harness import pipeline_config
 
     config = pipeline_config("p", ["t"], {"type": "postgres", "url": "postgresql://app:sink-pw@db/shop", "table": "o"})
@@ -158,7 +158,7 @@ def test_callable_transform_is_refused_before_anything_runs(spark_conn, tmp_path
 # -- the job's side of the contract ------------------------------------------------------
 
 def test_job_without_a_ledger_or_pipeline_exits_with_a_clear_message(tmp_path):
-    base = [sys.executable, "-m", "airflow_exactly_once.spark.job", "--batch-id", "p:1"]
+    base = [sys.executable, "-m", "airflow_exactly_once.spark.write_job", "--batch-id", "p:1"]
     env = {k: v for k, v in os.environ.items() if k != LEDGER_URL_ENV}
     no_ledger = subprocess.run(base, capture_output=True, text=True, env=env)
     assert no_ledger.returncode == 2 and f"set {LEDGER_URL_ENV}" in no_ledger.stderr

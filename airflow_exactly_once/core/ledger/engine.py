@@ -138,8 +138,8 @@ def _ping_when_idle(engine: Engine) -> None:
     """Test a pooled connection before reuse only when it sat idle, and replace it when the server dropped it.
 
     What pool_pre_ping does, without its round trip on every checkout: a plan checks a connection out a dozen
-    times within milliseconds, and with 20 plans at once on a busy server those pings were a quarter of the
-    plan's round trips (benchmarks/bench_scale.py). A connection the server closed (a restart, an idle timeout)
+    times within milliseconds, and with many plans at once on a busy server those pings were a large share of
+    the plan's round trips (docs/benchmarks.md, benchmarks/bench_scale.py). A connection the server closed (a restart, an idle timeout)
     has been idle for longer than that, so it is still found and replaced before a statement fails on it.
     """
 

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# The newest migration's revision, as a constant: a ledger at it is used without importing Alembic (about 90 ms
-# of every task process) or reading the scripts. Bump it with every migration (tests/unit/test_ledger_migrations.py
+# The newest migration's revision, as a constant: a ledger at it is used without importing Alembic (a cost in
+# every task process: docs/benchmarks.md) or reading the scripts. Bump it with every migration (tests/unit/test_ledger_migrations.py
 # compares it with the scripts' head).
 HEAD = "0002"
 VERSION_TABLE = "aeo_alembic_version"  # the ledger's own: Airflow's metadata database has `alembic_version`

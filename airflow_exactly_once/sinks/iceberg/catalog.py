@@ -190,6 +190,6 @@ def unreachable(catalog: CatalogSpec, exc: Exception) -> SinkError:
 
 
 def _connection_url(conn_id: str) -> str:
-    from airflow_exactly_once.connections import postgres_connection_url
+    from airflow_exactly_once.airflow_integration.connections import postgres_connection_url
 
     return postgres_connection_url(conn_id, "the iceberg catalog", "give the catalog a 'url'")

@@ -1,7 +1,7 @@
 """Which Iceberg Spark runtime the Iceberg sink needs, as coordinates the framework completes.
 
 Iceberg publishes one runtime per Spark release line and Scala version; the sink names the
-template and spark.connector fills in the installed pyspark's (`{spark_line}`, `{scala}`).
+template and spark.packages fills in the installed pyspark's (`{spark_line}`, `{scala}`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Kafka sink's data path: confluent-kafka (librdkafka) producers, and their open transactions.
 
-kafka-python sends about 10,000 records/s per process (its send path is pure Python);
-librdkafka sends well over 100,000. So the writers produce with confluent-kafka, and the
+kafka-python's send path is pure Python; librdkafka sends an order of magnitude more records a
+second per process (docs/benchmarks.md). So the writers produce with confluent-kafka, and the
 transaction they leave open is committed later, from another process, by the kafka-python
 adapter (transactions.py), which ends it with EndTxn from its producer id and epoch.
 
@@ -64,8 +64,8 @@ def producer_properties(settings: dict[str, Any], guarantee: str, transactional_
     A transactional producer connects to every broker at once (enable.sparse.connections=false): with
     sparse connections, librdkafka drops its bootstrap connection once it learns the brokers, finds no
     broker up to ask for the transaction coordinator, and asks again only at its 500 ms timer, which
-    made a third to three quarters of init_transactions() calls take 0.5 s instead of 0.01-0.05 s
-    (librdkafka 2.16.0, local broker): a Spark partition's largest fixed cost. A cluster of very many
+    made most init_transactions() calls wait for that timer (docs/benchmarks.md): a Spark partition's largest
+    fixed cost. A cluster of very many
     brokers can set it back to true in the sink's producer_config.
     """
     config = {"partitioner": PARTITIONER, "linger.ms": 20,
@@ -86,8 +86,8 @@ def new_producer(settings: dict[str, Any], guarantee: str, transactional_id: str
     """A producer for `guarantee` (see producer_properties).
 
     `on_delivery` is called for every record, or with `report_successes=False` only for the records that
-    failed: a delivery report costs a Python call and a message object per record, about a third of the
-    writer's CPU (0.8 against 1.6 s per 500,000 records of 100 bytes, librdkafka 2.16.0).
+    failed: a delivery report costs a Python call and a message object per record, a large share of the
+    writer's CPU (docs/benchmarks.md).
     """
     config = producer_properties(settings, guarantee, transactional_id, transaction_timeout_ms)
     if on_delivery is not None:

@@ -2,7 +2,7 @@
 
 A Python worker runs many tasks in a row (spark.python.worker.reuse, Spark's default), and Spark keeps one
 producer per executor for its own Kafka writer. A new idempotent producer waits for its producer id before
-its first record leaves (about 0.5 s with librdkafka 2.16.0: docs/benchmarks.md) and learns the cluster
+its first record leaves (the largest fixed cost of a task: docs/benchmarks.md) and learns the cluster
 again; a kept one does neither. A task borrows the producer of its settings and gives it back only after
 every record it sent was acknowledged (flushed, no delivery error): a producer that failed, or that
 reported a fatal error while it was idle, is closed and never lent again. Not for EXACTLY_ONCE: a

@@ -17,7 +17,7 @@ public kafka-python API cannot send it: a fresh producer must call
 exactly the transaction we want to commit. Resuming a kafka-python producer
 (setting its TransactionManager's producer id and epoch) worked, but cost a
 whole producer per transaction (bootstrap, ApiVersions, FindCoordinator, its
-sender loop): about 0.23 s each, one after the other. So phase 2 speaks the
+sender loop), one after the other (docs/benchmarks.md). So phase 2 speaks the
 protocol itself, over one kafka-python admin client: one FindCoordinator for
 every transactional id of the batch, then every EndTxn pipelined on its
 coordinator's connection, then all the answers. This module reaches into

@@ -26,7 +26,7 @@ def resolve_dsn(spec: dict[str, Any]) -> str:
     """The server URL of a sink spec: its `url`, or its Airflow `postgres` connection's."""
     if spec.get("url"):
         return str(spec["url"])
-    from airflow_exactly_once.connections import postgres_connection_url
+    from airflow_exactly_once.airflow_integration.connections import postgres_connection_url
 
     return postgres_connection_url(spec["conn_id"], "the postgres sink", "give the sink a 'url'")
 

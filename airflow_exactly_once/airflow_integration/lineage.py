@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_exactly_once.compat import openlineage
+from airflow_exactly_once.airflow_integration.compat import openlineage
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.sinks import pipeline_committer
-from airflow_exactly_once.sinks.dead_letters import PairedCommitter
 
 FACET_NAME = "exactlyOnceBatch"
 FACET_FIELDS = ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords", "badRecords",
@@ -41,16 +39,12 @@ def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: l
             "badRecords": bad.get("count"), "recoveredBatches": recovered}
 
 
-def output_datasets(config: PipelineConfig) -> list[tuple[DatasetName, str]]:
-    """(where, role) of the sink and of the dead-letter destination when the pipeline keeps bad records there."""
-    committer = pipeline_committer(config).bind(config)
-    parts = [(committer.output, "output"), (committer.dead, "dead_letter")] \
-        if isinstance(committer, PairedCommitter) else [(committer, "output")]
-    return [(name, role) for part, role in parts if (name := part.lineage_dataset()) is not None]
+def step_lineage(config: PipelineConfig, written: list[tuple[DatasetName, str]], batch: Batch | None,
+                 recovered: list[str] | None = None) -> Any:
+    """The OpenLineage provider's OperatorLineage of one step, or None without the [openlineage] extra.
 
-
-def step_lineage(config: PipelineConfig, batch: Batch | None, recovered: list[str] | None = None) -> Any:
-    """The OpenLineage provider's OperatorLineage of one step, or None without the [openlineage] extra."""
+    `written`: (where, role) of what the pipeline writes (sinks.dead_letters.lineage_outputs names them), so that
+    this module knows OpenLineage and nothing of the sinks."""
     ol = openlineage()
     if ol is None:
         return None
@@ -63,7 +57,7 @@ def step_lineage(config: PipelineConfig, batch: Batch | None, recovered: list[st
             facets["inputStatistics"] = ol.InputStatistics(rowCount=batch.input_records)
         inputs.append(ol.InputDataset(name.namespace, name.name, inputFacets=facets))
     outputs = []
-    for name, role in output_datasets(config):
+    for name, role in written:
         count = None if batch is None else (batch.output_records if role == "output" else
                                             (batch.details.get("bad_records") or {}).get("count"))
         facets = {} if count is None else {"outputStatistics": ol.OutputStatistics(rowCount=count)}

@@ -1,7 +1,7 @@
 """How the write task launches a batch's write, wherever it runs (docs/cluster.md).
 
-One interface, three implementations side by side: in the task's own process (spark.in_task),
-on a Spark Connect server (spark.connect), spark-submitted to a cluster (spark.submit).
+One interface, three implementations side by side: in the task's own process (spark.launch.in_task),
+on a Spark Connect server (spark.launch.connect), spark-submitted to a cluster (spark.launch.submit).
 operators.write_launch chooses one from the write task's settings; the operator only starts it,
 waits for its report and cancels it from on_kill. No Airflow here.
 """
@@ -66,7 +66,7 @@ class WriteLauncher(ABC):
     @abstractmethod
     def wait(self) -> WriteReport:
         """Until the write ended: its report, or the error it failed with (an ExactlyOnceError's `retriable`
-        says whether a retry can help). The claim, the staging and PREPARED happen in here (spark.job)."""
+        says whether a retry can help). The claim, the staging and PREPARED happen in here (spark.write_job)."""
 
     @abstractmethod
     def cancel(self) -> None:

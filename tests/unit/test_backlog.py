@@ -12,11 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
-from airflow_exactly_once.core.model import Batch, OffsetRange
-from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.monitor import (
+from airflow_exactly_once.core.backlog import (
     PartitionLag,
     WakeGate,
     WakeRule,
@@ -26,6 +22,10 @@ from airflow_exactly_once.monitor import (
     waited_too_long,
     waiting_records,
 )
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
+from airflow_exactly_once.core.model import Batch, OffsetRange
+from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 

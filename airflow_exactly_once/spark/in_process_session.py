@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any, Iterable
 
-from airflow_exactly_once.spark.connector import user_adds_packages, with_connectors
+from airflow_exactly_once.spark.packages import user_adds_packages, with_connectors
 
 DEFAULT_MASTER = "local[*]"
 # pyspark's mark of a process that made a Spark Connect session: once set, every classic getOrCreate()
@@ -17,7 +17,7 @@ CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None,
                         packages: Iterable[str] = ()):
-    """A session that can read Kafka and load the sink's `packages` (see spark.connector for where they come from)."""
+    """A session that can read Kafka and load the sink's `packages` (see spark.packages for where they come from)."""
     from pyspark.sql import SparkSession
 
     conf = with_connectors(spark_conf or {}, packages)
@@ -46,9 +46,8 @@ def keep_jars_off_python_path(spark, keep: Iterable[str] = ()) -> int:
 
     For a Python application Spark adds every jar it resolves from `spark.jars.packages` to the Python
     includes too (for packages that ship Python inside a jar), and every Python task puts them on its
-    `sys.path`: the Kafka connector and its dependencies, hadoop-client-runtime among them, cost about
-    0.07 s per Python task (a Spark partition of a partition-writer sink; twelve tasks of a trivial
-    mapInArrow on local[2]: 2.4 to 3.2 s with them, 1.7 s without). Only called when every resolved
+    `sys.path`: the Kafka connector and its dependencies, hadoop-client-runtime among them, slow the start
+    of every Python task (a Spark partition of a partition-writer sink; docs/benchmarks.md). Only called when every resolved
     package is one of ours (none carries Python); the jars stay on the JVM's classpath, and the files
     in `keep` (the user's own spark.submit.pyFiles) stay on the Python path.
     """

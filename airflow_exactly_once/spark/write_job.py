@@ -1,7 +1,7 @@
 """The write step of a batch, run by Spark: read exactly the planned range, transform, pre-commit.
 
 Runs in-process in the Airflow task (local mode) or as the main module of a
-spark-submit (`python -m airflow_exactly_once.spark.job --batch-id ... --ledger-url ...`).
+spark-submit (`python -m airflow_exactly_once.spark.write_job --batch-id ... --ledger-url ...`).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from airflow_exactly_once.records.bad_records import BadRecordCounts, check_coun
 from airflow_exactly_once.records.registry import Registry, add_found_ids, part_schemas
 from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 from airflow_exactly_once.spark import records
-from airflow_exactly_once.spark.connector import kafka_package
 from airflow_exactly_once.spark.fence_watch import FenceWatch
-from airflow_exactly_once.spark.launcher import WriteReport, skipped
+from airflow_exactly_once.spark.in_process_session import drop_stale_connect_mode
+from airflow_exactly_once.spark.launch.launcher import WriteReport, skipped
+from airflow_exactly_once.spark.packages import kafka_package
 from airflow_exactly_once.spark.parent_death import die_with_parent
-from airflow_exactly_once.spark.runner import run_partition_writers
-from airflow_exactly_once.spark.session import drop_stale_connect_mode
+from airflow_exactly_once.spark.partition_writers import run_partition_writers
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,8 @@ def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
     settings = KafkaSettings.of(config)
     options = {
         # Spark's Kafka reader waited the broker's full fetch.max.wait.ms (500 ms by default) on each partition's
-        # fetches of a range: 1.4 to 1.9 s of a 100-record batch, 0.3 to 0.7 s with this (benchmarks/
-        # bench_dag_run.py). A fetch with data returns at once either way; a kafka_config value wins.
+        # fetches of a range, most of a small batch's read (docs/benchmarks.md, benchmarks/bench_dag_run.py).
+        # A fetch with data returns at once either way; a kafka_config value wins.
         "kafka.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
         **settings.spark_source_options(),
         "kafka.group.id": settings.reader_group(config.pipeline_id),  # pooled consumers (KafkaSettings.reader_group)
@@ -150,9 +150,8 @@ def read_layout(spark, batch: Batch, writer: SinkWriter) -> ReadLayout | None:
     write. When a batch has fewer ranges than twice the cores, each range is read in two or more parts, so
     many that the tasks come in whole rounds of the cores (3 ranges on 2 cores: 6 tasks). Spark splits each
     range in proportion to its size, at offsets the range fixes, so a retry reads the same parts. Each extra
-    task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): measured on 2
-    cores, 3 partitions, Avro in the wire format, 1M records read in 6 parts were 10 to 13 % faster, 200,000
-    records 40 % slower. Only for sinks whose output does not grow with Spark's partitions
+    task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): a large batch
+    read in parts is faster, a small one slower (docs/benchmarks.md). Only for sinks whose output does not grow with Spark's partitions
     (SinkWriter.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
 
     A sink that pays per Spark partition (SinkWriter.joins_reads: a producer and a transaction each) reads the
@@ -194,7 +193,7 @@ def apply_transform(transform, frame):
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
               on_claimed: Callable[[Batch], None] | None = None, writer: SinkWriter | None = None) -> WriteReport:
-    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launcher).
+    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launch.launcher).
 
     `writer` stages (default: the pipeline's sink writer, bound to the coordinator's committer, which takes
     away what a failed stage left). `on_claimed` sees the claimed batch (its epoch) before any data is read.
@@ -381,8 +380,8 @@ def _observed_records(observation) -> int | None:
     """The count an Observation of `records` holds after its action; None when Spark reported none.
 
     Classic PySpark's `Observation.get` copies the metrics' Java map with a Java iterator that ends by
-    throwing, and converting that exception costs about 40 ms a read: two reads of every write, a fifth of
-    the driver's own 0.4 s in a 1M-record Avro write (benchmarks/bench_registry_avro.py). The map's own
+    throwing, and converting that exception costs a noticeable share of the driver's own time in every
+    write (docs/benchmarks.md, benchmarks/bench_registry_avro.py). The map's own
     `get` is one call."""
     java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
     if java is not None:
@@ -508,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     Exits 0 when the batch is PREPARED (or was already past the write); otherwise records
     why in the ledger (see core.write_report) and exits 3 when a retry cannot help, else 1.
     """
-    parser = argparse.ArgumentParser(prog="airflow_exactly_once.spark.job")
+    parser = argparse.ArgumentParser(prog="airflow_exactly_once.spark.write_job")
     parser.add_argument("--batch-id", required=True)
     parser.add_argument("--ledger-url", default=os.environ.get(LEDGER_URL_ENV),
                         help=f"SQLAlchemy URL of the ledger (default: ${LEDGER_URL_ENV})")

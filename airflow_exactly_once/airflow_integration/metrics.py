@@ -27,10 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-from airflow_exactly_once.compat import Stats, legacy_metric_names
+from airflow_exactly_once.airflow_integration.compat import Stats, legacy_metric_names
+from airflow_exactly_once.core.backlog import InFlightSummary
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.task_log import TaskLog
-from airflow_exactly_once.monitor import InFlightSummary
 
 log = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ from typing import Any, Callable
 
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
-from airflow_exactly_once.spark.connector import pipeline_packages
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.launcher import Stopwatch, WriteLauncher, WriteReport
-from airflow_exactly_once.spark.session import build_spark_session, stop_spark
+from airflow_exactly_once.spark.in_process_session import build_spark_session, stop_spark
+from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher, WriteReport
+from airflow_exactly_once.spark.packages import pipeline_packages
+from airflow_exactly_once.spark.write_job import run_write
 
 
 class InTaskWrite(WriteLauncher):

@@ -9,7 +9,7 @@ imports are not SDK names: the Spark provider (hooks/spark_submit.py, the option
 Airflow's CLI definitions (cli/definition.py, read only by Airflow's own CLI) and the
 api-server's own names that the ledger page needs (ui/plugin.py, ui/app.py: the plugin base
 class, configuration, authentication, the DB session), which exist only where it runs.
-`Stats`, Airflow's metrics layer (airflow_exactly_once.metrics emits through it), comes from
+`Stats`, Airflow's metrics layer (airflow_exactly_once.airflow_integration.metrics emits through it), comes from
 common-compat too (`airflow.stats` on 3.1, the SDK's observability module on later releases).
 `openlineage()` gives the OpenLineage provider's classes when the optional extra is installed.
 Airflow's configuration (airflow.cfg and its AIRFLOW__SECTION__OPTION variables) is read here too,

@@ -6,9 +6,9 @@ it without importing a hook; Airflow itself is imported only when a connection i
 
 from __future__ import annotations
 
-from airflow_exactly_once.compat import BaseHook
+from airflow_exactly_once.airflow_integration.compat import BaseHook
+from airflow_exactly_once.airflow_integration.provider_info import LEDGER_CONN_TYPE
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.provider_info import LEDGER_CONN_TYPE
 
 
 def connection_to_url(conn) -> str:

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.spark.connect_session import (
+from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
     SparkConnectUnavailable,
     first_line,

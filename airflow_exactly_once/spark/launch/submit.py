@@ -1,6 +1,6 @@
 """The write spark-submitted to a cluster: checks in the task, then spark-submit, then the ledger's verdict.
 
-The job (spark.job) claims, writes and marks the batch PREPARED by itself; this side only
+The job (spark.write_job) claims, writes and marks the batch PREPARED by itself; this side only
 prepares the submission and afterwards trusts the ledger, not spark-submit's exit code: a job
 killed after it marked the batch PREPARED has done its work, and one that reported an error
 fails the task the same way the in-process write would. The submission goes through the
@@ -19,8 +19,8 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
-from airflow_exactly_once.spark.connector import pipeline_packages
-from airflow_exactly_once.spark.launcher import WriteLauncher, WriteReport, skipped
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport, skipped
+from airflow_exactly_once.spark.packages import pipeline_packages
 
 
 class SparkSubmitWrite(WriteLauncher):

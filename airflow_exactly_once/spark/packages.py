@@ -130,11 +130,6 @@ def user_adds_packages(conf: Mapping[str, Any], environ: Mapping[str, str] | Non
             or bool(_read_defaults(_defaults_file()).get("spark.jars.packages", "").strip()))
 
 
-def names_kafka_connector(conf: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> bool:
-    """Whether Spark will already load the Kafka connector from the user's own settings."""
-    return names_package(CONNECTOR, conf, environ)
-
-
 def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> dict[str, Any]:
     """`conf` plus what Spark needs to load the Kafka connector and `packages` (Maven coordinates, templates
     such as a sink's completed here: the one place packages reach Spark's settings).
@@ -151,11 +146,6 @@ def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> di
     result["spark.jars.packages"] = ",".join([*given, *missing])
     result.setdefault("spark.jars.ivySettings", str(IVY_SETTINGS))
     return result
-
-
-def with_kafka_connector(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """`conf` plus what Spark needs to load the connector, if the user's settings do not name it."""
-    return with_connectors(conf)
 
 
 def for_installed_spark(coordinates: str, version: str | None = None, scala: str | None = None) -> str:

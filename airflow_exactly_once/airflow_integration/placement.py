@@ -5,17 +5,16 @@ Two things are: the embedded SQLite ledger (an error, hooks/ledger.py) and a sin
 warning, here: a folder every worker mounts is a valid setup that no setting can tell apart from a local disk). A
 write stages files that notify_complete publishes, and later batches add to them; on another worker those files are
 not there. The executor comes from the task's own `executor=`, else Airflow's `[core] executor`
-(airflow_exactly_once.executors decides, from the names).
+(airflow_exactly_once.airflow_integration.executors decides, from the names).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Sequence
 
-from airflow_exactly_once.compat import configured_executors_setting
-from airflow_exactly_once.executors import ExecutorEntry, task_executor
-from airflow_exactly_once.sinks import spec_local_folders
+from airflow_exactly_once.airflow_integration.compat import configured_executors_setting
+from airflow_exactly_once.airflow_integration.executors import ExecutorEntry, task_executor
 
 
 class LocalFolderWarning(UserWarning):
@@ -45,10 +44,10 @@ def several_machines(executor: str | None = None) -> SeveralMachines | None:
     return SeveralMachines(entry, source)
 
 
-def local_folder_problems(sink: Any, dead_letter: Any, executor: str | None = None) -> list[str]:
-    """Why each local folder of the sink and dead-letter specs may not be seen by the pipeline's other tasks; empty
-    when there is none, or the executor keeps every task on one machine."""
-    folders = spec_local_folders(sink) + spec_local_folders(dead_letter, "dead_letter")
+def local_folder_problems(folders: Sequence[tuple[str, str, str]], executor: str | None = None) -> list[str]:
+    """Why each local folder may not be seen by the pipeline's other tasks; empty when there is none, or the executor
+    keeps every task on one machine. `folders`: (where, value, what to use instead), as the sinks name them
+    (sinks.spec_local_folders), so that this module knows Airflow's executors and nothing of the sinks."""
     where = several_machines(executor) if folders else None
     if where is None:
         return []

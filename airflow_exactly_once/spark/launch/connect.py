@@ -9,7 +9,7 @@ what Spark Connect adds is that the job runs on a server that outlives the task,
 * a newer attempt claiming the batch interrupts the older attempt's operations: through a
   fence watch while the older client lives, and through the older attempt's server-side
   session (its id is recorded in the batch's details) when the older client died, waiting
-  until the server reports them ended (spark.connect_stop); `abort` and the recovery in
+  until the server reports them ended (spark.connect_server.stop); `abort` and the recovery in
   `plan` do the same before they clean up the sink;
 * a killed task's operations are interrupted by `on_kill` (`cancel`), or by the server once the client
   is gone for longer than `spark.connect.execute.manager.detachedTimeout`;
@@ -27,7 +27,7 @@ from airflow_exactly_once.core.errors import raise_explained
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.task_log import TaskLog
-from airflow_exactly_once.spark.connect_session import (
+from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
     SparkConnectUnavailable,
     close_session,
@@ -35,11 +35,11 @@ from airflow_exactly_once.spark.connect_session import (
     open_session,
     server_address,
 )
-from airflow_exactly_once.spark.connect_stop import stop_session_operations
+from airflow_exactly_once.spark.connect_server.stop import stop_session_operations
 from airflow_exactly_once.spark.fence_watch import FenceWatch
-from airflow_exactly_once.spark.job import run_write
-from airflow_exactly_once.spark.launcher import Stopwatch, WriteLauncher, WriteReport
+from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher, WriteReport
 from airflow_exactly_once.spark.shipping import build_bundle
+from airflow_exactly_once.spark.write_job import run_write
 
 log = logging.getLogger(__name__)
 
