@@ -61,10 +61,11 @@ class Stack:
 
 
 def package_version() -> str:
-    """airflow_exactly_once.__version__, read from the source as setuptools reads it (the one place it is written)."""
-    match = re.search(r'^__version__ = "([^"]+)"$', (REPO / PACKAGE / "__init__.py").read_text(), re.M)
+    """airflow_exactly_once/version.py's __version__, read from the source as setuptools reads it (the one place it
+    is written)."""
+    match = re.search(r'^__version__ = "([^"]+)"$', (REPO / PACKAGE / "version.py").read_text(), re.M)
     if match is None:
-        raise LookupError(f"{PACKAGE}/__init__.py has no __version__ = \"...\" line")
+        raise LookupError(f"{PACKAGE}/version.py has no __version__ = \"...\" line")
     return match.group(1)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_exactly_once.version import __version__
+
 INTEGRATION = "Exactly-once micro-batches"
 LEDGER_CONN_TYPE = "exactly_once_ledger"
 LEDGER_HOOK = "airflow_exactly_once.hooks.ledger.LedgerHook"
@@ -111,8 +113,6 @@ CONFIG: dict[str, Any] = {
 
 def get_provider_info() -> dict[str, Any]:
     """Provider metadata in the layout of the official providers' get_provider_info.py."""
-    from airflow_exactly_once import __version__
-
     return {
         "package-name": "airflow-exactly-once",
         "name": "Exactly-once Kafka micro-batches",

@@ -359,7 +359,8 @@ def test_airflow_cli_command_forwards_to_the_ledger_cli(tmp_path, capsys):
 
 
 def test_the_version_is_written_in_one_place():
-    """airflow_exactly_once.__version__; setup.cfg reads it (`attr:`), the provider info and the install matrix too."""
+    """airflow_exactly_once/version.py; setup.cfg reads it (`attr:`), the package, the provider info and the install
+    matrix import it."""
     from setuptools.config.setupcfg import read_configuration
 
     from devtools.install_matrix import REPO, package_version
@@ -368,7 +369,7 @@ def test_the_version_is_written_in_one_place():
     assert package_version() == airflow_exactly_once.__version__
     assert airflow_exactly_once.get_provider_info()["versions"] == [airflow_exactly_once.__version__]
     written = [line for line in (REPO / "setup.cfg").read_text().splitlines() if line.startswith("version")]
-    assert written == ["version = attr: airflow_exactly_once.__version__"]
+    assert written == ["version = attr: airflow_exactly_once.version.__version__"]
     assert "version" not in (REPO / "pyproject.toml").read_text()
 
 
