@@ -60,7 +60,10 @@ def test_the_entry_point_an_installed_metadata_names_still_loads():
 
 def test_the_trigger_classpath_airflow_stored_is_where_the_trigger_is():
     """triggers/ did not move: the classpath a deferred task left in Airflow's database imports the same class."""
-    from airflow.utils.module_loading import import_string
+    try:  # where the triggerer's import_string lives: airflow.sdk on Airflow 3.3, airflow.utils before
+        from airflow.sdk.module_loading import import_string
+    except ImportError:
+        from airflow.utils.module_loading import import_string
 
     from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
 
