@@ -225,7 +225,7 @@ class SinkSpec:
             return (f"{cls.owner()} {option.name} {value!r} is not supported; choose one of "
                     f"{', '.join(map(str, option.choices))}")
         if option.name == "guarantee" and value not in cls.guarantees:
-            # The words of core.sink.Sink.bind, which refuses the same when a task binds the sink.
+            # The words of core.sink.SinkSide.bind_pipeline, which refuses the same when a task binds the sink.
             return f"{cls.owner()} does not implement guarantee={value!r}; choose one of {', '.join(cls.guarantees)}"
         return None
 

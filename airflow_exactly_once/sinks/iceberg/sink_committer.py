@@ -38,12 +38,12 @@ class IcebergSinkCommitter(SinkCommitter[StagedSnapshot]):
     supports_retract = True
     committable_type = StagedSnapshot
 
-    def lineage_dataset(self) -> DatasetName:
-        return self.target.lineage_dataset()
-
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
         self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the writer
+
+    def lineage_dataset(self) -> DatasetName:
+        return self.target.lineage_dataset()
 
     def check(self, pipeline_id: str) -> None:
         """The catalog reachable, the table there (or created on first write), WAP enabled on it."""
@@ -61,12 +61,14 @@ class IcebergSinkCommitter(SinkCommitter[StagedSnapshot]):
                 tx.set_properties(**{WAP_ENABLED: "true"})
 
     def commit(self, batch: Batch, committable: StagedSnapshot) -> str:
-        outcome = self.target.table_committer.publish(batch, committable)
-        dropped = self.target.table_committer.drop_staged(batch)
-        return f"{outcome}{f'; dropped {dropped} staged snapshot(s) of dead attempts' if dropped else ''}"
+        return self._publish(batch, committable)
 
     def commit_replacing(self, batch: Batch, committable: StagedSnapshot, replaced: Batch) -> str:
         """Publish the batch and remove `replaced`'s rows in one snapshot: readers never see both or neither."""
+        return self._publish(batch, committable, replaced)
+
+    def _publish(self, batch: Batch, committable: StagedSnapshot, replaced: Batch | None = None) -> str:
+        """Publish the staged snapshot (replacing `replaced`'s rows, if given), then drop dead attempts' snapshots."""
         outcome = self.target.table_committer.publish(batch, committable, replaced=replaced)
         dropped = self.target.table_committer.drop_staged(batch)
         return f"{outcome}{f'; dropped {dropped} staged snapshot(s) of dead attempts' if dropped else ''}"

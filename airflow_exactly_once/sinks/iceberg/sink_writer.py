@@ -29,12 +29,12 @@ class IcebergSinkWriter(SinkWriter):
     spec_type = IcebergSpec
     splits_reads = True  # one staged snapshot, however many Spark partitions wrote it
 
-    def spark_packages(self) -> list[str]:
-        return [ICEBERG_SPARK_RUNTIME, self.target.catalog.jdbc_package()]
-
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
         self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the committer
+
+    def spark_packages(self) -> list[str]:
+        return [ICEBERG_SPARK_RUNTIME, self.target.catalog.jdbc_package()]
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedSnapshot:
         """Spark's Iceberg writer appends the batch as a staged snapshot (invisible on main)."""
