@@ -121,13 +121,27 @@ def records_in(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def new_topic(bootstrap: str, name: str, partitions: int) -> str:
+def new_topic(bootstrap: str, name: str, partitions: int, timeout: float = 30.0) -> str:
+    """A new topic, returned once every partition has a leader.
+
+    Spark's cached idempotent producer, sent NOT_LEADER_OR_FOLLOWER by a partition whose leader
+    is still being elected, restarted its sequence at 0 and was refused OUT_OF_ORDER_SEQUENCE_NUMBER
+    for minutes (seen in this benchmark): writing only after the election keeps the baseline fair.
+    """
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         admin.create_topics([NewTopic(name, partitions, 1)])
+        deadline = time.monotonic() + timeout
+        while True:
+            described = admin.describe_topics([name])
+            leaders = [p.get("leader_id", p.get("leader", -1)) for t in described for p in t.get("partitions") or ()]
+            if len(leaders) == partitions and all(leader >= 0 for leader in leaders):
+                return name
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {name}: no leader for every partition after {timeout:.0f} s: {described}")
+            time.sleep(0.1)
     finally:
         admin.close()
-    return name
 
 
 def passthrough(df):
