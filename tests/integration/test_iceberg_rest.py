@@ -77,7 +77,9 @@ def test_a_commit_applied_but_unanswered_is_found_by_recovery(spark, iceberg_res
         pipe.commit(first.id)  # a cherry-pick: new manifests, the staged snapshot's data files
     assert err.value.retriable
     assert pipe.state(first.id) is BatchState.PREPARED  # the offsets did not move
+    assert iceberg_rest.process is None  # killed by the gateway once the server had answered it
     iceberg_rest.start()
+    assert f"{pipe.config.pipeline_id}:{first.seq}" in batches_in_main(committer)  # the lost commit had landed
     pipe.coordinator = pipe.new_coordinator()  # the next run's process
     pipe.plan("run-next")  # recovery first: the PREPARED batch is committed (found published) before planning
     assert pipe.state(first.id) is BatchState.COMMITTED
