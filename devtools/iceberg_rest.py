@@ -26,7 +26,7 @@ from pathlib import Path
 
 from devtools.maven import Artifact, fetch_jars
 from devtools.ports import reserve_port
-from devtools.processes import LocalServer, stop_session, wait_ready
+from devtools.processes import LocalServer, wait_ready
 
 REST_SERVER = Artifact("org.apache.iceberg", "iceberg-open-api", "1.10.1", transitive=False)
 HEAP = "256m"
@@ -103,11 +103,6 @@ class LocalIcebergRestCatalog(LocalServer):
                 return response.status == 200 and "defaults" in json.loads(response.read())
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             return False
-
-    def stop(self, timeout: float = 20.0) -> None:
-        if self.process is not None:
-            stop_session(self.process, timeout)
-            self.process = None
 
     def __repr__(self) -> str:
         return f"LocalIcebergRestCatalog({self.uri}, {self.data_dir})"

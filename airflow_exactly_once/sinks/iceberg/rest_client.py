@@ -16,6 +16,7 @@ import requests
 from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.exceptions import (CommitStateUnknownException, ForbiddenError, OAuthError, RESTError, ServerError,
                                   ServiceUnavailableError, TooManyRequestsError, UnauthorizedError)
+from requests import PreparedRequest, Response
 from requests.adapters import HTTPAdapter
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
@@ -34,8 +35,11 @@ class _BoundedAdapter(HTTPAdapter):
         super().__init__(max_retries=0)  # a commit is never re-sent by the transport
         self.timeout = timeout
 
-    def send(self, request: Any, timeout: Any = None, **kwargs: Any) -> Any:
-        return super().send(request, timeout=self.timeout if timeout is None else timeout, **kwargs)
+    def send(self, request: PreparedRequest, stream: bool = False,
+             timeout: float | tuple[float | None, float | None] | None = None, verify: bool | str = True,
+             cert: str | tuple[str, str] | None = None, proxies: dict[str, str] | None = None) -> Response:
+        return super().send(request, stream=stream, timeout=self.timeout if timeout is None else timeout,
+                            verify=verify, cert=cert, proxies=proxies)
 
 
 class BoundedRestCatalog(RestCatalog):
@@ -55,12 +59,12 @@ def open_catalog(name: str, properties: dict[str, str]) -> Any:
     return BoundedRestCatalog(name, **properties)
 
 
-def is_commit_failure(exc: BaseException) -> bool:
+def is_commit_failure(exc: Exception) -> bool:
     """Whether a failed commit request may have been applied: no answer, or a server error (5xx)."""
     return isinstance(exc, (CommitStateUnknownException, ServerError, ServiceUnavailableError, *_TRANSPORT))
 
 
-def refused(uri: str, exc: BaseException) -> SinkError:
+def refused(uri: str, exc: Exception) -> SinkError:
     return SinkError(f"the Iceberg REST catalog at {uri} refused the sink's credentials ({type(exc).__name__}: "
                      f"{str(exc)[:300]}): give the catalog a valid 'token', or a 'credential' "
                      "('<client id>:<client secret>') its OAuth2 server accepts (with 'oauth2-server-uri' and "
@@ -68,7 +72,7 @@ def refused(uri: str, exc: BaseException) -> SinkError:
                      "connection (conn_id)", retriable=False)
 
 
-def failure(exc: BaseException, *, uri: str, warehouse: str | None, table: str | None = None,
+def failure(exc: Exception, *, uri: str, warehouse: str | None, table: str | None = None,
             committing: str | None = None, connecting: bool = False) -> ExactlyOnceError | None:
     """What a REST catalog error means for the pipeline, or None when it is not the catalog's (a bug to raise).
 
