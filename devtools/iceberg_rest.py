@@ -49,15 +49,15 @@ class LocalIcebergRestCatalog(LocalServer):
 
     def __init__(self, data_dir: str | Path, port: int = 0, properties: dict[str, str] | None = None,
                  heap: str = HEAP) -> None:
+        self.startup_seconds: float | None = None  # of the last start, until the API answered
         self.data_dir = Path(data_dir).absolute()
         self.port = port or reserve_port()
         self.properties = dict(properties or {})
         self.heap = heap
-        self.process: subprocess.Popen | None = None
-        self.startup_seconds: float | None = None  # of the last start, until the API answered
 
     @property
     def uri(self) -> str:
+        """The catalog's base URL, what the sink's catalog `uri` takes."""
         return f"http://127.0.0.1:{self.port}"
 
     @property

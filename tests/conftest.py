@@ -183,20 +183,17 @@ def schema_registry(tmp_path_factory) -> LocalSchemaRegistry:
 def iceberg_rest(tmp_path_factory) -> LocalIcebergRestCatalog:
     """Iceberg's own REST catalog server (iceberg-open-api; its tables in an SQLite file, so `kill()` then `start()`
     keeps them), one per test worker, started only by the tests that need it."""
-    server = LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest"))
-    server.start()
-    yield server
-    server.stop()
+    with LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
 def rest_gateway(iceberg_rest) -> RestGateway:
     """The REST catalog as the sink reaches it: through a gateway that requires REST_TOKEN (or REST_CREDENTIAL's
     OAuth2 exchange), serves the warehouse REST_WAREHOUSE only, and can lose or delay a commit's answer."""
-    gateway = RestGateway(iceberg_rest.uri, token=REST_TOKEN, credential=REST_CREDENTIAL, warehouses={REST_WAREHOUSE})
-    gateway.start()
-    yield gateway
-    gateway.stop()
+    with RestGateway(iceberg_rest.uri, token=REST_TOKEN, credential=REST_CREDENTIAL,
+                     warehouses={REST_WAREHOUSE}) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="session")
