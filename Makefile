@@ -169,6 +169,7 @@ test-unit: python-deps
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest
 	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_postgres_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_registry_avro.py
@@ -199,6 +200,11 @@ benchmark-scale: setup
 # side in one Airflow; medians, the ratio (goal: at most 1.2x) and the load average (docs/deployment.md).
 benchmark-celery: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py $(ARGS)
+
+# One Iceberg micro-batch through Iceberg's REST catalog server vs Spark's writeTo().append() through the same catalog
+# (goals: notify_complete < 0.5 s, the write within 1.1x). Smoke run: ARGS="--records 3000 --rounds 1".
+benchmark-iceberg-rest: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

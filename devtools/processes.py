@@ -14,15 +14,19 @@ import psutil
 
 class LocalServer:
     """What the dev tooling's servers share: `with` starts and stops one, `kill` crashes it as a
-    lost machine would, `restart` brings it back on the same data. Subclasses start and stop."""
+    lost machine would, `restart` brings it back on the same data. Subclasses start; one whose
+    `process` leads its own session (start_new_session) is stopped by the default `stop`."""
 
     process: subprocess.Popen | None = None
 
     def start(self) -> "LocalServer":
         raise NotImplementedError
 
-    def stop(self) -> None:
-        raise NotImplementedError
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM the server's session, SIGKILL it if it lingers (stop_session)."""
+        if self.process is not None:
+            stop_session(self.process, timeout)
+            self.process = None
 
     def kill(self) -> None:
         """SIGKILL the server: no shutdown hook runs, what it kept in memory is gone."""

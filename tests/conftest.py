@@ -22,10 +22,12 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
+from devtools.iceberg_rest import LocalIcebergRestCatalog
 from devtools.maven import spark_conf_dir
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
 from devtools.redis import LocalRedis
+from devtools.rest_gateway import RestGateway
 from devtools.schema_registry import LocalSchemaRegistry
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.dags.exactly_once_connect_test_dag import SPARK_CONN_ID
@@ -63,6 +65,10 @@ SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret",
 ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
 ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS = 20, 2
 METRICS_PIPELINE = "eo_metrics"  # tests/dags/eo_metrics_test_dag.py: its pipeline id and input topic
+# The session's Iceberg REST catalog (Iceberg's own server behind devtools.rest_gateway, which checks these as a
+# platform's API gateway would): the bearer token, the OAuth2 client that may exchange its credential for it, the
+# one warehouse the catalog serves.
+REST_TOKEN, REST_CREDENTIAL, REST_WAREHOUSE = "rest-token-secret", "pipeline:rest-client-secret", "lake"
 # Every process a test starts inherits this mark; at the end of the session none may be left.
 SESSION_MARK = "AIRFLOW_EXACTLY_ONCE_TEST_SESSION"
 
@@ -171,6 +177,23 @@ def schema_registry(tmp_path_factory) -> LocalSchemaRegistry:
     registry.start()
     yield registry
     registry.stop()
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest(tmp_path_factory) -> LocalIcebergRestCatalog:
+    """Iceberg's own REST catalog server (iceberg-open-api; its tables in an SQLite file, so `kill()` then `start()`
+    keeps them), one per test worker, started only by the tests that need it."""
+    with LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rest_gateway(iceberg_rest) -> RestGateway:
+    """The REST catalog as the sink reaches it: through a gateway that requires REST_TOKEN (or REST_CREDENTIAL's
+    OAuth2 exchange), serves the warehouse REST_WAREHOUSE only, and can lose or delay a commit's answer."""
+    with RestGateway(iceberg_rest.uri, token=REST_TOKEN, credential=REST_CREDENTIAL,
+                     warehouses={REST_WAREHOUSE}) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="session")

@@ -26,12 +26,8 @@ def connection_to_url(conn) -> str:
 def postgres_connection_url(conn_id: str, user: str, instead: str) -> str:
     """The SQLAlchemy URL of the Airflow `postgres` connection `conn_id` that `user` (e.g. "the postgres sink")
     reads; errors say to create it, or to do `instead` (e.g. "give the sink a 'url'")."""
-    try:
-        conn = BaseHook.get_connection(conn_id)
-    except Exception as exc:
-        raise ConfigurationError(f"{user}'s Airflow connection {conn_id!r} cannot be read ({exc}); create it "
-                                 "(conn_type 'postgres': host, port, login, password, schema = database) or "
-                                 f"{instead}") from exc
+    conn = _read_connection(conn_id, user, "(conn_type 'postgres': host, port, login, password, schema = database)",
+                            instead)
     if conn.conn_type not in ("postgres", "postgresql"):
         raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; {user} needs a 'postgres' "
                                  "connection")
@@ -108,3 +104,33 @@ def _libpq_query(extra: dict) -> str:
 
     params = {k: str(extra[k]) for k in LIBPQ_EXTRAS if extra.get(k) not in (None, "")}
     return f"?{urlencode(params, quote_via=quote)}" if params else ""  # %20, not +: libpq reads URLs too
+
+
+def rest_catalog_properties(conn_id: str, user: str) -> dict[str, str]:
+    """Iceberg REST catalog properties from a generic or HTTP Airflow connection that `user` reads: host = the
+    catalog's uri (or host, port, schema), password = the token, or login + password = the OAuth2 credential
+    (`client_id:client_secret`); extra `warehouse`, `headers` and `properties` (further Iceberg properties)."""
+    conn = _read_connection(conn_id, user, "(conn_type 'http' or 'generic': host = the catalog's uri, password = its "
+                                           "token)", "give the catalog a 'uri'")
+    host = conn.host or ""
+    if "://" not in host:
+        scheme = conn.schema if conn.schema in ("http", "https") else "http"
+        host = f"{scheme}://{host}{f':{conn.port}' if conn.port else ''}"
+    extra = conn.extra_dejson or {}
+    properties = {"uri": host, **{str(k): str(v) for k, v in (extra.get("properties") or {}).items()},
+                  **{f"header.{k}": str(v) for k, v in (extra.get("headers") or {}).items()}}
+    if extra.get("warehouse"):
+        properties["warehouse"] = str(extra["warehouse"])
+    if conn.password:
+        properties["credential" if conn.login else "token"] = (f"{conn.login}:{conn.password}" if conn.login
+                                                               else conn.password)
+    return properties
+
+
+def _read_connection(conn_id: str, user: str, create: str, instead: str):
+    """The Airflow connection `conn_id`; an error that says how to `create` it, or to do `instead`."""
+    try:
+        return BaseHook.get_connection(conn_id)
+    except Exception as exc:
+        raise ConfigurationError(f"{user}'s Airflow connection {conn_id!r} cannot be read ({exc}); create it {create} "
+                                 f"or {instead}") from exc

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 # What the ledger (and every message) holds instead of a secret.
 REDACTED = "***"
 # Keys of free-form settings whose values are secrets: Spark's own `spark.redaction.regex` default
-# ((?i)secret|password|token|access[.]key) that also takes `access-key` (Iceberg's S3 properties) and
-# `credential` (Iceberg's REST catalog).
-SECRET_KEY_PATTERN = r"(?i)secret|password|token|access[.-]key|credential"
+# ((?i)secret|password|token|access[.]key) that also takes `access-key` (Iceberg's S3 properties), and
+# `credential` and an `Authorization` header (Iceberg's REST catalog: `credential`, `header.Authorization`).
+SECRET_KEY_PATTERN = r"(?i)secret|password|token|access[.-]key|credential|authorization"
 # scheme://user:password@host — the password part (group 2) of a URL with user info.
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s'\"]*:)([^@/?#\s'\"]+)(@)")
 # A Spark Connect URL's token parameter: sc://host:15002/;token=...

@@ -7,7 +7,9 @@ staged is gone once it is committed or aborted (nothing holds locks or offsets).
 
 Every sink the registry finds (airflow_exactly_once.sinks.sink_types(): the built-in SPECS and those
 installed distributions declare) runs every scenario; a registered sink without an adapter in ADAPTERS
-fails them (docs/adding-a-sink.md). A sink of another distribution brings its adapter through the
+fails them (docs/adding-a-sink.md). A sink that runs on another kind of system too (the Iceberg sink
+through a REST catalog) adds a variant in VARIANTS: one more adapter, of a registered sink type, that
+runs every scenario as well. A sink of another distribution brings its adapter through the
 environment: AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS="module:Adapter[,module:Adapter]", each class with a
 `sink_type`.
 """
@@ -133,10 +135,28 @@ class IcebergUnderTest:
         self.committer.load().maintenance.expire_snapshots().by_id(committable.snapshot_id).commit()
 
 
+class IcebergRestUnderTest(IcebergUnderTest):
+    """The Iceberg sink through the session's REST catalog (Iceberg's own server behind the test gateway)."""
+
+    sink_type = "iceberg"
+
+    def __init__(self, request, tmp_path: Path) -> None:
+        from tests.conftest import REST_TOKEN, REST_WAREHOUSE
+
+        gateway = request.getfixturevalue("rest_gateway")
+        name = uuid.uuid4().hex[:8]
+        self.spec = {"type": "iceberg", "table": f"db.contract_{name}", "warehouse": REST_WAREHOUSE,
+                     "catalog": {"type": "rest", "name": f"r{name}", "uri": gateway.uri, "token": REST_TOKEN},
+                     "create_table": True}
+        self.committer = create_committer(self.spec).target.table_committer
+
+
 # [START adapters]
 ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest,
                                             "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest}
 # [END adapters]
+# Further adapters of registered sinks on other systems: every scenario runs on each too (id -> adapter).
+VARIANTS: dict[str, type[SinkUnderTest]] = {"iceberg-rest": IcebergRestUnderTest}
 
 # [START adapter_hook]
 ADAPTERS_VARIABLE = "AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS"
@@ -174,12 +194,13 @@ def adapter_for(kind: str) -> type[SinkUnderTest]:
 
 def pytest_generate_tests(metafunc) -> None:
     if "sink" in metafunc.fixturenames:
-        metafunc.parametrize("sink", registered_sinks(), indirect=True)
+        metafunc.parametrize("sink", registered_sinks() + sorted(VARIANTS), indirect=True)
 
 
 @pytest.fixture
 def sink(request, tmp_path) -> SinkUnderTest:
-    return adapter_for(request.param)(request, tmp_path)
+    adapter = VARIANTS.get(request.param) or adapter_for(request.param)
+    return adapter(request, tmp_path)
 
 
 @pytest.fixture

@@ -165,7 +165,9 @@ def test_declared_dependencies_cover_every_third_party_import():
              # and grpcio-tools) and the compiler of the reader's .proto
              "google": "protobuf", "grpc_tools": "grpcio-tools",
              # lineage, the [openlineage] extra: the OpenLineage client (and attrs, its facets' base) come with it
-             "openlineage": "apache-airflow-providers-openlineage", "attr": "apache-airflow-providers-openlineage"}
+             "openlineage": "apache-airflow-providers-openlineage", "attr": "apache-airflow-providers-openlineage",
+             # the Iceberg sink's REST catalog: pyiceberg's transport, bounded by an adapter (the [iceberg] extra)
+             "requests": "requests"}
     assert third_party <= set(where), f"imports without a declared distribution: {sorted(third_party - set(where))}"
     groups = _requirements()
     core = set(groups[""])
@@ -175,7 +177,8 @@ def test_declared_dependencies_cover_every_third_party_import():
     assert "psycopg2-binary" in groups["postgres"]
     assert groups["spark-submit"] == ["apache-airflow-providers-apache-spark"]
     assert groups["spark-connect"] == ["pyspark"]  # pyspark[connect]: the Spark Connect client's gRPC stack
-    assert groups["iceberg"] == ["pyiceberg"]  # pyiceberg[sql-postgres,pyarrow]: the Iceberg sink's committer
+    # pyiceberg[sql-postgres,pyarrow]: the Iceberg sink's committer; requests: its REST client's bounded transport
+    assert groups["iceberg"] == ["pyiceberg", "requests"]
     assert groups["openlineage"] == ["apache-airflow-providers-openlineage"]
     # pyspark-client installs into pyspark's own folder: nothing of ours may pull it in.
     assert not any("pyspark-client" in names for names in groups.values())

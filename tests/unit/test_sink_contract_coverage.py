@@ -14,6 +14,7 @@ def test_every_registered_sink_has_a_contract_adapter():
     for kind in contract.registered_sinks():
         assert contract.adapter_for(kind) is contract.ADAPTERS[kind]
     assert set(contract.ADAPTERS) <= set(SPECS), "an adapter of a sink that is no longer registered"
+    assert {variant.sink_type for variant in contract.VARIANTS.values()} <= set(SPECS), "a variant of no sink"
 
 
 def test_a_sink_registered_without_an_adapter_fails_the_contract(monkeypatch):

@@ -8,6 +8,12 @@ the same batch finds it published and does nothing.
 
 Files go only after the metadata that referenced them: a crash in between leaves orphan
 files (Iceberg's remove_orphan_files finds them), never a snapshot that points at nothing.
+
+A commit whose outcome is unknown (a REST catalog applied it, but its answer was lost: the
+server killed, the connection dropped, a timeout, a 5xx) raises CommitOutcomeUnknown and deletes
+nothing (Iceberg's issue #13867: cleaning up after such a commit deleted files the table used).
+Every decision is taken again from the table as the catalog has it, so the retry finds the
+batch in main's history when the commit landed, and publishes it otherwise.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ import logging
 import time
 from typing import Any, Callable, TypeVar
 
-from airflow_exactly_once.core.errors import SinkError, TransactionLostError
+from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
-from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec, unreachable
+from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec, catalog_failure, rest_failure, unreachable
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 
 log = logging.getLogger(__name__)
@@ -61,10 +67,10 @@ class TableCommitter:
         except NoSuchTableError as exc:
             raise TableGone(f"table {self.table_name} does not exist in the Iceberg {self.catalog_spec.describe()}"
                             ) from exc
-        except SinkError:
+        except ExactlyOnceError:
             raise
         except Exception as exc:
-            raise unreachable(self.catalog_spec, exc) from exc
+            raise catalog_failure(self.catalog_spec, exc, table=self.table_name) from exc
 
     def exists(self) -> bool:
         try:
@@ -127,6 +133,10 @@ class TableCommitter:
             except Exception as exc:
                 if "OperationalError" in type(exc).__name__ or "InterfaceError" in type(exc).__name__:
                     raise unreachable(self.catalog_spec, exc) from exc
+                # a REST commit's request that failed may have been applied: CommitOutcomeUnknown, nothing deleted
+                failure = rest_failure(self.catalog_spec, exc, self.table_name, committing=what)
+                if failure is not None:
+                    raise failure from exc
                 raise
         raise SinkError(f"{what}: other writers kept moving main of {self.table_name}; retry", retriable=True)
 

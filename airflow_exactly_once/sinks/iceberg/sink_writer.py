@@ -34,7 +34,8 @@ class IcebergSinkWriter(SinkWriter):
         self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the committer
 
     def spark_packages(self) -> list[str]:
-        return [ICEBERG_SPARK_RUNTIME, self.target.catalog.jdbc_package()]
+        driver = self.target.catalog.jdbc_package()
+        return [ICEBERG_SPARK_RUNTIME, *([driver] if driver else [])]
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedSnapshot:
         """Spark's Iceberg writer appends the batch as a staged snapshot (invisible on main)."""
@@ -71,9 +72,9 @@ class IcebergSinkWriter(SinkWriter):
         catalog = self.target.catalog
         conf = catalog.spark_conf()
         prefix = f"spark.sql.catalog.{catalog.name}"
-        for key in (f"{prefix}.uri", f"{prefix}.warehouse"):
+        for key in (f"{prefix}.type", f"{prefix}.uri", f"{prefix}.warehouse"):
             current = spark.conf.get(key, None)
-            if current not in (None, conf[key]):
+            if current not in (None, conf.get(key)):
                 raise ConfigurationError(
                     f"this Spark session already has an Iceberg catalog named {catalog.name!r} on {current} "
                     f"(Spark keeps a catalog once loaded); give this sink's catalog another 'name'")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.sink import column_names
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
@@ -48,6 +48,12 @@ class IcebergTarget:
         return quoted(self.catalog.name, self.namespace, self.table_name)
 
     def lineage_dataset(self) -> DatasetName:
-        """The table's files where its catalog puts a new table (`{warehouse}/{namespace}/{name}`), as
-        OpenLineage's Spark integration names Iceberg tables by their location."""
-        return file_dataset(f"{self.catalog.warehouse.rstrip('/')}/{self.namespace}/{self.table_name}")
+        """The table's files, as OpenLineage's Spark integration names Iceberg tables by their location: where its
+        catalog puts a new table (`{warehouse}/{namespace}/{name}`); a REST catalog's server decides that, so there
+        the table's own location, read from the catalog."""
+        if self.catalog.kind != "rest":
+            return file_dataset(f"{self.catalog.warehouse.rstrip('/')}/{self.namespace}/{self.table_name}")
+        try:
+            return file_dataset(self.table_committer.load().location())
+        except SinkError:  # not created yet, or the catalog is away: the table in the catalog's namespace
+            return DatasetName(f"iceberg+{self.catalog.where()}", f"{self.catalog.warehouse or 'default'}.{self.table}")
