@@ -177,7 +177,7 @@ class PairedWriter(Pair[SinkWriter], SinkWriter):
         self.dead.bind(config, committer.dead)
         return self
 
-    def spark_packages(self) -> list[str]:
+    def spark_packages(self) -> list[str | LinePackage]:
         return list(dict.fromkeys([*self.output.spark_packages(), *self.dead.spark_packages()]))
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> PairedCommittable:
