@@ -3,6 +3,8 @@ planned, a session built), and the user's own runtime winning."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from airflow_exactly_once.core.errors import ConfigurationError
@@ -121,6 +123,7 @@ def test_a_spark_connect_servers_line_is_named_in_the_write_error():
     assert writer._packages_for("4.1.0")[0] == f"org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:{ICEBERG_RELEASE}"
     missing = writer._packages_for("4.2.0")
     assert len(missing) == 1 and "no build for Spark 4.2 (the write's Spark: 4.2.0)" in missing[0]
-    error = writer._explain(RuntimeError("[CATALOG_PLUGIN_CLASS_NOT_FOUND] iceberg"), "4.2.0")
+    server = SimpleNamespace(version="4.2.0")  # a Spark Connect session's answer, its server's release
+    error = writer._explain(RuntimeError("[CATALOG_PLUGIN_CLASS_NOT_FOUND] iceberg"), server)
     assert isinstance(error, ConfigurationError) and "Spark 4.2.0 cannot load Iceberg's Spark runtime" in str(error)
     assert "in release 1.11.0" in str(error)

@@ -47,7 +47,7 @@ class IcebergSinkWriter(SinkWriter):
         except ExactlyOnceError:
             raise
         except Exception as exc:
-            raise_explained(self._explain(exc, spark.version), exc)
+            raise_explained(self._explain(exc, spark), exc)
         wap = snaps.wap_id(batch.pipeline_id, batch.seq, batch.epoch)
         summary = {**snaps.batch_summary(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id), "aeo.wap": wap}
         writer = frame.writeTo(self.target.spark_table)
@@ -58,7 +58,7 @@ class IcebergSinkWriter(SinkWriter):
             writer.append()
         except Exception as exc:
             self._drop_attempt(batch, wap)
-            raise_explained(self._explain(exc, spark.version), exc)
+            raise_explained(self._explain(exc, spark), exc)
         finally:
             spark.conf.unset("spark.wap.id")
         staged = self._staged_snapshot(wap)
@@ -130,9 +130,10 @@ class IcebergSinkWriter(SinkWriter):
         except ConfigurationError as exc:
             return [f"(none: {exc})"]
 
-    def _explain(self, exc: Exception, spark_version: str) -> Exception:
+    def _explain(self, exc: Exception, spark: Any) -> Exception:
         text = str(exc)
         if "CATALOG_PLUGIN_CLASS_NOT_FOUND" in text or "org.apache.iceberg.spark.SparkCatalog" in text:
+            spark_version = spark.version  # the Spark that writes: on Spark Connect, the server's
             return ConfigurationError(
                 f"Spark {spark_version} cannot load Iceberg's Spark runtime: give Spark the packages "
                 f"{', '.join(self._packages_for(spark_version))} "
