@@ -9,11 +9,13 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 INSTALL_MATRIX_TEST := tests/integration/test_install_matrix.py
 # What the newest stack runs: the unit tier, the Kafka sink (with Spark), planning against a real broker
-# (Parquet sink), the provider checks (providers list, DAG parsing, `airflow exactly-once`) and one
-# end-to-end Airflow run of the example Parquet DAG. The whole suite runs on the primary stack.
+# (Parquet sink), the Iceberg sink on its pyspark line (Iceberg has no Spark runtime for 4.2: the DAG is refused when
+# parsed and the plan step before it plans), the provider checks (providers list, DAG parsing, `airflow
+# exactly-once`) and one end-to-end Airflow run of the example Parquet DAG. The whole suite runs on the primary stack.
 NEWEST_TESTS := tests/unit \
 	tests/integration/test_kafka_sink.py \
 	tests/integration/test_planning_kafka.py \
+	tests/integration/test_iceberg_runtime.py \
 	tests/integration/test_provider.py \
 	tests/system/test_pipeline_parquet.py::test_example_dag_three_batches_then_an_empty_run
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 from pathlib import Path
 
+from airflow_exactly_once.core.errors import ConfigurationError
+
 KAFKA_VERSION = "3.9.1"  # the default broker of tests and the demo
 # Another broker release, e.g. 4.4.0 (`make test-kafka4` runs the Kafka tests against it).
 KAFKA_VERSION_ENV = "AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION"
@@ -241,7 +243,7 @@ def spark_conf_dir(folder: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         iceberg = iceberg_jars()
-    except RuntimeError as exc:  # e.g. a pyspark release line Iceberg has no runtime for yet
+    except (RuntimeError, ConfigurationError) as exc:  # a pyspark release line Iceberg has no runtime for yet
         print(f"devtools: no Iceberg jars for this pyspark ({str(exc)[:200]}); Iceberg tables cannot be written")
         iceberg = []
     (folder / "spark-defaults.conf").write_text(f"spark.jars {','.join(spark_connector_jars() + iceberg)}\n")

@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Union, get_args, get_origin, get_type_hints
 
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.secrets import matching_key_paths, url_paths
 
 
@@ -149,6 +150,9 @@ class SinkSpec:
     # client library is needed only then, and a declaration stays light enough to check a DAG when it is parsed.
     writer_class: ClassVar[str] = ""
     committer_class: ClassVar[str] = ""
+    # JVM libraries its write needs that are built for some Spark lines only (also in its writer's spark_packages()):
+    # checked against the installed pyspark when a DAG is parsed (operators.write_launch).
+    line_packages: ClassVar[tuple[LinePackage, ...]] = ()
 
     guarantee: str | None = argument(None, "The delivery guarantee; only the Kafka sink has more than "
                                            "EXACTLY_ONCE (see its page)", shown_default="`EXACTLY_ONCE`")

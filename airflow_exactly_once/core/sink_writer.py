@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import Committable, RunWriters, SinkSide
 from airflow_exactly_once.core.sink_committer import SinkCommitter
@@ -39,12 +40,14 @@ class SinkWriter(SinkSide, ABC):
         self.committer = committer
         return self
 
-    def spark_packages(self) -> list[str]:
+    def spark_packages(self) -> list[str | LinePackage]:
         """Maven coordinates of JVM libraries the write's Spark needs beyond Kafka's connector.
 
         Loaded like the Kafka connector (airflow_exactly_once.spark.packages): the user's own
         Spark settings win, else Spark resolves them itself. `{spark_line}` ("4.0") and `{scala}`
-        ("2.13") in them are filled in with the installed pyspark's.
+        ("2.13") in them are filled in with the installed pyspark's. A library built for some
+        Spark lines only is a LinePackage (declare it in the spec's `line_packages` too, for
+        the check when a DAG is parsed).
         """
         return []
 

@@ -31,7 +31,7 @@ except ImportError as exc:
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import BatchId
-from airflow_exactly_once.spark.packages import spark_home, with_connectors
+from airflow_exactly_once.spark.packages import Package, spark_home, with_connectors
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.shipping import build_bundle
 from airflow_exactly_once.spark.write_job import secrets_environment
@@ -46,7 +46,7 @@ class WriteJobSubmitHook(SparkSubmitHook):
 
     def __init__(self, *, spark_conn_id: str, batch_id: BatchId, ledger_url: str, transform: str | None = None,
                  spark_conf: dict[str, Any] | None = None, config: PipelineConfig | None = None,
-                 packages: Sequence[str] = ()) -> None:
+                 packages: Sequence[Package] = ()) -> None:
         conf = {k: str(v) for k, v in with_connectors(spark_conf or {}, packages).items()}
         master = conf.pop("spark.master", None)
         # --jars and --py-files replace spark.jars and spark.submit.pyFiles: merge, never drop the user's.

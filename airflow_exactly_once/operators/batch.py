@@ -43,7 +43,12 @@ from airflow_exactly_once.hooks.spark_connect import spark_connect_url
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.txn_guardrail import check_commit_deadline
-from airflow_exactly_once.operators.write_launch import attempts_stopper, write_launcher
+from airflow_exactly_once.operators.write_launch import (
+    attempts_stopper,
+    check_packages_at_parse,
+    check_write_packages,
+    write_launcher,
+)
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer, spec_local_folders
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs
@@ -66,6 +71,9 @@ class ExactlyOnceBaseOperator(BaseOperator):
         # allow fails the DAG's import (templated values are checked when the task renders them).
         check_sink_spec_at_parse(given["sink"])
         check_sink_spec_at_parse(given["dead_letter"], "dead_letter")
+        # And a JVM library the sink needs that has no build for the installed pyspark's line (Iceberg's runtime).
+        check_packages_at_parse(given["sink"], given["dead_letter"], given["bad_record_policy"],
+                                given["spark_conn_id"], given["spark_conf"])
         super().__init__(**kwargs)
         # The pipeline arguments, one attribute each, in the order operators.arguments declares them (with their
         # defaults and docs; tests/unit/test_arguments.py checks that these are exactly the declared ones). A
@@ -333,6 +341,8 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         # The ledger page shows a pipeline to the users who may read the DAGs that drive it.
         coordinator.ledger.record_dag(coordinator.pipeline_id, self.dag_id)
         check_commit_deadline(self, coordinator.sink, self.write_task_id, self.notify_task_id, self.log)
+        # Before recovery and planning: a write that cannot start (no build of a sink's library for this Spark line).
+        check_write_packages(coordinator.config, connect_url=self.spark_connect_url(), spark_conf=self.spark_conf)
         interval = _data_interval(context) if coordinator.config.range_mode == "interval" else None
         settings = KafkaSettings.of(coordinator.config)
         try:

@@ -5,6 +5,11 @@ a cluster (spark.launch.submit): `write_launcher` returns one of them, behind th
 spark.launch.launcher. A write on a Spark Connect server can outlive its task, so the protocol is also
 told how to stop such attempts (`attempts_stopper`).
 
+Which Spark runs the write also decides which Spark line the sink's JVM libraries must exist for: the installed
+pyspark's in the task and for spark-submit (spark.packages fills in their coordinates from it), the server's on
+Spark Connect (checked by the write, on its session). `check_packages_at_parse` and `check_write_packages` refuse
+a line without a build (Iceberg's runtime on Spark 4.2) before a batch is planned.
+
 Each launcher is imported in its own branch: Airflow imports this module with the DAG in every task of
 the pipeline, and a task loads only the Spark client its write runs (the plan and notify_complete tasks
 none, a Spark Connect write not the in-task driver's modules).
@@ -15,9 +20,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable
 
+from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.declaration import is_template
 from airflow_exactly_once.core.protocol import BatchCoordinator, StopAttempts
 from airflow_exactly_once.core.task_log import TaskLog
+from airflow_exactly_once.sinks import spec_line_packages
 from airflow_exactly_once.spark.launch.launcher import WriteLauncher
+from airflow_exactly_once.spark.packages import check_line_packages, pipeline_packages
 
 
 def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id: str | None,
@@ -59,3 +68,27 @@ def _submit_hook_class() -> type:
     from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
 
     return WriteJobSubmitHook
+
+
+def check_packages_at_parse(sink: Any, dead_letter: Any, bad_record_policy: Any, spark_conn_id: Any,
+                            spark_conf: Any) -> None:
+    """When a DAG is parsed: a library the sink needs with no build for the installed pyspark's line is a
+    ConfigurationError, if the write runs in the task (no spark_conn_id, whose type is known only when the task
+    looks the connection up; no spark.remote) and nothing it depends on is a template (checked at plan time)."""
+    if spark_conn_id or not isinstance(spark_conf, (dict, type(None))):
+        return
+    conf = spark_conf or {}
+    if "spark.remote" in conf or any(is_template(v) for v in conf.values()):
+        return
+    packages = [*spec_line_packages(sink), *(spec_line_packages(dead_letter, "dead_letter")
+                                             if bad_record_policy == "dead_letter" else ())]
+    check_line_packages(conf, packages)
+
+
+def check_write_packages(config: PipelineConfig, *, connect_url: str | None,
+                         spark_conf: dict[str, Any] | None) -> None:
+    """Before a batch is planned: what the write would refuse before starting Spark, a library the sink needs with no
+    build for the installed pyspark's line (in the task, or spark-submitted). A Spark Connect server's Spark is not
+    the installed pyspark: the write checks it on its session."""
+    if connect_url is None:
+        check_line_packages(spark_conf or {}, pipeline_packages(config))

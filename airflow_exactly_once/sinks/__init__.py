@@ -21,6 +21,7 @@ from typing import Any
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec, is_template
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.dead_letters import PairedCommitter, PairedWriter
@@ -102,6 +103,14 @@ def check_sink_spec_at_parse(spec: Any, what: str = "sink") -> None:
     """
     if isinstance(spec, dict) and not is_template(spec.get("type")):
         spec_type(spec, what).check_before_rendering(spec)
+
+
+def spec_line_packages(spec: Any, what: str = "sink") -> tuple[LinePackage, ...]:
+    """The JVM libraries a sink spec's write needs that are built for some Spark lines only (from its declaration);
+    none for a spec that is still a template or of an unknown type (the sink's own checks name those)."""
+    if not isinstance(spec, dict) or spec.get("type") not in sink_types():
+        return ()
+    return spec_type(spec, what).line_packages
 
 
 def spec_secret_paths(spec: dict[str, Any]) -> list[list[str]]:

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.faults import fault_point
+from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, SinkSide, StagedHistory
@@ -177,7 +178,7 @@ class PairedWriter(Pair[SinkWriter], SinkWriter):
         self.dead.bind(config, committer.dead)
         return self
 
-    def spark_packages(self) -> list[str]:
+    def spark_packages(self) -> list[str | LinePackage]:
         return list(dict.fromkeys([*self.output.spark_packages(), *self.dead.spark_packages()]))
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> PairedCommittable:

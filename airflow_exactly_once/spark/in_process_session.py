@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any, Iterable
 
-from airflow_exactly_once.spark.packages import user_adds_packages, with_connectors
+from airflow_exactly_once.spark.packages import Package, user_adds_packages, with_connectors
 
 DEFAULT_MASTER = "local[*]"
 # pyspark's mark of a process that made a Spark Connect session: once set, every classic getOrCreate()
@@ -16,7 +16,7 @@ CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 
 
 def build_spark_session(app_name: str, spark_conf: dict[str, Any] | None = None, master: str | None = None,
-                        packages: Iterable[str] = ()):
+                        packages: Iterable[Package] = ()):
     """A session that can read Kafka and load the sink's `packages` (see spark.packages for where they come from)."""
     from pyspark.sql import SparkSession
 

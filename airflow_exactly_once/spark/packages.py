@@ -7,6 +7,12 @@ name it, in `spark_conf`, in `PYSPARK_SUBMIT_ARGS` or in `spark-defaults.conf`, 
 added. Otherwise Spark resolves it from Maven Central by itself (`spark.jars.packages`), with
 coordinates that follow the installed pyspark and its Scala version. Nothing here runs Maven.
 
+The installed pyspark is the Spark line these coordinates follow, in the task and for
+spark-submit alike (a Spark Connect server is started with its own packages). A library built
+for some lines only (core.line_packages: Iceberg's runtime) is refused here for a line without
+a build, before any Spark starts; `check_line_packages` asks the same when a DAG is parsed or a
+batch planned. Reading the installed release and Scala version imports no pyspark.
+
 Spark's resolver (Ivy) looks into `~/.m2/repository` first, and a pom there without its jar
 (Maven leaves such entries for managed dependencies) fails the whole resolution. So when
 the coordinates are ours, Spark also gets an Ivy settings file that leaves `~/.m2` out,
@@ -15,13 +21,16 @@ unless the user configured Ivy (`spark.jars.ivySettings`) already.
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Union
 
 from airflow_exactly_once.core.config import PipelineConfig
+from airflow_exactly_once.core.line_packages import LinePackage, default_scala
 from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
@@ -29,22 +38,31 @@ CONNECTOR = "spark-sql-kafka-0-10"
 GROUP = "org.apache.spark"
 IVY_SETTINGS = Path(__file__).with_name("ivysettings.xml")
 _JAR_KEYS = ("spark.jars", "spark.jars.packages")
+# What a sink names as a package: Maven coordinates (a template with `{spark_line}` and `{scala}`), or a library
+# built for some Spark lines only.
+Package = Union[str, LinePackage]
 
 
 def spark_home() -> Path:
-    """The Spark distribution inside the pyspark wheel (jars/, bin/)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
+    """The Spark distribution inside the pyspark wheel (jars/, bin/), found without importing pyspark."""
+    found = importlib.util.find_spec("pyspark")
+    if found is None or not found.submodule_search_locations:
+        raise RuntimeError("pyspark is not installed here: pip install airflow-exactly-once installs it")
+    return Path(list(found.submodule_search_locations)[0]).resolve()
 
 
 def spark_version() -> str:
-    """The installed pyspark's release, e.g. "4.0.0" (a ".dev0" or "+local" tail removed)."""
-    import pyspark
+    """The installed pyspark's release, e.g. "4.0.0" (a ".dev0" or "+local" tail removed), read from its metadata
+    (a plan task or a DAG parse imports no pyspark)."""
+    try:
+        text = importlib.metadata.version("pyspark")
+    except importlib.metadata.PackageNotFoundError:  # a pyspark on the path but not installed (a source tree)
+        import pyspark
 
-    match = re.match(r"\d+\.\d+\.\d+", pyspark.__version__)
+        text = pyspark.__version__
+    match = re.match(r"\d+\.\d+\.\d+", text)
     if match is None:
-        raise RuntimeError(f"cannot read a Spark release from pyspark.__version__={pyspark.__version__!r}")
+        raise RuntimeError(f"cannot read a Spark release from the installed pyspark's version {text!r}")
     return match.group(0)
 
 
@@ -55,7 +73,7 @@ def scala_version(home: Path | None = None, version: str | None = None) -> str:
         match = re.match(r"scala-library-(\d+\.\d+)\.", jar.name)
         if match:
             return match.group(1)
-    return "2.12" if int((version or spark_version()).split(".")[0]) < 4 else "2.13"
+    return default_scala(version or spark_version())
 
 
 def kafka_package(version: str | None = None, scala: str | None = None) -> str:
@@ -130,16 +148,25 @@ def user_adds_packages(conf: Mapping[str, Any], environ: Mapping[str, str] | Non
             or bool(_read_defaults(_defaults_file()).get("spark.jars.packages", "").strip()))
 
 
-def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> dict[str, Any]:
+def package_artifact(package: Package) -> str:
+    """What names `package` in the user's settings: a library per Spark line by any line's build (the user's own
+    build for a line without one wins too), Maven coordinates by their artifact."""
+    if isinstance(package, LinePackage):
+        return package.artifact
+    return artifact_of(for_installed_spark(package))
+
+
+def with_connectors(conf: Mapping[str, Any], packages: Iterable[Package] = ()) -> dict[str, Any]:
     """`conf` plus what Spark needs to load the Kafka connector and `packages` (Maven coordinates, templates
     such as a sink's completed here: the one place packages reach Spark's settings).
 
     Each package the user's settings do not name already goes to `spark.jars.packages`, for
-    Spark's own resolution.
+    Spark's own resolution; one built for some Spark lines only is a ConfigurationError when the
+    installed pyspark's line has no build (before Spark starts).
     """
     result = dict(conf)
-    wanted = dict.fromkeys([kafka_package(), *map(for_installed_spark, packages)])
-    missing = [p for p in wanted if not names_package(artifact_of(p), result)]
+    named = [p for p in dict.fromkeys([kafka_package(), *packages]) if not names_package(package_artifact(p), result)]
+    missing = list(dict.fromkeys(map(for_installed_spark, named)))
     if not missing:
         return result
     given = [p for p in str(result.get("spark.jars.packages") or "").split(",") if p.strip()]
@@ -148,19 +175,32 @@ def with_connectors(conf: Mapping[str, Any], packages: Iterable[str] = ()) -> di
     return result
 
 
-def for_installed_spark(coordinates: str, version: str | None = None, scala: str | None = None) -> str:
+def check_line_packages(conf: Mapping[str, Any], packages: Iterable[Package]) -> None:
+    """Before a write is launched (a DAG parsed, a batch planned): what `with_connectors` would refuse, a library
+    the user's settings do not name that has no build for the installed pyspark's line."""
+    for package in packages:
+        if isinstance(package, LinePackage) and not names_package(package.artifact, conf):
+            for_installed_spark(package)
+
+
+def for_installed_spark(coordinates: Package, version: str | None = None, scala: str | None = None) -> str:
     """Maven coordinates with `{spark_line}` ("4.0") and `{scala}` ("2.13") of the installed pyspark filled in.
 
     A sink names its Spark packages as such templates (SinkWriter.spark_packages()), so it needs no
-    knowledge of the Spark it runs on; coordinates without placeholders pass through.
+    knowledge of the Spark it runs on; coordinates without placeholders pass through. A library per
+    Spark line gives its build for the line, or a ConfigurationError naming the lines that have one.
     """
+    where = "the installed pyspark" if version is None else "the write's Spark"
     version = version or spark_version()
-    line = ".".join(version.split(".")[:2])
-    return coordinates.format(spark_line=line, scala=scala or scala_version(version=version))
+    scala = scala or scala_version(version=version)
+    if isinstance(coordinates, LinePackage):
+        return coordinates.coordinates(version, scala, where)
+    return coordinates.format(spark_line=".".join(version.split(".")[:2]), scala=scala)
 
 
 def iceberg_package(version: str | None = None, scala: str | None = None) -> str:
-    """Maven coordinates of Iceberg's Spark runtime for the installed pyspark's release line and Scala."""
+    """Maven coordinates of Iceberg's Spark runtime for the installed pyspark's release line and Scala (a
+    ConfigurationError for a line Iceberg has no runtime for)."""
     return for_installed_spark(ICEBERG_SPARK_RUNTIME, version, scala)
 
 
@@ -170,7 +210,7 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
     return f"{GROUP}:spark-avro_{scala or scala_version(version=version)}:{version}"
 
 
-def pipeline_packages(config: PipelineConfig) -> list[str]:
+def pipeline_packages(config: PipelineConfig) -> list[Package]:
     """What a pipeline's write loads besides Kafka's connector: its sink writer's packages, and spark-avro when
     the Kafka values or keys are Avro (value_format / key_format "avro")."""
     avro = "avro" in (config.value_format, config.key_format)

@@ -17,6 +17,12 @@ from pathlib import Path
 import airflow
 
 from airflow_exactly_once.airflow_integration.compat import airflow_release
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
+from airflow_exactly_once.spark.packages import spark_version
+
+
+def iceberg_runtime_exists() -> bool:
+    return ICEBERG_SPARK_RUNTIME.release_for(".".join(spark_version().split(".")[:2])) is not None
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = ("kafka_to_kafka", "kafka_to_parquet", "kafka_to_parquet_hourly", "kafka_to_parquet_on_arrival",
@@ -38,6 +44,14 @@ def test_install_checks_pass_in_the_test_environment(tmp_path):
     assert set(data["modules"].values()) == {"ok"}
     assert data["deprecations_from_us"] == []
     assert data["dags"]["import_errors"] == {}
+    # The example Iceberg DAG parses where Iceberg has a Spark runtime for the installed pyspark's line; elsewhere
+    # (pyspark 4.2) it is refused, with the error that names the line and the ones that have a runtime.
+    if iceberg_runtime_exists():
+        assert data["dags"]["refused"] == {} and "kafka_to_iceberg" in data["dags"]["dags"]
+    else:
+        assert [Path(f).name for f in data["dags"]["refused"]] == ["kafka_to_iceberg.py"]
+        assert "Spark 3.5 (Scala 2.12 or 2.13), 4.0 (Scala 2.13) and 4.1 (Scala 2.13)" in \
+            next(iter(data["dags"]["refused"].values()))
     assert data["dags"]["dags"]["kafka_to_parquet"] == [
         "exactly_once.abort", "exactly_once.notify_complete", "exactly_once.plan", "exactly_once.write"]
     assert data["provider"]["listed_version"] == "0.1.0" and data["provider"]["ledger_connection_type"]

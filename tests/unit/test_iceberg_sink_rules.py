@@ -25,8 +25,8 @@ def test_a_valid_spec_names_table_catalog_and_packages():
     assert target.catalog == CatalogSpec("iceberg", "embedded", "file:///data/lake",
                                        "sqlite:////data/lake/_iceberg_catalog.sqlite")
     assert create_committer(spec()).supports_retract and not target.create_table
-    packages = [spark_packages.for_installed_spark(p) for p in sink.spark_packages()]
-    assert packages[0].startswith(f"org.apache.iceberg:iceberg-spark-runtime-{spark_packages.spark_version()[:3]}_")
+    packages = [spark_packages.for_installed_spark(p, "4.0.0", "2.13") for p in sink.spark_packages()]
+    assert packages[0] == f"org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:{ICEBERG_RELEASE}"
     assert packages[1].startswith("org.xerial:sqlite-jdbc:")
 
 
@@ -119,6 +119,7 @@ def test_a_batch_can_be_withdrawn_exactly_only_while_its_files_are_live():
 def test_the_sinks_packages_join_kafkas_unless_the_user_names_them(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setattr(spark_packages, "spark_version", lambda: "4.0.0")  # a line Iceberg has a runtime for
     assert spark_packages.artifact_of("org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.10.1") == \
         "iceberg-spark-runtime-4.0"
     assert spark_packages.artifact_of("org.xerial:sqlite-jdbc:3.50.3.0") == "sqlite-jdbc"

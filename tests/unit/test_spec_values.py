@@ -49,12 +49,17 @@ BAD_VALUES = {
 CASES = pytest.mark.parametrize("spec, key, value, message", BAD_VALUES.values(), ids=BAD_VALUES.keys())
 
 
+# Spark settings that name an Iceberg runtime of their own: parsing an Iceberg sink then passes on every pyspark line
+# (tests/unit/test_iceberg_runtime_lines.py has the refusal of a line without a runtime).
+OWN_ICEBERG_RUNTIME = {"spark.jars": "/jars/iceberg-spark-runtime.jar"}
+
+
 def parse_dag(dag_id: str, **pipeline: Any) -> None:
     """What Airflow does with a DAG file: run it, operators and all."""
     from airflow.sdk import DAG
 
     with DAG(dag_id, schedule=None, start_date=datetime(2024, 1, 1)):
-        exactly_once_batch(pipeline_id="p", topics="t", **pipeline)
+        exactly_once_batch(pipeline_id="p", topics="t", **{"spark_conf": OWN_ICEBERG_RUNTIME, **pipeline})
 
 
 def error_of(call, *args: Any, **kwargs: Any) -> str:

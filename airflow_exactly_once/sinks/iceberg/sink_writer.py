@@ -12,13 +12,14 @@ import logging
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError, raise_explained
+from airflow_exactly_once.core.line_packages import LinePackage, default_scala
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.iceberg.committer import TableGone, view
-from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME, readable
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 from airflow_exactly_once.sinks.iceberg.target import WAP_ENABLED, IcebergTarget, quoted
 
@@ -33,7 +34,7 @@ class IcebergSinkWriter(SinkWriter):
         super().__init__(spec)
         self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the committer
 
-    def spark_packages(self) -> list[str]:
+    def spark_packages(self) -> list[str | LinePackage]:
         driver = self.target.catalog.jdbc_package()
         return [ICEBERG_SPARK_RUNTIME, *([driver] if driver else [])]
 
@@ -47,7 +48,7 @@ class IcebergSinkWriter(SinkWriter):
         except ExactlyOnceError:
             raise
         except Exception as exc:
-            raise_explained(self._explain(exc), exc)
+            raise_explained(self._explain(exc, spark), exc)
         wap = snaps.wap_id(batch.pipeline_id, batch.seq, batch.epoch)
         summary = {**snaps.batch_summary(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id), "aeo.wap": wap}
         writer = frame.writeTo(self.target.spark_table)
@@ -58,7 +59,7 @@ class IcebergSinkWriter(SinkWriter):
             writer.append()
         except Exception as exc:
             self._drop_attempt(batch, wap)
-            raise_explained(self._explain(exc), exc)
+            raise_explained(self._explain(exc, spark), exc)
         finally:
             spark.conf.unset("spark.wap.id")
         staged = self._staged_snapshot(wap)
@@ -121,12 +122,22 @@ class IcebergSinkWriter(SinkWriter):
                 " fix the transform to return the table's columns, or evolve the table "
                 f"(ALTER TABLE {self.target.catalog.name}.{self.target.table} ADD COLUMN ...)")
 
-    def _explain(self, exc: Exception) -> Exception:
+    def _packages_for(self, spark_version: str) -> list[str]:
+        """The packages as coordinates for the write's Spark (a Spark Connect server's may not be the installed
+        pyspark; its Scala is taken to be that of Apache's builds), a line without a runtime as its error."""
+        try:
+            return [ICEBERG_SPARK_RUNTIME.coordinates(spark_version, default_scala(spark_version), "the write's Spark"),
+                    self.target.catalog.jdbc_package()]
+        except ConfigurationError as exc:
+            return [f"(none: {exc})"]
+
+    def _explain(self, exc: Exception, spark: Any) -> Exception:
         text = str(exc)
         if "CATALOG_PLUGIN_CLASS_NOT_FOUND" in text or "org.apache.iceberg.spark.SparkCatalog" in text:
+            spark_version = spark.version  # the Spark that writes: on Spark Connect, the server's
             return ConfigurationError(
-                "Spark cannot load Iceberg's Spark runtime: give Spark the packages "
-                f"{', '.join(map(readable, self.spark_packages()))} "
+                f"Spark {spark_version} cannot load Iceberg's Spark runtime: give Spark the packages "
+                f"{', '.join(self._packages_for(spark_version))} "
                 "(spark.jars.packages, or --packages on a Spark Connect server), or their jars in spark.jars")
         if "No suitable driver" in text or "ClassNotFoundException: org.sqlite" in text:
             catalog = self.target.catalog

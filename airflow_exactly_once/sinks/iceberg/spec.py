@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument
 from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
+from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
 
 @dataclass(kw_only=True)
@@ -14,6 +15,7 @@ class IcebergSpec(SinkSpec):
     type_name = "iceberg"
     writer_class = "airflow_exactly_once.sinks.iceberg.sink_writer:IcebergSinkWriter"
     committer_class = "airflow_exactly_once.sinks.iceberg.sink_committer:IcebergSinkCommitter"
+    line_packages = (ICEBERG_SPARK_RUNTIME,)
     local_folder_keys = ("warehouse",)
     shared_storage = ("object storage (warehouse 's3://...', with a PostgreSQL or REST catalog) or a folder every worker "
                       "mounts at the same path")
