@@ -126,8 +126,9 @@ class IcebergSinkWriter(SinkWriter):
         """The packages as coordinates for the write's Spark (a Spark Connect server's may not be the installed
         pyspark; its Scala is taken to be that of Apache's builds), a line without a runtime as its error."""
         try:
+            driver = self.target.catalog.jdbc_package()
             return [ICEBERG_SPARK_RUNTIME.coordinates(spark_version, default_scala(spark_version), "the write's Spark"),
-                    self.target.catalog.jdbc_package()]
+                    *([driver] if driver else [])]
         except ConfigurationError as exc:
             return [f"(none: {exc})"]
 
