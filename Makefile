@@ -9,12 +9,14 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 INSTALL_MATRIX_TEST := tests/integration/test_install_matrix.py
 # What the newest stack runs: the unit tier, the Kafka sink (with Spark), planning against a real broker
-# (Parquet sink), the provider checks (providers list, DAG parsing, `airflow exactly-once`) and one
+# (Parquet sink), the provider checks (providers list, DAG parsing, `airflow exactly-once`), the Delta sink (its
+# Delta release for Spark 4.2's reader) and one
 # end-to-end Airflow run of the example Parquet DAG. The whole suite runs on the primary stack.
 NEWEST_TESTS := tests/unit \
 	tests/integration/test_kafka_sink.py \
 	tests/integration/test_planning_kafka.py \
 	tests/integration/test_provider.py \
+	tests/integration/test_delta_sink.py \
 	tests/system/test_pipeline_parquet.py::test_example_dag_three_batches_then_an_empty_run
 
 # The newest Kafka release the Kafka tests also run against (transactions v2, KIP-890, on by default).
