@@ -171,6 +171,7 @@ test-unit: python-deps
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_delta_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_postgres_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_registry_avro.py
