@@ -121,10 +121,14 @@ class TableCommits:
         try:
             return self._with_retries(f"publishing batch {key}", step)
         except TableMissing as exc:
-            raise TransactionLostError(
-                f"{exc}: the table was removed after batch {key} was staged. Recreate it (or give the sink "
-                "'create_table': True) before the next run", sink="delta", batch=batch.seq,
-                lost=list(staged.files), reason="the table was removed") from exc
+            raise self._table_removed(batch, staged, exc) from exc
+
+    @staticmethod
+    def _table_removed(batch: Batch, staged: StagedFiles, exc: TableMissing) -> TransactionLostError:
+        """A table removed between stage and commit took the staged files with it: the range goes back."""
+        return TransactionLostError(f"{exc}: the table was removed after batch {batch.seq} was staged. Recreate it "
+                                    "(or give the sink 'create_table': True) before the next run", sink="delta",
+                                    batch=batch.seq, lost=list(staged.files), reason="the table was removed")
 
     # -- withdraw (retract) --------------------------------------------------------
 

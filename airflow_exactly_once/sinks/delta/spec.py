@@ -10,11 +10,13 @@ from airflow_exactly_once.core.declaration import SinkSpec, argument
 
 @dataclass(kw_only=True)
 class DeltaSpec(SinkSpec):
+    """A key of the spec per field, after the sink type, its folder (for the placement warning) and its two sides."""
+
     type_name = "delta"
-    writer_class = "airflow_exactly_once.sinks.delta.sink_writer:DeltaSinkWriter"
-    committer_class = "airflow_exactly_once.sinks.delta.sink_committer:DeltaSinkCommitter"
     local_folder_keys = ("path",)
     shared_storage = "a folder every worker mounts at the same path (object storage comes with a later release)"
+    writer_class = "airflow_exactly_once.sinks.delta.sink_writer:DeltaSinkWriter"
+    committer_class = "airflow_exactly_once.sinks.delta.sink_committer:DeltaSinkCommitter"
 
     path: str = argument(doc="The Delta table's folder, an absolute local path (its `_delta_log` is there or is "
                              "created there)")

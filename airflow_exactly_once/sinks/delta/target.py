@@ -31,15 +31,14 @@ def _local_folder(value: Any) -> Path:
     if not isinstance(value, str) or not value:
         raise ConfigurationError("the delta sink needs a 'path': the table's folder, e.g. "
                                  "{'type': 'delta', 'path': '/data/lake/events'}")
-    if value.startswith("file://"):
-        value = value[len("file://"):]
-    if "://" in value:
+    local = value.removeprefix("file://")
+    if "://" in local:
         raise ConfigurationError(f"the delta sink's path {value!r}: this release writes Delta tables on local or "
                                  "mounted file systems only; mount the storage, or use the iceberg sink for object "
                                  "storage")
-    if not os.path.isabs(value):
+    if not os.path.isabs(local):
         raise ConfigurationError(f"the delta sink's path {value!r} must be absolute (tasks run in other directories)")
-    return Path(value.rstrip("/") or "/")
+    return Path(local.rstrip("/") or "/")
 
 
 class DeltaTarget:
