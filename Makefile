@@ -10,13 +10,15 @@ PYTEST_ARGS ?=
 INSTALL_MATRIX_TEST := tests/integration/test_install_matrix.py
 # What the newest stack runs: the unit tier, the Kafka sink (with Spark), planning against a real broker
 # (Parquet sink), the Iceberg sink on its pyspark line (Iceberg has no Spark runtime for 4.2: the DAG is refused when
-# parsed and the plan step before it plans), the provider checks (providers list, DAG parsing, `airflow
-# exactly-once`) and one end-to-end Airflow run of the example Parquet DAG. The whole suite runs on the primary stack.
+# parsed and the plan step before it plans), the Delta sink (its Delta release for Spark 4.2's reader), the provider
+# checks (providers list, DAG parsing, `airflow exactly-once`) and one end-to-end Airflow run of the example Parquet
+# DAG. The whole suite runs on the primary stack.
 NEWEST_TESTS := tests/unit \
 	tests/integration/test_kafka_sink.py \
 	tests/integration/test_planning_kafka.py \
 	tests/integration/test_iceberg_runtime.py \
 	tests/integration/test_provider.py \
+	tests/integration/test_delta_sink.py \
 	tests/system/test_pipeline_parquet.py::test_example_dag_three_batches_then_an_empty_run
 
 # The newest Kafka release the Kafka tests also run against (transactions v2, KIP-890, on by default).
@@ -172,6 +174,7 @@ benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest
+	PYTHONPATH=. $(PY) benchmarks/bench_delta_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_kafka_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_postgres_sink.py
 	PYTHONPATH=. $(PY) benchmarks/bench_registry_avro.py

@@ -8,7 +8,7 @@ import sys
 
 from devtools.iceberg_rest import rest_server_jar
 from devtools.kafka_broker import LocalKafkaBroker, stop_pidfile
-from devtools.maven import avro_jars, devenv_home, kafka_broker_jars, spark_kafka_jars
+from devtools.maven import avro_jars, delta_jars, devenv_home, kafka_broker_jars, spark_kafka_jars
 from devtools.postgres import LocalPostgres, stop_data_dir
 
 
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Kafka broker jars: {kafka_broker_jars()}")
         print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files, spark-avro: {len(avro_jars())}")
         print(f"Iceberg REST catalog server: {rest_server_jar()}")
+        print(f"Delta's Spark reader (the Delta sink's tests): {len(delta_jars())} files")
     elif args.command == "build-registry":
         from devtools.schema_registry import apicurio_version, registry_app
 

@@ -255,3 +255,15 @@ def use_prefetched_connector() -> Path:
     if not os.environ.get("SPARK_CONF_DIR"):
         os.environ["SPARK_CONF_DIR"] = str(spark_conf_dir(tempfile.mkdtemp(prefix="aeo-spark-conf-")))
     return Path(os.environ["SPARK_CONF_DIR"])
+
+
+def delta_jars() -> list[str]:
+    """Delta Lake's Spark library for the installed pyspark (the Delta sink's tests read tables with Spark's Delta
+    reader), without the jars pyspark ships: the release per Spark line is the package's own table."""
+    from airflow_exactly_once.sinks.delta.runtime import delta_spark_package
+    from airflow_exactly_once.spark.packages import spark_home, spark_version
+
+    coordinates = delta_spark_package(spark_version())
+    folder = fetch_jars(artifact(coordinates).name, (artifact(coordinates, transitive=True),), strip_version=True)
+    bundled = [jar.name for jar in (spark_home() / "jars").glob("*.jar")]
+    return sorted(str(jar) for jar in folder.glob("*.jar") if not _bundled(jar.stem, bundled))

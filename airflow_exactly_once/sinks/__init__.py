@@ -5,7 +5,7 @@ Each sink is a few small pieces (see core.sink): a partition writer, a committab
 writer (core.sink_writer) and its committer (core.sink_committer); and a declaration of its spec
 (core.declaration.SinkSpec), light enough to check a DAG's sink keys when it is parsed, which
 names the writer and committer classes as "module:Class". They are imported only when a pipeline
-uses the sink, so its client library (confluent-kafka, psycopg2, pyiceberg) is needed only then.
+uses the sink, so its client library (confluent-kafka, psycopg2, pyiceberg, deltalake) is needed only then.
 Everything that differs by sink type outside the sinks (defaults of dead-letter destinations,
 which settings are secret, the list of types) is asked of this registry.
 
@@ -25,6 +25,7 @@ from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.dead_letters import PairedCommitter, PairedWriter
+from airflow_exactly_once.sinks.delta.spec import DeltaSpec
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 from airflow_exactly_once.sinks.installed import InstalledSinks
 from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
@@ -34,7 +35,7 @@ from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 # [START sink_types]
 # The package's own sinks (the docs list these).
 SPECS: dict[str, type[SinkSpec]] = {spec.type_name: spec for spec in (ParquetSpec, PostgresSpec, KafkaSpec,
-                                                                      IcebergSpec)}
+                                                                      IcebergSpec, DeltaSpec)}
 # Those other distributions declare in the entry point group "airflow_exactly_once.sinks".
 INSTALLED = InstalledSinks()
 # [END sink_types]

@@ -37,6 +37,7 @@ from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_pr
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
+from tests.delta_helpers import delta_rows, delta_staged
 from tests.helpers import create_topic, iceberg_staged, pg_query, read_parquet, staging_leftovers
 from tests.kafka_helpers import read_all
 
@@ -149,11 +150,25 @@ class IcebergRestUnderTest(IcebergUnderTest):
                      "catalog": {"type": "rest", "name": f"r{name}", "uri": gateway.uri, "token": REST_TOKEN},
                      "create_table": True}
         self.committer = create_committer(self.spec).target.table_committer
+class DeltaUnderTest:
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.root = tmp_path / "delta"
+        self.spec = {"type": "delta", "path": str(self.root), "create_table": True}
+
+    def visible(self) -> list[str]:
+        return sorted(delta_rows(self.root, "value"))
+
+    def staged(self, pipeline_id: str) -> list[str]:
+        return delta_staged(self.root)
+
+    def lose(self, committable) -> None:
+        shutil.rmtree(self.root / committable.folder)  # e.g. a cleanup job emptied _aeo_staging
 
 
 # [START adapters]
 ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest,
-                                            "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest}
+                                            "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest,
+                                            "delta": DeltaUnderTest}
 # [END adapters]
 # Further adapters of registered sinks on other systems: every scenario runs on each too (id -> adapter).
 VARIANTS: dict[str, type[SinkUnderTest]] = {"iceberg-rest": IcebergRestUnderTest}

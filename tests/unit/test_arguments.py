@@ -114,7 +114,7 @@ def test_a_mistyped_sink_key_fails_when_the_dag_is_parsed():
         with pytest.raises(ConfigurationError, match=r"the kafka sink has no setting 'topics' \(did you mean 'topic'"):
             exactly_once_batch(group_id="g2", pipeline_id="p", topics="t", sink=SINK, bad_record_policy="dead_letter",
                                dead_letter={"type": "kafka", "topics": "dlq"})
-        with pytest.raises(ConfigurationError, match="unknown sink type 'parket'; choose one of iceberg, kafka, "
+        with pytest.raises(ConfigurationError, match="unknown sink type 'parket'; choose one of delta, iceberg, kafka, "
                                                      "parquet, postgres"):
             exactly_once_batch(group_id="g3", pipeline_id="p", topics="t", sink={"type": "parket", "path": "/tmp/out"})
         # Values may be templates: only keys are checked before rendering.

@@ -18,6 +18,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, HandlesVersionE
 from airflow_exactly_once.core.handles import VERSION_KEY
 from airflow_exactly_once.core.sink import Committable, Handles
 from airflow_exactly_once.sinks.dead_letters import DEAD_LETTER_HANDLES, PairedCommitter
+from airflow_exactly_once.sinks.delta.committable import StagedFiles
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
@@ -54,6 +55,16 @@ def test_postgres_v1():
 def test_iceberg_v1():
     staged = StagedSnapshot.from_handles(fixture("iceberg"))
     assert (staged.table, staged.wap_id, staged.snapshot_id) == ("db.orders", "orders-7-e2", 6023419735226512345)
+
+
+def test_delta_v1_stamped_from_its_first_release():
+    handles = fixture("delta")
+    staged = StagedFiles.from_handles(handles)
+    assert (staged.table, staged.folder) == ("/data/lake/orders", "_aeo_staging/orders/batch-000000007-e2")
+    assert staged.files[1].endswith("day=2024-05-02/part-00001-5c1e.c000.snappy.parquet")
+    assert staged.to_handles() == {k: v for k, v in handles.items() if k != "records"}
+    with pytest.raises(HandlesVersionError, match="StagedFiles handles in format version 2"):
+        StagedFiles.from_handles({**handles, VERSION_KEY: 2})
 
 
 def test_kafka_v1():

@@ -157,6 +157,7 @@ def test_declared_dependencies_cover_every_third_party_import():
              # the Spark Connect client's gRPC stack: pyspark[connect], the [spark-connect] extra
              "grpc": "pyspark",
              "sqlalchemy": "sqlalchemy", "alembic": "alembic", "psycopg2": "psycopg2-binary", "pyiceberg": "pyiceberg",
+             "deltalake": "deltalake",
              # the FAB connection form: only called on Airflow < 3.2 with the FAB UI, which brings them
              "flask_appbuilder": None, "flask_babel": None, "wtforms": None,
              # the ledger page's app in the api-server, the backlog trigger's sync_to_async in the triggerer

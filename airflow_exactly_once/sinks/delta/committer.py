@@ -1,0 +1,190 @@
+"""The committer of the Delta sink: publish, drop and withdraw batches with delta-rs, no Spark.
+
+Every change is one Delta commit (one new table version). A publish carries the batch's
+application transaction (sinks.delta.commits.app_id): Delta's optimistic concurrency refuses a
+second commit of the same transaction that raced this one, and a commit replayed after a crash
+finds it in the table and adds nothing. Other writers' appends do not conflict with ours:
+delta-rs rebases a blind append onto them by itself. Staged files are added where they lie;
+a folder goes only when no commit references it (other attempts' folders, aborted batches).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_exactly_once.core.errors import SinkError, TransactionLostError
+from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.sinks.delta import commits
+from airflow_exactly_once.sinks.delta.committable import StagedFiles
+from airflow_exactly_once.sinks.delta.stats import file_stats
+from airflow_exactly_once.sinks.delta.target import DeltaTarget, TableMissing, deltalake
+
+log = logging.getLogger(__name__)
+
+MAX_COMMIT_ATTEMPTS = 10
+T = TypeVar("T")
+
+
+class TableCommits:
+    """Publish / drop / withdraw the batches of one pipeline in one Delta table."""
+
+    def __init__(self, target: DeltaTarget) -> None:
+        self.target = target
+
+    # -- what the table holds ------------------------------------------------------
+
+    @staticmethod
+    def published_attempt(table: Any, batch: Batch) -> int | None:
+        """The epoch of the attempt whose files published `batch`, None when the table holds no commit of it."""
+        return table.transaction_version(commits.app_id(batch.pipeline_id, batch.seq))
+
+    def live_files(self, table: Any, batch: Batch) -> dict[str, dict[str, Any]]:
+        """The files of `batch` the table reads now, by their path relative to the table's folder (as staged)."""
+        prefix = commits.batch_prefix(batch.pipeline_id, batch.seq)
+        rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        return {unquote(row["path"]): row for row in rows if unquote(row["path"]).startswith(prefix)}
+
+    def missing_files(self, staged: StagedFiles) -> list[str]:
+        return [f for f in staged.files if not (self.target.root / f).is_file()]
+
+    # -- the retry frame -----------------------------------------------------------
+
+    def _with_retries(self, what: str, step: Callable[[Any], T]) -> T:
+        """Run `step(table)` on a freshly loaded table until its commit is not beaten by a conflicting one."""
+        failed = deltalake().exceptions.CommitFailedError
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            table = self.target.load()
+            try:
+                return step(table)
+            except failed as exc:
+                log.info("%s: a conflicting commit won (%s); reading the table again", what, exc)
+                time.sleep(min(0.05 * 2 ** attempt, 2.0))
+        raise SinkError(f"{what}: conflicting commits kept winning in {self.target.root}; retry", retriable=True)
+
+    def _commit(self, table: Any, actions: list[Any], metadata: dict[str, str], app: str | None = None,
+                version: int = 0) -> None:
+        transaction = deltalake().transaction
+        properties = transaction.CommitProperties(
+            custom_metadata=metadata, app_transactions=[transaction.Transaction(app, version)] if app else None)
+        table.create_write_transaction(actions, mode="append", schema=table.schema(),
+                                       partition_by=table.metadata().partition_columns or None,
+                                       commit_properties=properties)
+
+    def _add(self, staged: StagedFiles, relative: str, partitions: list[str]) -> Any:
+        """The add action of one staged file: its size, partition values and footer statistics (no data read)."""
+        path = self.target.root / relative
+        status = path.stat()
+        values = commits.partition_values(relative[len(staged.folder) + 1:], partitions)
+        return deltalake().transaction.AddAction(relative, status.st_size, values, int(status.st_mtime * 1000),
+                                                 True, file_stats(pq.read_metadata(path)))
+
+    # -- publish -------------------------------------------------------------------
+
+    def publish(self, batch: Batch, staged: StagedFiles, replaced: Batch | None = None,
+                replaced_files: tuple[str, ...] = ()) -> str:
+        """Add the staged files in one commit carrying the batch's transaction (removing `replaced`'s files in the
+        same commit). Idempotent."""
+        key = commits.batch_key(batch.pipeline_id, batch.seq)
+
+        def step(table: Any) -> str:
+            done = self.published_attempt(table, batch)
+            if done is not None:
+                return f"batch {key} was already published to {self.target.root} (attempt e{done})"
+            withdrawn = self._removals(table, replaced, replaced_files) if replaced is not None else []
+            if not staged.files and not withdrawn:
+                return f"batch {key} wrote no rows; nothing to publish"
+            missing = self.missing_files(staged)
+            if missing:
+                raise TransactionLostError(
+                    f"{len(missing)} staged file(s) of batch {key} are gone from {self.target.root} (e.g. "
+                    f"{missing[0]}) and the batch was never published", sink="delta", batch=batch.seq,
+                    lost=missing, reason="its staged files were removed")
+            partitions = list(table.metadata().partition_columns)
+            adds = [self._add(staged, f, partitions) for f in staged.files]
+            metadata = commits.commit_metadata(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id)
+            if replaced is not None:
+                metadata[commits.REPLACES] = commits.batch_key(replaced.pipeline_id, replaced.seq)
+            self._commit(table, [*withdrawn, *adds], metadata, commits.app_id(batch.pipeline_id, batch.seq),
+                         batch.epoch)
+            how = f", removing batch {replaced.seq}'s {len(withdrawn)} file(s)" if replaced is not None else ""
+            return f"published batch {key} to {self.target.root} ({len(adds)} file(s){how})"
+
+        try:
+            return self._with_retries(f"publishing batch {key}", step)
+        except TableMissing as exc:
+            raise self._table_removed(batch, staged, exc) from exc
+
+    @staticmethod
+    def _table_removed(batch: Batch, staged: StagedFiles, exc: TableMissing) -> TransactionLostError:
+        """A table removed between stage and commit took the staged files with it: the range goes back."""
+        return TransactionLostError(f"{exc}: the table was removed after batch {batch.seq} was staged. Recreate it "
+                                    "(or give the sink 'create_table': True) before the next run", sink="delta",
+                                    batch=batch.seq, lost=list(staged.files), reason="the table was removed")
+
+    # -- withdraw (retract) --------------------------------------------------------
+
+    def _removals(self, table: Any, batch: Batch, files: tuple[str, ...]) -> list[Any]:
+        """Remove actions of the files `batch` published that the table still reads (`files`: the batch's
+        committable's, when known); SinkError when only some of them are live."""
+        live = self.live_files(table, batch)
+        chosen = commits.withdrawable(set(files) or set(live), set(live))
+        if chosen is None:
+            raise SinkError(f"batch {batch.seq}'s files in {self.target.root} were rewritten since it was published "
+                            "(e.g. by OPTIMIZE), so its rows can no longer be withdrawn exactly; use "
+                            "interval_rerun='noop' or rewind with --output keep", retriable=False)
+        if chosen and table.metadata().configuration.get("delta.appendOnly") == "true":
+            raise SinkError(f"the Delta table {self.target.root} is append-only (delta.appendOnly=true): batch "
+                            f"{batch.seq} cannot be withdrawn; use interval_rerun='noop' or rewind with --output keep",
+                            retriable=False)
+        now = int(time.time() * 1000)
+        remove = deltalake().transaction.RemoveAction
+        return [remove(path, True, now, live[path]["size_bytes"],
+                       {k[len("partition."):]: v for k, v in live[path].items() if k.startswith("partition.")})
+                for path in sorted(chosen)]
+
+    def withdraw(self, batch: Batch, files: tuple[str, ...] = ()) -> str:
+        """Remove the rows `batch` published, in one commit. Idempotent (its files stay for time travel)."""
+        key = commits.batch_key(batch.pipeline_id, batch.seq)
+
+        def step(table: Any) -> str:
+            removals = self._removals(table, batch, files)
+            if not removals:
+                return f"batch {key} has nothing in {self.target.root} (withdrawn before, or never published)"
+            self._commit(table, removals, {commits.RETRACTS: key, commits.PIPELINE: batch.pipeline_id})
+            return f"withdrew batch {key} from {self.target.root} ({len(removals)} file(s))"
+
+        try:
+            return self._with_retries(f"withdrawing batch {key}", step)
+        except TableMissing as exc:
+            return f"{exc}; nothing to withdraw"
+
+    # -- staged folders ------------------------------------------------------------
+
+    def attempt_folders(self, batch: Batch) -> list[Path]:
+        prefix = self.target.root / commits.batch_prefix(batch.pipeline_id, batch.seq)
+        return sorted(prefix.parent.glob(f"{prefix.name}*")) if prefix.parent.is_dir() else []
+
+    def drop_attempts(self, batch: Batch, only: str | None = None) -> int:
+        """Remove staged folders of `batch`'s attempts (`only`: that one), never the folder a commit published."""
+        try:
+            published = self.published_attempt(self.target.load(), batch)
+        except TableMissing:
+            published = None
+        live = None if published is None else commits.attempt_folder(batch.pipeline_id, batch.seq, published)
+        dropped = 0
+        for folder in self.attempt_folders(batch):
+            relative = os.path.relpath(folder, self.target.root)
+            if relative == live or (only is not None and relative != only):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            dropped += 1
+        return dropped

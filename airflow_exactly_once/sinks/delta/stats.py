@@ -1,0 +1,72 @@
+"""Delta file statistics (numRecords, minValues, maxValues, nullCount) from a staged file's Parquet footer.
+
+Only the footer is read (its row-group statistics), never the data: this is what lets the commit
+add a batch's files with the statistics Delta's data skipping uses without touching its rows.
+Columns whose bounds Delta does not compare, or that a footer does not give, get no bounds (Delta
+then never skips on them); null counts are given for every top-level column of primitive type.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+# Longer strings get no bounds (Delta's own writer truncates them; no bound is always correct).
+MAX_STRING_BOUND = 64
+
+
+def _bound(value: Any, upper: bool) -> Any:
+    """A footer's min or max as Delta's stats JSON holds it; None: leave the bound out (decimals, binary and
+    booleans among them)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, float):
+        return None if value != value else value  # NaN: no bound
+    if isinstance(value, (int, str)):
+        return None if isinstance(value, str) and len(value) > MAX_STRING_BOUND else value
+    if isinstance(value, datetime.datetime):
+        # Delta keeps timestamps to the millisecond: the minimum rounded down, the maximum up.
+        micros = value.microsecond % 1000
+        if micros and upper:
+            value += datetime.timedelta(microseconds=1000 - micros)
+        value -= datetime.timedelta(microseconds=value.microsecond % 1000)
+        if value.tzinfo is None:
+            return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}"
+        utc = value.astimezone(datetime.timezone.utc)
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return None
+
+
+def file_stats(metadata: Any) -> str:
+    """The stats JSON of one Parquet file from its footer (a pyarrow FileMetaData)."""
+    columns: dict[str, dict[str, Any]] = {}
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            chunk = row_group.column(index)
+            if "." in chunk.path_in_schema:  # a nested field: no stats (Delta then never skips on it)
+                continue
+            seen = columns.setdefault(chunk.path_in_schema, {"nulls": 0, "min": [], "max": [], "known": True})
+            statistics = chunk.statistics
+            if statistics is None:
+                seen["known"] = False
+                continue
+            seen["nulls"] += statistics.null_count or 0
+            if statistics.has_min_max:
+                seen["min"].append(_bound(statistics.min, False))
+                seen["max"].append(_bound(statistics.max, True))
+            elif statistics.null_count != chunk.num_values:
+                seen["known"] = False
+    stats: dict[str, Any] = {"numRecords": metadata.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for name, seen in columns.items():
+        if not seen["known"]:
+            continue
+        stats["nullCount"][name] = seen["nulls"]
+        lows, highs = seen["min"], seen["max"]
+        if lows and None not in lows and None not in highs:
+            stats["minValues"][name] = min(lows)
+            stats["maxValues"][name] = max(highs)
+    return json.dumps(stats, separators=(",", ":"))

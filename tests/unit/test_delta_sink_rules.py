@@ -1,0 +1,165 @@
+"""The Delta sink's pure rules: its spec, where attempts stage, partition values from Hive folders, the table
+features it can write, schema comparison, withdrawal, and Delta statistics from a Parquet footer."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.sinks import create_committer, create_writer, spec_type
+from airflow_exactly_once.sinks.delta import commits, runtime
+from airflow_exactly_once.sinks.delta.commits import TableFeatures
+from airflow_exactly_once.sinks.delta.stats import file_stats
+
+
+def spec(**overrides):
+    return {"type": "delta", "path": "/data/lake/events", **overrides}
+
+
+def test_a_valid_spec_names_the_folder_and_needs_no_spark_package():
+    writer = create_writer(spec(partitioned_by="day", table_properties={"delta.checkpointInterval": 10}))
+    assert str(writer.target.root) == "/data/lake/events" and writer.target.partitioned_by == ("day",)
+    assert writer.target.table_properties == {"delta.checkpointInterval": "10"}
+    assert writer.spark_packages() == []  # delta-rs creates and commits: Spark writes plain Parquet
+    committer = create_committer(spec(path="file:///data/lake/events/"))
+    assert committer.supports_retract and str(committer.target.root) == "/data/lake/events"
+    assert committer.lineage_dataset().name == "/data/lake/events"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"path": None}, "needs a 'path'"),
+    ({"path": "relative/t"}, "absolute"),
+    ({"path": "s3://bucket/t"}, "local or mounted"),
+    ({"create_table": "yes"}, "True or False"),
+    ({"partitioned_by": [1]}, "list of column names"),
+    ({"partiton_by": ["day"]}, "did you mean 'partitioned_by'"),
+])
+def test_a_bad_spec_is_refused_with_the_fix(bad, message):
+    with pytest.raises(ConfigurationError, match=message):
+        create_committer(spec(**bad))
+
+
+def test_dead_letters_go_to_a_delta_table_of_their_own_under_the_output():
+    assert spec_type(spec()).dead_letter_beside(spec()) == {
+        "type": "delta", "path": "/data/lake/events/_dead_letter", "create_table": True}
+
+
+def test_attempts_stage_in_folders_of_their_own_and_the_batch_is_its_transaction():
+    assert commits.attempt_folder("orders", 7, 3) == "_aeo_staging/orders/batch-000000007-e3"
+    assert commits.attempt_folder("orders", 7, 3).startswith(commits.batch_prefix("orders", 7))
+    assert not commits.attempt_folder("orders", 70, 3).startswith(commits.batch_prefix("orders", 7))
+    assert commits.app_id("orders", 7) != commits.app_id("orders", 8)
+    assert commits.commit_metadata("orders", 7, 3, "run-1") == {
+        "aeo.batch": "orders:7", "aeo.pipeline": "orders", "aeo.batch-seq": "7", "aeo.attempt": "3",
+        "aeo.run-id": "run-1"}
+
+
+def test_partition_values_come_from_spark_hive_folders_unescaped():
+    path = "day=2024-05-01/city=New%3AYork/part-00000.parquet"
+    assert commits.partition_values(path, ["day", "city"]) == {"day": "2024-05-01", "city": "New:York"}
+    assert commits.partition_values(f"day={commits.HIVE_NULL}/p.parquet", ["day"]) == {"day": None}
+    assert commits.partition_values("part-0.parquet", []) == {}
+    with pytest.raises(ValueError, match="no folder for partition"):
+        commits.partition_values("part-0.parquet", ["day"])
+
+
+def test_only_partition_types_whose_folder_text_is_the_delta_value_are_staged():
+    types = {"day": "date", "n": "long", "t": "timestamp", "x": "double", "s": "string"}
+    assert commits.partition_type_problems(["day", "n", "s"], types) == []
+    assert commits.partition_type_problems(["t", "x"], types) == ["t (timestamp)", "x (double)"]
+
+
+def features(reader=1, writer=2, readers=(), writers=(), configuration=None, keys=()):
+    return TableFeatures(reader, writer, tuple(readers), tuple(writers), configuration or {}, frozenset(keys))
+
+
+def test_the_default_protocols_of_spark_and_delta_rs_are_writable():
+    assert commits.unwritable_features(features()) == []  # (1, 2): appendOnly, invariants unused
+    assert commits.unwritable_features(features(1, 4, configuration={"delta.enableChangeDataFeed": "true"})) == []
+    assert commits.unwritable_features(features(3, 7, ["timestampNtz"], ["timestampNtz", "appendOnly"])) == []
+
+
+@pytest.mark.parametrize("table, named", [
+    (features(3, 7, ["deletionVectors"], ["deletionVectors", "appendOnly"]), "deletionVectors"),
+    (features(1, 7, writers=["rowTracking", "domainMetadata"]), "rowTracking"),
+    (features(2, 5, configuration={"delta.columnMapping.mode": "name"}), "columnMapping"),
+    (features(1, 3, configuration={"delta.constraints.positive": "id > 0"}), "checkConstraints"),
+    (features(1, 2, keys={"delta.invariants"}), "invariants"),
+    (features(1, 4, keys={"delta.generationExpression"}), "generatedColumns"),
+    (features(1, 6, keys={"delta.identity.start"}), "identityColumns"),
+])
+def test_a_feature_the_committer_cannot_honour_is_named(table, named):
+    problems = commits.unwritable_features(table)
+    assert any(p.startswith(named) for p in problems), problems
+
+
+def test_legacy_versions_only_count_features_a_table_uses():
+    assert commits.unwritable_features(features(2, 5, configuration={"delta.columnMapping.mode": "none"})) == []
+    assert commits.unwritable_features(features(1, 6)) == []
+
+
+def field(name, type_, nullable=True):
+    return {"name": name, "type": type_, "nullable": nullable, "metadata": {}}
+
+
+def test_schemas_compare_names_case_insensitively_and_types_exactly():
+    table = [field("id", "long", False), field("Value", "string"), field("tags", {"type": "array",
+                                                                                  "elementType": "string",
+                                                                                  "containsNull": False})]
+    same = [field("ID", "long"), field("value", "string"), field("tags", {"type": "array", "elementType": "string",
+                                                                          "containsNull": True})]
+    assert commits.schema_problems(table, same) == []
+    assert commits.schema_problems(table, [field("id", "integer"), field("extra", "string")]) == [
+        "column extra is not in the table", "column Value is missing", "column tags is missing",
+        "column id is integer in the output, long in the table"]
+    assert commits.not_null_columns(table) == ["id"]
+
+
+def test_a_batch_is_withdrawn_whole_or_refused_when_compaction_rewrote_part_of_it():
+    assert commits.withdrawable({"a", "b"}, {"a", "b", "other"}) == {"a", "b"}
+    assert commits.withdrawable({"a", "b"}, {"other"}) == set()
+    assert commits.withdrawable({"a", "b"}, {"a", "other"}) is None
+
+
+def test_stats_come_from_the_footer_with_safe_bounds(tmp_path):
+    path = tmp_path / "f.parquet"
+    moment = datetime.datetime(2024, 5, 1, 12, 0, 0, 1500, tzinfo=datetime.timezone.utc)
+    table = pa.table({
+        "id": pa.array([3, None, 9], pa.int64()),
+        "name": ["b", "a", None],
+        "long": ["x" * 100, "y", "z"],
+        "at": pa.array([moment, moment, None], pa.timestamp("us", tz="UTC")),
+        "day": pa.array([datetime.date(2024, 5, 2), datetime.date(2024, 5, 1), None]),
+        "score": pa.array([1.5, float("nan"), 0.5]),
+        "nested": pa.array([{"a": 1}, {"a": 2}, None]),
+    })
+    pq.write_table(table, path, row_group_size=2)
+    stats = json.loads(file_stats(pq.read_metadata(path)))
+    assert stats["numRecords"] == 3
+    assert stats["minValues"]["id"] == 3 and stats["maxValues"]["id"] == 9 and stats["nullCount"]["id"] == 1
+    assert (stats["minValues"]["name"], stats["maxValues"]["name"], stats["nullCount"]["name"]) == ("a", "b", 1)
+    assert "long" not in stats["minValues"] and stats["nullCount"]["long"] == 0  # too long for a bound
+    assert stats["minValues"]["at"] == "2024-05-01T12:00:00.001Z"  # rounded down to the millisecond...
+    assert stats["maxValues"]["at"] == "2024-05-01T12:00:00.002Z"  # ...and up, so no row falls outside
+    assert (stats["minValues"]["day"], stats["maxValues"]["day"]) == ("2024-05-01", "2024-05-02")
+    assert "nested" not in stats["nullCount"] and "nested.a" not in stats["nullCount"]
+
+
+@pytest.mark.parametrize("pyspark, package", [
+    ("3.5.7", "io.delta:delta-spark_2.12:3.3.2"),
+    ("4.0.0", "io.delta:delta-spark_2.13:4.0.1"),
+    ("4.2.0", "io.delta:delta-spark_2.13:4.4.0"),
+])
+def test_each_supported_pyspark_line_has_its_delta_release(pyspark, package):
+    assert runtime.delta_spark_package(pyspark) == package
+    assert runtime.reader_conf(pyspark)["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+
+
+def test_a_line_without_a_known_delta_release_is_named():
+    with pytest.raises(ConfigurationError, match=r"for Spark 4\.1 \(pyspark 4\.1\.1\).*spark\.jars\.packages"):
+        runtime.delta_spark_package("4.1.1")
