@@ -8,13 +8,14 @@ import sys
 
 from devtools.kafka_broker import LocalKafkaBroker, stop_pidfile
 from devtools.maven import avro_jars, devenv_home, kafka_broker_jars, spark_kafka_jars
+from devtools.object_storage import s3proxy_jar
 from devtools.postgres import LocalPostgres, stop_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch-jars", help="fetch the Kafka broker and spark-sql-kafka jars with Maven")
+    sub.add_parser("fetch-jars", help="fetch the Kafka broker, spark-sql-kafka and s3proxy jars with Maven")
     sub.add_parser("build-registry", help="build the local Schema Registry (Apicurio) with Maven, once")
     start = sub.add_parser("kafka-start", help="start a local broker in the background")
     start.add_argument("--port", type=int, default=9092)
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fetch-jars":
         print(f"Kafka broker jars: {kafka_broker_jars()}")
         print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files, spark-avro: {len(avro_jars())}")
+        print(f"S3-compatible server (s3proxy): {s3proxy_jar()}")
     elif args.command == "build-registry":
         from devtools.schema_registry import apicurio_version, registry_app
 
