@@ -118,14 +118,9 @@ def complete(client: Any, bucket: str, upload: OpenUpload) -> Completion:
 
 
 def is_open(client: Any, bucket: str, upload: OpenUpload) -> bool:
-    """Whether the upload is still open (its parts kept, completion possible)."""
-    try:
-        client.list_parts(Bucket=bucket, Key=upload.key, UploadId=upload.upload_id, MaxParts=1)
-        return True
-    except Exception as exc:
-        if error_code(exc) in GONE_CODES:
-            return False
-        raise
+    """Whether the upload is still open (its parts kept, completion possible). Asked by listing the uploads of its
+    key: ListParts of an aborted upload answers an empty list on some S3-compatible servers (s3proxy)."""
+    return any(upload_id == upload.upload_id for _, upload_id in open_uploads(client, bucket, upload.key))
 
 
 def abort_upload(client: Any, bucket: str, key: str, upload_id: str) -> bool:
@@ -157,9 +152,9 @@ def listed_keys(client: Any, bucket: str, prefix: str) -> list[str]:
 
 
 def delete_keys(client: Any, bucket: str, keys: Iterable[str]) -> int:
-    """Delete objects (1,000 a request, S3's limit); deleting a missing key is no error. How many were asked."""
+    """Delete objects one request each (a batch has a file per Spark partition): DeleteObjects needs a checksum
+    header that S3-compatible servers do not all take. Deleting a missing key is no error. How many were asked."""
     keys = list(keys)
-    for start in range(0, len(keys), 1000):
-        chunk = keys[start:start + 1000]
-        client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True})
+    for key in keys:
+        client.delete_object(Bucket=bucket, Key=key)
     return len(keys)
