@@ -69,7 +69,7 @@ newest-deps: $(VENV_NEWEST)/.installed
 define install_venv
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip setuptools wheel
-	$(1)/bin/python -m pip install -q -c $(2) -e ".[test,postgres,spark-submit,spark-connect,iceberg,schema-registry,openlineage]"
+	$(1)/bin/python -m pip install -q -c $(2) -e ".[test,postgres,spark-submit,spark-connect,iceberg,schema-registry,openlineage,s3]"
 	@if $(1)/bin/python -m pip show -q pyspark-client 2>/dev/null; then \
 	  echo ">> $(1): removing pyspark-client (it shares pyspark's folder), reinstalling pyspark"; \
 	  $(1)/bin/python -m pip uninstall -q -y pyspark-client && \
