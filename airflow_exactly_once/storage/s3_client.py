@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError
+from airflow_exactly_once.core.errors import ExactlyOnceError, MissingExtraError, SinkError
 from airflow_exactly_once.storage.errors import BucketNotFoundError, StorageCredentialsError, StorageUnreachableError
 
 # Codes an S3 server answers for credentials it does not accept (AWS, and S3-compatible servers).
@@ -50,8 +50,11 @@ class S3Access:
     def client(self) -> Any:
         """A boto3 S3 client. Checksums only where S3 requires them: S3-compatible servers (s3proxy, MinIO
         releases, Ceph) refuse the trailing checksums newer boto3 sends by default."""
-        import boto3
-        from botocore.config import Config
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:
+            raise MissingExtraError("object storage (an s3:// path)", "s3", exc.name) from exc
 
         path_style = self.endpoint_url is not None if self.path_style is None else self.path_style
         config = Config(s3={"addressing_style": "path" if path_style else "auto"},

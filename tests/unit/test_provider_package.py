@@ -165,7 +165,9 @@ def test_declared_dependencies_cover_every_third_party_import():
              # and grpcio-tools) and the compiler of the reader's .proto
              "google": "protobuf", "grpc_tools": "grpcio-tools",
              # lineage, the [openlineage] extra: the OpenLineage client (and attrs, its facets' base) come with it
-             "openlineage": "apache-airflow-providers-openlineage", "attr": "apache-airflow-providers-openlineage"}
+             "openlineage": "apache-airflow-providers-openlineage", "attr": "apache-airflow-providers-openlineage",
+             # object storage, the [s3] extra: boto3 and the botocore it brings
+             "boto3": "boto3", "botocore": "boto3"}
     assert third_party <= set(where), f"imports without a declared distribution: {sorted(third_party - set(where))}"
     groups = _requirements()
     core = set(groups[""])
@@ -177,6 +179,7 @@ def test_declared_dependencies_cover_every_third_party_import():
     assert groups["spark-connect"] == ["pyspark"]  # pyspark[connect]: the Spark Connect client's gRPC stack
     assert groups["iceberg"] == ["pyiceberg"]  # pyiceberg[sql-postgres,pyarrow]: the Iceberg sink's committer
     assert groups["openlineage"] == ["apache-airflow-providers-openlineage"]
+    assert groups["s3"] == ["boto3"]  # the Parquet sink on object storage (airflow_exactly_once/storage/)
     # pyspark-client installs into pyspark's own folder: nothing of ours may pull it in.
     assert not any("pyspark-client" in names for names in groups.values())
 

@@ -29,8 +29,7 @@ class BatchUploads:
 
     def abort(self, files: tuple[StagedFile, ...]) -> int:
         """Abort the uploads of `files`; how many were still open."""
-        return sum(self.bucket.call(f"aborting the upload of {f.key}", lambda c, f=f: multipart.abort_upload(
-            c, self.bucket.name, f.key, f.upload_id)) for f in files)
+        return sum(self._abort_one(f.key, f.upload_id) for f in files)
 
     def abort_open(self, seq: int, epoch: int | None = None) -> int:
         """Abort every open upload of batch `seq` (of the attempt `epoch` only, if given), those of writers that
@@ -41,10 +40,12 @@ class BatchUploads:
         mine = [(key, upload_id) for key, upload_id in found
                 if epoch is None or self.layout.attempt_of(key) == epoch]
         for key, upload_id in mine:
-            self.bucket.call(f"aborting the upload of {key}",
-                             lambda c, key=key, upload_id=upload_id: multipart.abort_upload(
-                                 c, self.bucket.name, key, upload_id))
+            self._abort_one(key, upload_id)
         return len(mine)
+
+    def _abort_one(self, key: str, upload_id: str) -> bool:
+        return self.bucket.call(f"aborting the upload of {key}",
+                                lambda c: multipart.abort_upload(c, self.bucket.name, key, upload_id))
 
     def objects(self, seq: int) -> list[str]:
         folder = self.layout.batch_folder(seq)
