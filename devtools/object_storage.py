@@ -35,10 +35,7 @@ class LocalObjectStorage(LocalServer):
     """One s3proxy whose objects live in `data_dir`, on a reserved port kept across restarts."""
 
     def __init__(self, data_dir: str | Path, port: int = 0, access_key: str = ACCESS_KEY,
-                 secret_key: str = SECRET_KEY, backend: str = "filesystem-nio2") -> None:
-        """`backend`: jclouds' provider; "transient-nio2" keeps objects in memory (the benchmark: Hadoop's s3a
-        renames directories, which the filesystem backend refuses)."""
-        self.backend = backend
+                 secret_key: str = SECRET_KEY) -> None:
         self.data_dir = Path(data_dir).absolute()
         self.port = port or reserve_port()
         self.access_key, self.secret_key = access_key, secret_key
@@ -73,7 +70,7 @@ class LocalObjectStorage(LocalServer):
         conf.write_text("\n".join([
             f"s3proxy.endpoint=http://127.0.0.1:{self.port}", "s3proxy.authorization=aws-v2-or-v4",
             f"s3proxy.identity={self.access_key}", f"s3proxy.credential={self.secret_key}",
-            f"jclouds.provider={self.backend}", f"jclouds.identity={self.access_key}",
+            "jclouds.provider=filesystem-nio2", f"jclouds.identity={self.access_key}",
             f"jclouds.credential={self.secret_key}", f"jclouds.filesystem.basedir={blobs}", ""]))
         return conf
 

@@ -78,12 +78,17 @@ def batch_objects(client, bucket: str) -> list[str]:
     return [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="orders/batch_seq=").get("Contents", [])]
 
 
+def written(spark, tmp_path: Path, lake, prefix: str):
+    """A PREPARED batch of 12 values from three Spark partitions: (pipe, the batch, the values)."""
+    pipe = make_pipe(tmp_path, lake)
+    frame, values = frame_of(spark, prefix)
+    return pipe, pipe.write(pipe.planted_batch("run-1", RANGE).id, frame), values
+
+
 def test_a_batch_is_invisible_until_commit_then_exact_and_listed_in_its_manifest(spark, object_storage, lake,
                                                                                   tmp_path):
     bucket, client = lake[0], object_storage.client()
-    pipe = make_pipe(tmp_path, lake)
-    frame, values = frame_of(spark, "a")
-    prepared = pipe.write(pipe.planted_batch("run-1", RANGE).id, frame)
+    pipe, prepared, values = written(spark, tmp_path, lake, "a")
     staged = pipe.sink.committable(prepared.handles)
     assert len(staged.files) == 3 and sum(f.rows for f in staged.files) == 12
     assert batch_objects(client, bucket) == [] and manifest_rows(client, bucket) == []  # nothing before commit
@@ -127,9 +132,7 @@ print(pipe.commit(BatchId(config.pipeline_id, int(sys.argv[3]))))
 def test_a_commit_killed_between_files_and_manifest_recovers_every_file_once_and_whole(spark, object_storage, lake,
                                                                                        tmp_path):
     bucket, client = lake[0], object_storage.client()
-    pipe = make_pipe(tmp_path, lake)
-    frame, values = frame_of(spark, "crash")
-    prepared = pipe.write(pipe.planted_batch("run-1", RANGE).id, frame)
+    pipe, prepared, values = written(spark, tmp_path, lake, "crash")
     faults = tmp_path / "faults"
     arm(faults, "notify.mid_sink_commit", "kill")
     killed = subprocess.run(
@@ -161,9 +164,7 @@ def test_abort_after_a_killed_attempt_leaves_no_open_upload(spark, object_storag
 
 def test_the_storage_server_restarted_between_write_and_commit(spark, object_storage, lake, tmp_path):
     bucket, client = lake[0], object_storage.client()
-    pipe = make_pipe(tmp_path, lake)
-    frame, values = frame_of(spark, "restart")
-    prepared = pipe.write(pipe.planted_batch("run-1", RANGE).id, frame)
+    pipe, prepared, values = written(spark, tmp_path, lake, "restart")
     object_storage.restart()  # same port, same data folder: the open uploads outlive it
     pipe.new_coordinator().commit(prepared.id)
     assert_exactly_once(values, [r["value"] for r in listed(client, bucket)])
