@@ -31,7 +31,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-ledger benchmark-scale docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
@@ -73,7 +73,7 @@ newest-deps: $(VENV_NEWEST)/.installed
 define install_venv
 	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --upgrade pip setuptools wheel
-	$(1)/bin/python -m pip install -q -c $(2) -e ".[test,postgres,spark-submit,spark-connect,iceberg,schema-registry,openlineage]"
+	$(1)/bin/python -m pip install -q -c $(2) -e ".[test,postgres,spark-submit,spark-connect,iceberg,schema-registry,openlineage,s3]"
 	@if $(1)/bin/python -m pip show -q pyspark-client 2>/dev/null; then \
 	  echo ">> $(1): removing pyspark-client (it shares pyspark's folder), reinstalling pyspark"; \
 	  $(1)/bin/python -m pip uninstall -q -y pyspark-client && \
@@ -172,6 +172,7 @@ test-unit: python-deps
 # `make benchmark` runs every one of them, one after the other (about an hour); each target below runs one.
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
+	PYTHONPATH=. $(PY) benchmarks/bench_parquet_object_storage.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest
 	PYTHONPATH=. $(PY) benchmarks/bench_delta_batch.py
@@ -210,6 +211,11 @@ benchmark-celery: setup
 # (goals: notify_complete < 0.5 s, the write within 1.1x). Smoke run: ARGS="--records 3000 --rounds 1".
 benchmark-iceberg-rest: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest $(ARGS)
+
+# The Parquet sink on the S3-compatible server vs Spark's own df.write.parquet("s3a://...") (1,000,000 records; goal
+# 1.2x), and notify_complete of a 12-file batch (goal < 1 s). Smoke run: ARGS="--records 20000 --repeat 1".
+benchmark-parquet-s3: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_parquet_object_storage.py $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

@@ -9,13 +9,14 @@ import sys
 from devtools.iceberg_rest import rest_server_jar
 from devtools.kafka_broker import LocalKafkaBroker, stop_pidfile
 from devtools.maven import avro_jars, delta_jars, devenv_home, kafka_broker_jars, spark_kafka_jars
+from devtools.object_storage import s3proxy_jar
 from devtools.postgres import LocalPostgres, stop_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch-jars", help="fetch the Kafka broker, spark-sql-kafka and Iceberg REST server jars with Maven")
+    sub.add_parser("fetch-jars", help="fetch the Kafka broker, spark-sql-kafka, Iceberg REST server, s3proxy and Delta reader jars with Maven")
     sub.add_parser("build-registry", help="build the local Schema Registry (Apicurio) with Maven, once")
     start = sub.add_parser("kafka-start", help="start a local broker in the background")
     start.add_argument("--port", type=int, default=9092)
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"spark-sql-kafka jars: {len(spark_kafka_jars())} files, spark-avro: {len(avro_jars())}")
         print(f"Iceberg REST catalog server: {rest_server_jar()}")
         print(f"Delta's Spark reader (the Delta sink's tests): {len(delta_jars())} files")
+        print(f"S3-compatible server (s3proxy): {s3proxy_jar()}")
     elif args.command == "build-registry":
         from devtools.schema_registry import apicurio_version, registry_app
 

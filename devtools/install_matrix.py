@@ -6,7 +6,7 @@ Airflow and pyspark that setup.cfg allows, in fresh virtualenvs, as a platform t
 1. `python -m build`: an sdist and a wheel; the wheel must hold only the package (with its Ivy
    settings and the example DAGs) and the sdist what its tests need.
 2. One fresh virtualenv per stack, under a temporary folder, both at once (pip's cache is shared):
-     floor   apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit], [postgres],
+     floor   apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit], [postgres], [s3],
              [schema-registry] and [openlineage] extras (the Spark provider 5.x beside pyspark 3.5, no
              pyspark-client);
      newest  the pins of constraints-newest.txt (newest Airflow 3.x, newest pyspark 4.x with a
@@ -94,7 +94,7 @@ def stacks() -> list[Stack]:
     floor = floor_versions()
     newest = pinned_versions(REPO / "constraints-newest.txt")
     return [Stack("floor", floor["apache-airflow"], floor["pyspark"],
-                  ("spark-submit", "postgres", "schema-registry", "openlineage")),
+                  ("spark-submit", "postgres", "schema-registry", "openlineage", "s3")),
             Stack("newest", newest["apache-airflow"], newest["pyspark"])]
 
 

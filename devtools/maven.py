@@ -31,6 +31,7 @@ class Artifact:
     version: str
     transitive: bool = True
     exclude_groups: tuple[str, ...] = ()  # transitive dependencies of these groups are left out
+    classifier: str = ""  # e.g. "jar-with-dependencies": a self-contained build published beside the plain jar
 
 
 # The broker's SLF4J binding by major release: Kafka 3.x logs with reload4j; Kafka 4.x brings
@@ -136,9 +137,10 @@ def _pom(artifacts: tuple[Artifact, ...]) -> str:
         exclusions = "".join(f"<exclusion><groupId>{g}</groupId><artifactId>*</artifactId></exclusion>"
                              for g in groups)
         exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
+        classifier = f"<classifier>{a.classifier}</classifier>" if a.classifier else ""
         deps.append(
             f"<dependency><groupId>{a.group}</groupId><artifactId>{a.name}</artifactId>"
-            f"<version>{a.version}</version>{exclusions}</dependency>"
+            f"<version>{a.version}</version>{classifier}{exclusions}</dependency>"
         )
     return (
         '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'

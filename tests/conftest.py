@@ -24,6 +24,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.iceberg_rest import LocalIcebergRestCatalog
 from devtools.maven import spark_conf_dir
+from devtools.object_storage import LocalObjectStorage
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
 from devtools.redis import LocalRedis
@@ -149,6 +150,16 @@ def secured_grants() -> list[Grant]:
             + grants(NO_WRITE_USER, ("output",)) + [Grant(NO_WRITE_USER, "DESCRIBE", "TOPIC", SECURED_OUT, True)]
             + grants(NO_READ_USER, ("input",)) + [Grant(NO_READ_USER, "DESCRIBE", "TOPIC", SECURED_IN, True)]
             + grants(NO_SECRET_USER))
+
+
+@pytest.fixture(scope="session")
+def object_storage(tmp_path_factory) -> LocalObjectStorage:
+    """An S3-compatible server (s3proxy, filesystem backend) for this worker: `endpoint_url`, `connection()`,
+    `client()`, `create_bucket()`, and `restart()` on the same port and data."""
+    server = LocalObjectStorage(tmp_path_factory.mktemp("object-storage"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -97,6 +97,29 @@ def assert_ranges_tile(ledger: Ledger, pipeline_id: str) -> None:
     assert report.ok, report.problems
 
 
+def read_s3_parquet(client: Any, bucket: str, prefix: str) -> list[dict]:
+    """What a reader listing an object-storage folder sees: every Parquet object under `prefix`, but those under
+    `_`-prefixed folders (the manifest, dead letters), as pyarrow's and Spark's readers skip them."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    rows: list[dict] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            below = item["Key"][len(prefix):].lstrip("/")
+            if not below.endswith(".parquet") or any(p.startswith(("_", ".")) for p in below.split("/")):
+                continue
+            body = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            rows += pq.read_table(io.BytesIO(body)).to_pylist()
+    return rows
+
+
+def s3_open_uploads(client: Any, bucket: str, prefix: str) -> list[str]:
+    """The keys of the multipart uploads still open under `prefix`."""
+    return sorted(u["Key"] for u in client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", []))
+
+
 def staging_leftovers(output: Path) -> list[Path]:
     staging = Path(output) / "_staging"
     return list(staging.iterdir()) if staging.exists() else []

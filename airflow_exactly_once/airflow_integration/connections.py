@@ -1,4 +1,5 @@
-"""Airflow connections as SQLAlchemy URLs: the ledger's connection, and the `postgres` connections of sinks.
+"""Airflow connections as the clients need them: SQLAlchemy URLs (the ledger's connection, the `postgres`
+connections of sinks) and S3 settings (the `aws` connections of sinks that write to object storage).
 
 Below the hooks and the sinks alike, so a sink that names a connection (`conn_id`) resolves
 it without importing a hook; Airflow itself is imported only when a connection is read.
@@ -32,6 +33,35 @@ def postgres_connection_url(conn_id: str, user: str, instead: str) -> str:
         raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; {user} needs a 'postgres' "
                                  "connection")
     return connection_to_url(conn)
+
+
+def aws_connection_settings(conn_id: str, user: str) -> dict[str, str]:
+    """boto3's client settings from the Airflow `aws` connection `conn_id` that `user` (e.g. "the parquet sink")
+    reads, as the Amazon provider stores them (that provider need not be installed): login = access key id,
+    password = secret access key, extras `endpoint_url`, `region_name`, `aws_session_token` (also under the
+    provider's older names). Only what the connection gives: boto3's own chain fills in the rest."""
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:
+        raise ConfigurationError(f"{user}'s Airflow connection {conn_id!r} cannot be read ({exc}); create it "
+                                 "(conn_type 'aws': login = access key id, password = secret access key, extra "
+                                 '{"endpoint_url": ..., "region_name": ...}) or leave aws_conn_id out to use the '
+                                 "worker's own AWS credentials") from exc
+    if conn.conn_type not in AWS_CONN_TYPES:
+        raise ConfigurationError(f"connection {conn_id!r} is of type {conn.conn_type!r}; {user} needs an 'aws' "
+                                 "connection")
+    extra = conn.extra_dejson
+    endpoint = extra.get("endpoint_url") or extra.get("host") or (extra.get("service_config") or {}).get(
+        "s3", {}).get("endpoint_url")
+    settings = {"aws_access_key_id": conn.login or extra.get("aws_access_key_id"),
+                "aws_secret_access_key": conn.password or extra.get("aws_secret_access_key"),
+                "aws_session_token": extra.get("aws_session_token"),
+                "endpoint_url": endpoint, "region_name": extra.get("region_name")}
+    return {key: str(value) for key, value in settings.items() if value}
+
+
+# The Amazon provider's connection type, and the older name S3 connections had.
+AWS_CONN_TYPES = ("aws", "s3")
 
 
 def ledger_connection_url(conn) -> str:

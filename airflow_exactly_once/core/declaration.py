@@ -153,9 +153,27 @@ class SinkSpec:
     # JVM libraries its write needs that are built for some Spark lines only (also in its writer's spark_packages()):
     # checked against the installed pyspark when a DAG is parsed (operators.write_launch).
     line_packages: ClassVar[tuple[LinePackage, ...]] = ()
+    # Other implementations a spec may pick, by name: (writer class, committer class) as "module:Class" (the Parquet
+    # sink's "s3" for an object-storage path). `variant` says which one a spec picks; the sink contract suite runs
+    # each of them.
+    variant_classes: ClassVar[dict[str, tuple[str, str]]] = {}
 
     guarantee: str | None = argument(None, "The delivery guarantee; only the Kafka sink has more than "
                                            "EXACTLY_ONCE (see its page)", shown_default="`EXACTLY_ONCE`")
+
+    @classmethod
+    def variant(cls, spec: Mapping[str, Any]) -> str | None:
+        """The variant `spec` picks (a key of `variant_classes`); None: `writer_class` and `committer_class`."""
+        return None
+
+    @classmethod
+    def side_class(cls, spec: Mapping[str, Any], side: str) -> str:
+        """The "module:Class" that makes `side` ("writer_class" or "committer_class") of `spec`."""
+        name = cls.variant(spec)
+        if name is None:
+            return str(getattr(cls, side))
+        writer, committer = cls.variant_classes[name]
+        return writer if side == "writer_class" else committer
 
     @classmethod
     def options(cls) -> list[Option]:

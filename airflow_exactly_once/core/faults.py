@@ -24,6 +24,7 @@ POINTS = (
     "write.after_prepare",  # batch PREPARED, write task not yet finished
     "notify.before_sink_commit",  # batch PREPARED, sink not yet committed
     "notify.after_dead_letter_commit",  # dead letters published, the output not yet
+    "notify.mid_sink_commit",  # a sink published part of a batch (Parquet on S3: one file), not all of it yet
     "notify.after_sink_commit",  # sink output published, ledger not yet COMMITTED
     "notify.after_ledger",  # batch COMMITTED, notify task not yet finished
     "ledger.migrate.after_step",  # a schema migration step ran, its transaction not yet committed

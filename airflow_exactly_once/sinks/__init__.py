@@ -62,10 +62,10 @@ def spec_type(spec: Any, what: str = "sink") -> type[SinkSpec]:
     return declaration
 
 
-def _imported(declaration: type[SinkSpec], side: str) -> type:
+def _imported(declaration: type[SinkSpec], side: str, spec: dict[str, Any]) -> type:
     """The writer or committer class (`side`: "writer_class", "committer_class") a declaration names as
-    "module:Class"; its module (and client library) is imported only now."""
-    module, _, name = getattr(declaration, side).partition(":")
+    "module:Class" for `spec` (the variant it picks); its module (and client library) is imported only now."""
+    module, _, name = declaration.side_class(spec, side).partition(":")
     if not module or not name:
         raise ConfigurationError(f"the {declaration.type_name} sink's declaration ({declaration.__name__}) names no "
                                  f"{side} as 'module:Class'; set it to its sink's class")
@@ -74,12 +74,12 @@ def _imported(declaration: type[SinkSpec], side: str) -> type:
 
 def create_writer(spec: dict[str, Any]) -> SinkWriter:
     """The write side of a sink spec (unbound: `bind` gives it the pipeline and the sink's committer)."""
-    return _imported(spec_type(spec), "writer_class")(spec)
+    return _imported(spec_type(spec), "writer_class", spec)(spec)
 
 
 def create_committer(spec: dict[str, Any]) -> SinkCommitter:
     """The commit side of a sink spec (unbound: `bind` gives it the pipeline and the ledger's history)."""
-    return _imported(spec_type(spec), "committer_class")(spec)
+    return _imported(spec_type(spec), "committer_class", spec)(spec)
 
 
 def stored_commit_deadline_ms(config: dict[str, Any]) -> int | None:

@@ -6,10 +6,11 @@ next run); the output of a fenced write attempt never becomes visible; and whate
 staged is gone once it is committed or aborted (nothing holds locks or offsets).
 
 Every sink the registry finds (airflow_exactly_once.sinks.sink_types(): the built-in SPECS and those
-installed distributions declare) runs every scenario; a registered sink without an adapter in ADAPTERS
-fails them (docs/adding-a-sink.md). A sink that runs on another kind of system too (the Iceberg sink
-through a REST catalog) adds a variant in VARIANTS: one more adapter, of a registered sink type, that
-runs every scenario as well. A sink of another distribution brings its adapter through the
+installed distributions declare), and every variant its declaration names (`variant_classes`: the
+Parquet sink's "parquet:s3"), runs every scenario; one without an adapter in ADAPTERS fails them
+(docs/adding-a-sink.md). A sink that runs on another kind of system with the same classes (the Iceberg
+sink through a REST catalog) adds a variant in VARIANTS: one more adapter, of a registered sink type,
+that runs every scenario as well. A sink of another distribution brings its adapter through the
 environment: AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS="module:Adapter[,module:Adapter]", each class with a
 `sink_type`.
 """
@@ -17,6 +18,7 @@ environment: AIRFLOW_EXACTLY_ONCE_SINK_ADAPTERS="module:Adapter[,module:Adapter]
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shutil
@@ -30,7 +32,7 @@ from kafka import KafkaAdminClient
 from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks import create_committer, sink_types
+from airflow_exactly_once.sinks import create_committer, sink_types, spec_type
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
@@ -38,7 +40,8 @@ from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
 from tests.delta_helpers import delta_rows, delta_staged
-from tests.helpers import create_topic, iceberg_staged, pg_query, read_parquet, staging_leftovers
+from tests.helpers import (create_topic, iceberg_staged, pg_query, read_parquet, read_s3_parquet, s3_open_uploads,
+                           staging_leftovers)
 from tests.kafka_helpers import read_all
 
 
@@ -72,6 +75,28 @@ class ParquetUnderTest:
     def lose(self, committable) -> None:
         shutil.rmtree(committable.staging)  # e.g. a cleanup job emptied _staging
 # [END parquet_adapter]
+
+
+class ParquetOnS3UnderTest:
+    """The Parquet sink's s3 variant on this worker's S3-compatible server, credentials from an `aws` connection."""
+
+    def __init__(self, request, tmp_path: Path) -> None:
+        server = request.getfixturevalue("object_storage")
+        name = uuid.uuid4().hex[:8]
+        self.client, self.bucket = server.client(), server.create_bucket(f"contract-{name}")
+        request.getfixturevalue("monkeypatch").setenv(f"AIRFLOW_CONN_LAKE_{name.upper()}",
+                                                      json.dumps(server.connection()))
+        self.spec = {"type": "parquet", "path": f"s3://{self.bucket}/out", "aws_conn_id": f"lake_{name}"}
+
+    def visible(self) -> list[str]:
+        return sorted(row["value"] for row in read_s3_parquet(self.client, self.bucket, "out/"))
+
+    def staged(self, pipeline_id: str) -> list[str]:
+        return s3_open_uploads(self.client, self.bucket, "out/")
+
+    def lose(self, committable) -> None:  # e.g. a lifecycle rule's AbortIncompleteMultipartUpload
+        last = committable.files[-1]
+        self.client.abort_multipart_upload(Bucket=self.bucket, Key=last.key, UploadId=last.upload_id)
 
 
 class KafkaUnderTest:
@@ -166,9 +191,10 @@ class DeltaUnderTest:
 
 
 # [START adapters]
-ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "kafka": KafkaUnderTest,
-                                            "postgres": PostgresUnderTest, "iceberg": IcebergUnderTest,
-                                            "delta": DeltaUnderTest}
+# By sink type, and "<type>:<variant>" for each variant a declaration names (core.declaration.SinkSpec.variant_classes).
+ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "parquet:s3": ParquetOnS3UnderTest,
+                                            "kafka": KafkaUnderTest, "postgres": PostgresUnderTest,
+                                            "iceberg": IcebergUnderTest, "delta": DeltaUnderTest}
 # [END adapters]
 # Further adapters of registered sinks on other systems: every scenario runs on each too (id -> adapter).
 VARIANTS: dict[str, type[SinkUnderTest]] = {"iceberg-rest": IcebergRestUnderTest}
@@ -191,10 +217,16 @@ ADAPTERS.update(named_adapters(os.environ.get(ADAPTERS_VARIABLE, "")))
 # [END adapter_hook]
 
 
+def contract_cases(kinds: list[str]) -> list[str]:
+    """Each sink type of `kinds`, and "<type>:<variant>" for each variant its declaration names."""
+    return sorted(case for kind in kinds
+                  for case in (kind, *(f"{kind}:{v}" for v in spec_type({"type": kind}).variant_classes)))
+
+
 def registered_sinks() -> list[str]:
-    """The sink types the contract runs: the registry's, built in and installed, read when the tests are
-    collected."""
-    return sorted(sink_types())
+    """The sink types (and their variants) the contract runs: the registry's, built in and installed, read when the
+    tests are collected."""
+    return contract_cases(sink_types())
 
 
 def adapter_for(kind: str) -> type[SinkUnderTest]:

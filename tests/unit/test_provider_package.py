@@ -168,7 +168,9 @@ def test_declared_dependencies_cover_every_third_party_import():
              # lineage, the [openlineage] extra: the OpenLineage client (and attrs, its facets' base) come with it
              "openlineage": "apache-airflow-providers-openlineage", "attr": "apache-airflow-providers-openlineage",
              # the Iceberg sink's REST catalog: pyiceberg's transport, bounded by an adapter (the [iceberg] extra)
-             "requests": "requests"}
+             "requests": "requests",
+             # object storage, the [s3] extra: boto3 and the botocore it brings
+             "boto3": "boto3", "botocore": "boto3"}
     assert third_party <= set(where), f"imports without a declared distribution: {sorted(third_party - set(where))}"
     groups = _requirements()
     core = set(groups[""])
@@ -181,6 +183,7 @@ def test_declared_dependencies_cover_every_third_party_import():
     # pyiceberg[sql-postgres,pyarrow]: the Iceberg sink's committer; requests: its REST client's bounded transport
     assert groups["iceberg"] == ["pyiceberg", "requests"]
     assert groups["openlineage"] == ["apache-airflow-providers-openlineage"]
+    assert groups["s3"] == ["boto3"]  # the Parquet sink on object storage (airflow_exactly_once/storage/)
     # pyspark-client installs into pyspark's own folder: nothing of ours may pull it in.
     assert not any("pyspark-client" in names for names in groups.values())
 

@@ -10,10 +10,11 @@ from tests.integration import test_sink_contract as contract
 
 
 def test_every_registered_sink_has_a_contract_adapter():
-    assert contract.registered_sinks() == sorted(SPECS)
+    assert contract.registered_sinks() == contract.contract_cases(list(SPECS))
+    assert "parquet:s3" in contract.registered_sinks()  # a variant a declaration names runs the contract too
     for kind in contract.registered_sinks():
         assert contract.adapter_for(kind) is contract.ADAPTERS[kind]
-    assert set(contract.ADAPTERS) <= set(SPECS), "an adapter of a sink that is no longer registered"
+    assert set(contract.ADAPTERS) <= set(contract.registered_sinks()), "an adapter of a sink no longer registered"
     assert {variant.sink_type for variant in contract.VARIANTS.values()} <= set(SPECS), "a variant of no sink"
 
 
@@ -29,3 +30,13 @@ def test_a_sink_registered_without_an_adapter_fails_the_contract(monkeypatch):
         contract.adapter_for("fake")  # ...and fail on it
     with pytest.raises(pytest.fail.Exception):
         test_every_registered_sink_has_a_contract_adapter()
+
+
+def test_a_variant_declared_without_an_adapter_fails_the_contract(monkeypatch):
+    class GcsParquetSpec(SPECS["parquet"]):  # type: ignore[misc,valid-type]
+        variant_classes = {**SPECS["parquet"].variant_classes, "gcs": ("somewhere:W", "somewhere:C")}
+
+    monkeypatch.setitem(SPECS, "parquet", GcsParquetSpec)
+    assert "parquet:gcs" in contract.registered_sinks()
+    with pytest.raises(pytest.fail.Exception, match="'parquet:gcs' sink .* has no adapter"):
+        contract.adapter_for("parquet:gcs")

@@ -55,8 +55,19 @@ def reachable(start: str) -> set[str]:
     return seen
 
 
+VARIANT_SIDES = [(kind, name, sides) for kind in sorted(SPECS) for name, sides in SPECS[kind].variant_classes.items()]
+
+
+@pytest.mark.parametrize("kind,name,sides", VARIANT_SIDES)
+def test_each_variant_names_a_writer_and_committer_of_its_declaration(kind, name, sides):
+    made = [getattr(importlib.import_module(s.partition(":")[0]), s.partition(":")[2]) for s in sides]
+    assert issubclass(made[0], SinkWriter) and issubclass(made[1], SinkCommitter)
+    assert made[0].spec_type is SPECS[kind] and made[1].spec_type is SPECS[kind]
+
+
 @pytest.mark.parametrize("module", ["airflow_exactly_once.core.protocol", "airflow_exactly_once.cli.main",
-                                    *(SPECS[k].committer_class.partition(":")[0] for k in sorted(SPECS))])
+                                    *(SPECS[k].committer_class.partition(":")[0] for k in sorted(SPECS)),
+                                    *(sides[1].partition(":")[0] for _, _, sides in VARIANT_SIDES)])
 def test_the_commit_side_never_imports_a_writer(module):
     """notify_complete, recovery and the CLI build committers only: no sink writer module is even imported."""
     writers = {name for name in MODULES

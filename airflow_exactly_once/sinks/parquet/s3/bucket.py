@@ -1,0 +1,54 @@
+"""The sink's bucket as a client sees it: the S3 client made from the spec's `aws_conn_id` (resolved where a task
+runs; the spec holds only the connection's id), and every call's error said in terms of what to change."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from airflow_exactly_once.airflow_integration.connections import aws_connection_settings
+from airflow_exactly_once.core.object_location import ObjectLocation
+from airflow_exactly_once.storage.s3_client import S3Access, explained
+
+T = TypeVar("T")
+
+
+def resolve_access(spec: dict[str, Any], user: str) -> S3Access:
+    """The spec's `aws_conn_id` connection as S3 settings; none given: boto3's own credential chain."""
+    conn_id = spec.get("aws_conn_id")
+    return S3Access.from_settings(aws_connection_settings(conn_id, user)) if conn_id else S3Access()
+
+
+class SinkBucket:
+    """One spec's bucket: `call(doing, fn)` runs `fn(client)` and explains what goes wrong."""
+
+    def __init__(self, spec: dict[str, Any], location: ObjectLocation) -> None:
+        self.spec, self.location = spec, location
+        self._access: S3Access | None = None
+        self._client: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.location.bucket
+
+    @property
+    def conn_hint(self) -> str:
+        conn_id = self.spec.get("aws_conn_id")
+        return f"the aws connection {conn_id!r}" if conn_id else "this worker's own AWS credentials (no aws_conn_id)"
+
+    @property
+    def access(self) -> S3Access:
+        if self._access is None:
+            self._access = resolve_access(self.spec, "the parquet sink")
+        return self._access
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self.access.client()
+        return self._client
+
+    def call(self, doing: str, fn: Callable[[Any], T]) -> T:
+        try:
+            return fn(self.client)
+        except Exception as exc:
+            raise explained(exc, self.access, self.name, doing, self.conn_hint) from exc
