@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +30,7 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks.delta.commits import RETENTION_PROPERTY, STAGING, WITHDRAWN, attempt_folder
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from airflow_exactly_once.spark.write_job import run_write
 from airflow_exactly_once.ui.loading import PipelineSummary, commit_deadline_ms
@@ -123,7 +125,8 @@ def test_another_writer_appending_between_stage_and_commit_does_not_break_the_co
     assert [v[1] for v in reader.versions(root)] == ["CREATE TABLE", "WRITE", "WRITE"]
 
 
-def test_replacement_and_retraction_are_one_commit_each(spark, reader, tmp_path):
+def test_replacement_and_retraction_are_one_commit_each_and_their_files_go_after_the_retention(
+        spark, reader, tmp_path):
     root = tmp_path / "replace"
     pipe = new_pipe(root, tmp_path / "ledger.db")
     first, _ = publish(pipe, spark, "old", 0)
@@ -142,6 +145,18 @@ def test_replacement_and_retraction_are_one_commit_each(spark, reader, tmp_path)
     assert sorted(delta_rows(root, "value")) == sorted(r[1] for r in rows)
     assert "nothing" in pipe.sink.retract(second, None)  # idempotent
     assert spark_values(reader, root, version=before) == sorted([r[1] for r in rows_of("old")] + second_values)
+
+    # The withdrawn batches' files stay for time travel within the retention (a week: Delta's default), and go at a
+    # later commit after it: here the table's retention is cut to a second.
+    withdrawn = {attempt_folder(b.pipeline_id, b.seq, b.epoch) for b in (first, second)}
+    assert all((root / f).is_dir() for f in withdrawn)
+    DeltaTable(str(root)).alter.set_table_properties({RETENTION_PROPERTY: "interval 1 second"})
+    time.sleep(1.1)
+    third, third_values = publish(pipe, spark, "later", 27)
+    assert not any((root / f).exists() for f in withdrawn)
+    assert not list((root / STAGING / pipe.config.pipeline_id / WITHDRAWN).iterdir())  # their markers too
+    assert sorted(delta_rows(root, "value")) == sorted([r[1] for r in rows] + third_values)  # live files stay
+    assert spark_values(reader, root) == sorted([r[1] for r in rows] + third_values)
 
 
 def test_a_folder_that_is_not_a_delta_table_is_refused_at_plan_time(tmp_path):
