@@ -28,3 +28,12 @@ def select_events(df):
         F.col("offset"),
         F.col("timestamp").alias("kafka_timestamp"),
     )
+
+
+def select_events_by_day(df):
+    """select_events plus the day each record was written to Kafka: the column a lakehouse table is partitioned
+    by (dags/kafka_to_delta.py)."""
+    from pyspark.sql import functions as F
+
+    events = select_events(df)
+    return events.withColumn("day", F.to_date("kafka_timestamp"))

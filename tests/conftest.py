@@ -44,6 +44,7 @@ PG_EXAMPLE_TOPIC = "events_pg"  # dags/kafka_to_postgres.py reads its own topic
 SPARK_EXAMPLE_TOPIC = "events-on-spark"  # dags/kafka_to_parquet_on_spark.py
 K2K_INPUT, K2K_OUTPUT = "k2k_events", "k2k_events_enriched"  # dags/kafka_to_kafka.py
 ICEBERG_EXAMPLE_TOPIC = "events_iceberg"  # dags/kafka_to_iceberg.py
+DELTA_EXAMPLE_TOPIC = "events_delta"  # dags/kafka_to_delta.py
 REGISTRY_EXAMPLE_TOPIC = "orders_avro"  # dags/kafka_to_parquet_registry.py
 # The secured broker (SASL_SSL, SCRAM-SHA-512, ACLs): its users and what they may do. Pipelines on it read
 # topics "sec-in-*", write topics "sec-out-*" and use transactional ids "sec*" (their pipeline ids).
@@ -292,6 +293,11 @@ def example_lakehouse(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("example") / "lakehouse"
 
 
+def example_delta_table(example_lakehouse: Path) -> Path:
+    """dags/kafka_to_delta.py's table, beside the Iceberg example's warehouse."""
+    return example_lakehouse.parent / "delta" / "events"
+
+
 @pytest.fixture(scope="session")
 def arrival_output(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("example") / "arrivals"
@@ -386,6 +392,9 @@ def airflow(request, kafka, postgres, airflow_database, faults_dir, example_outp
         "EXACTLY_ONCE_DEMO_PG_TOPIC": PG_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_ICEBERG_TOPIC": ICEBERG_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_ICEBERG_WAREHOUSE": str(example_lakehouse),
+        "EXACTLY_ONCE_DEMO_DELTA_TOPIC": DELTA_EXAMPLE_TOPIC,
+        "EXACTLY_ONCE_DEMO_DELTA_PATH": str(example_delta_table(example_lakehouse)),
+        "EXACTLY_ONCE_DEMO_DELTA_SPARK_CONN_ID": SPARK_CONN_ID,  # the warm server (the `warm_spark` fixture)
         "EXACTLY_ONCE_DEMO_REGISTRY_TOPIC": REGISTRY_EXAMPLE_TOPIC,
         "EXACTLY_ONCE_DEMO_REGISTRY_OUTPUT": str(example_lakehouse.parent / "orders_avro"),
         # its write runs on the session's warm Spark Connect server (the `warm_spark` connection)

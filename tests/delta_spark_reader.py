@@ -64,16 +64,23 @@ def handle(spark: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 class SparkDeltaReader:
-    """The reader process, started once per test module (a JVM start): `ask(op=..., ...)` sends one request."""
+    """The reader process, started once per test module (a JVM start): `ask(op=..., ...)` sends one request.
+
+    Its JVM starts while the tests go on: the first request waits for it to be ready, not the constructor."""
 
     def __init__(self) -> None:
         from devtools.maven import delta_jars
 
         self.process = subprocess.Popen([sys.executable, "-m", "tests.delta_spark_reader", json.dumps(delta_jars())],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
-        ready = self._answer()
-        if not ready.get("ready"):
-            raise RuntimeError(f"Spark's Delta reader did not start: {ready}")
+        self.ready = False
+
+    def _wait_ready(self) -> None:
+        if not self.ready:
+            started = self._answer()
+            if not started.get("ready"):
+                raise RuntimeError(f"Spark's Delta reader did not start: {started}")
+            self.ready = True
 
     def _answer(self) -> dict[str, Any]:
         assert self.process.stdout is not None
@@ -86,6 +93,7 @@ class SparkDeltaReader:
 
     def ask(self, **request: Any) -> dict[str, Any]:
         assert self.process.stdin is not None
+        self._wait_ready()
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         answer = self._answer()

@@ -12,7 +12,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +22,25 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
+from airflow_exactly_once.cli.main import main as cli
+from airflow_exactly_once.core.backlog import read_pipeline
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.sinks.delta.commits import RETENTION_PROPERTY, STAGING, WITHDRAWN, attempt_folder
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
+from airflow_exactly_once.spark.write_job import run_write
+from airflow_exactly_once.ui.loading import PipelineSummary, commit_deadline_ms
+from airflow_exactly_once.ui.page import pipeline_page
 from tests.delta_helpers import delta_rows, delta_staged, live_paths
 from tests.delta_spark_reader import SparkDeltaReader
 from tests.harness import REPO, FakeSource, Pipe, open_ledger, pipeline_config
+from tests.integration.test_bad_records import BAD, GOOD, share, source  # noqa: F401 - source: the topic fixture
+from tests.integration.test_bad_records import pipe as kafka_pipe
+from tests.unit.test_metrics import FakeStats
 
 SCHEMA = "key STRING, value STRING, part STRING"
 
@@ -113,7 +125,8 @@ def test_another_writer_appending_between_stage_and_commit_does_not_break_the_co
     assert [v[1] for v in reader.versions(root)] == ["CREATE TABLE", "WRITE", "WRITE"]
 
 
-def test_replacement_and_retraction_are_one_commit_each(spark, reader, tmp_path):
+def test_replacement_and_retraction_are_one_commit_each_and_their_files_go_after_the_retention(
+        spark, reader, tmp_path):
     root = tmp_path / "replace"
     pipe = new_pipe(root, tmp_path / "ledger.db")
     first, _ = publish(pipe, spark, "old", 0)
@@ -132,6 +145,18 @@ def test_replacement_and_retraction_are_one_commit_each(spark, reader, tmp_path)
     assert sorted(delta_rows(root, "value")) == sorted(r[1] for r in rows)
     assert "nothing" in pipe.sink.retract(second, None)  # idempotent
     assert spark_values(reader, root, version=before) == sorted([r[1] for r in rows_of("old")] + second_values)
+
+    # The withdrawn batches' files stay for time travel within the retention (a week: Delta's default), and go at a
+    # later commit after it: here the table's retention is cut to a second.
+    withdrawn = {attempt_folder(b.pipeline_id, b.seq, b.epoch) for b in (first, second)}
+    assert all((root / f).is_dir() for f in withdrawn)
+    DeltaTable(str(root)).alter.set_table_properties({RETENTION_PROPERTY: "interval 1 second"})
+    time.sleep(1.1)
+    third, third_values = publish(pipe, spark, "later", 27)
+    assert not any((root / f).exists() for f in withdrawn)
+    assert not list((root / STAGING / pipe.config.pipeline_id / WITHDRAWN).iterdir())  # their markers too
+    assert sorted(delta_rows(root, "value")) == sorted([r[1] for r in rows] + third_values)  # live files stay
+    assert spark_values(reader, root) == sorted([r[1] for r in rows] + third_values)
 
 
 def test_a_folder_that_is_not_a_delta_table_is_refused_at_plan_time(tmp_path):
@@ -166,6 +191,65 @@ def test_spark_defaults_are_written_and_deletion_vectors_refused_at_plan_time(sp
     with pytest.raises(ConfigurationError, match="deletionVectors"):
         new_pipe(vectors, tmp_path / "l2.db", create_table=False)
     assert not (vectors / "_aeo_staging").exists()
+
+
+# -- dead letters, and the operator's commands on a Delta pipeline ----------------------------------------------
+
+def test_dead_letters_land_in_a_delta_table_of_their_own_and_the_cli_shows_and_rewinds_both(
+        kafka, spark, reader, tmp_path, source, capsys):
+    topic, sent = source
+    root = tmp_path / "shares"
+    dead = root / "_dead_letter"  # the default destination beside a Delta output
+    p = kafka_pipe(kafka, tmp_path, topic, {"type": "delta", "path": str(root), "create_table": True},
+                   bad_record_policy="dead_letter")
+    batch_id = p.plan("run-1").batch.id
+    summary = run_write(spark, p.coordinator, batch_id, transform=share)
+    assert (summary["output_records"], summary["bad_records"]) == (GOOD, 4)
+    assert delta_rows(root) == [] and delta_rows(dead) == []  # both staged, neither visible
+
+    p.new_coordinator().commit(batch_id)  # notify_complete, another process
+    versions = DeltaTable(str(root)).version(), DeltaTable(str(dead)).version()
+    assert versions == (1, 1)  # created by the write, then one commit each
+    batch = p.ledger.get_batch(batch_id)
+    p.new_coordinator().commit(batch_id)  # notify_complete again
+    assert "already published" in p.sink.commit(batch, p.sink.committable(batch.handles))  # below the ledger too
+    assert (DeltaTable(str(root)).version(), DeltaTable(str(dead)).version()) == versions  # a replay adds nothing
+
+    assert sorted(delta_rows(root, "id")) == list(range(GOOD))
+    letters = delta_rows(dead)
+    assert {(d["source_partition"], d["source_offset"]): d["value"] for d in letters} == {
+        where: value for where, value in sent.items() if value in BAD}
+    assert {d["source_topic"] for d in letters} == {topic} and all(d["error"] for d in letters)
+    assert sorted(r["source_offset"] for r in reader.rows(dead)) == sorted(d["source_offset"] for d in letters)
+    assert delta_staged(root) == [] and delta_staged(dead) == []
+
+    # The operator's CLI on the ledger holding the Delta batch, as on any other sink's.
+    url = str(p.ledger.engine.url)
+    pid = p.config.pipeline_id
+    assert cli(["--ledger-url", url, "--json", "batches", pid]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert (row["state"], row["in"], row["out"], row["bad"]) == ("COMMITTED", str(GOOD + 4), str(GOOD), "4")
+    assert cli(["--ledger-url", url, "show", str(batch_id)]) == 0
+    shown = capsys.readouterr().out
+    assert f"batch {batch_id}  COMMITTED" in shown and "_aeo_staging/" in shown and '"dead_letter"' in shown
+    assert cli(["--ledger-url", url, "check", pid, "--without", "asset-events", "--without", "consumer-group"]) == 0
+    assert "tiling OK" in capsys.readouterr().out
+    stats = FakeStats()  # the metrics notify_complete sends for it
+    PipelineMetrics(pid, stats=stats).committed(batch)
+    assert (stats.value("exactly_once.records_written", pipeline_id=pid),
+            stats.value("exactly_once.records_bad", pipeline_id=pid, policy="dead_letter")) == (GOOD, 4)
+    stored = p.ledger.stored_config(pid)
+    assert commit_deadline_ms(stored) is None  # staged files wait for the commit or the abort
+    page = pipeline_page(ledger=url, now=datetime.now(timezone.utc), base="/exactly-once/ui", lag=None,
+                         pipelines=[PipelineSummary(pid, 1, {}, None)], report=read_pipeline(p.ledger, pid))
+    assert f'data-seq="{batch_id.seq}" data-state="COMMITTED" data-in="{GOOD + 4}" data-out="{GOOD}"' in page
+    assert f"{topic} &rarr; delta" in page  # the sink, as the page names every sink
+    assert cli(["--ledger-url", url, "rewind", pid, "--to-offsets", f"{topic}:0=0", f"{topic}:1=0",
+                "--bootstrap-servers", kafka.bootstrap_servers, "--execute"]) == 0
+    assert "withdrew batch" in capsys.readouterr().out
+    assert delta_rows(root) == [] and delta_rows(dead) == []  # both withdrawn, one commit each
+    assert sorted(delta_rows(root, "id", version=1)) == list(range(GOOD))  # time travel still reads the batch
+    assert p.state(batch_id) is BatchState.RETRACTED
 
 
 # -- crashes: a real process killed at each fault point of the protocol -----------------------------------------

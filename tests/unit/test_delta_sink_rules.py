@@ -15,6 +15,8 @@ from airflow_exactly_once.sinks import create_committer, create_writer, spec_typ
 from airflow_exactly_once.sinks.delta import commits, runtime
 from airflow_exactly_once.sinks.delta.commits import TableFeatures
 from airflow_exactly_once.sinks.delta.stats import file_stats
+from airflow_exactly_once.sinks.delta.target import DeltaTarget
+from airflow_exactly_once.sinks.delta.withdrawn import WithdrawnFolders
 
 
 def spec(**overrides):
@@ -124,6 +126,54 @@ def test_a_batch_is_withdrawn_whole_or_refused_when_compaction_rewrote_part_of_i
     assert commits.withdrawable({"a", "b"}, {"a", "b", "other"}) == {"a", "b"}
     assert commits.withdrawable({"a", "b"}, {"other"}) == set()
     assert commits.withdrawable({"a", "b"}, {"a", "other"}) is None
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, 7 * 86_400_000),  # Delta's default: a week
+    ("interval 1 week", 7 * 86_400_000),
+    ("interval 168 hours", 7 * 86_400_000),
+    ("2 days", 2 * 86_400_000),
+    ("INTERVAL 1 day 12 hours", 36 * 3_600_000),
+    ("interval 1 second", 1000),
+    ("interval 0 seconds", 0),
+    ("interval 1 month", None),  # Delta refuses months for it: the sink then deletes nothing
+    ("interval one week", None),
+    ("interval 1", None),
+])
+def test_the_retention_of_removed_files_is_read_as_delta_writes_it(text, expected):
+    configuration = {} if text is None else {commits.RETENTION_PROPERTY: text}
+    assert commits.deleted_file_retention_ms(configuration) == expected
+
+
+def test_a_withdrawn_folder_goes_only_after_the_retention_and_never_while_the_table_reads_it():
+    week = 7 * 86_400_000
+    marked = {"_aeo_staging/p/batch-000000001-e1": 1_000, "_aeo_staging/p/batch-000000002-e3": 5_000,
+              "_aeo_staging/p/batch-000000003-e1": 1_000}
+    live = {"_aeo_staging/p/batch-000000003-e1"}  # read again (e.g. restored by hand): never deleted
+    assert commits.expired_withdrawals(marked, live, 1_000 + week, week) == []  # not past the retention yet
+    assert commits.expired_withdrawals(marked, live, 1_001 + week, week) == ["_aeo_staging/p/batch-000000001-e1"]
+    assert commits.expired_withdrawals(marked, live, 5_001 + week, week) == [
+        "_aeo_staging/p/batch-000000001-e1", "_aeo_staging/p/batch-000000002-e3"]
+    assert commits.expired_withdrawals(marked, set(), 10**15, None) == []  # a retention the sink cannot read
+
+
+def test_a_removed_file_names_its_attempt_folder_and_its_marker():
+    path = "_aeo_staging/p.x/batch-000000012-e4/day=2024-05-01/part-0.parquet"
+    assert commits.folder_of(path, "p.x", 12) == "_aeo_staging/p.x/batch-000000012-e4"
+    assert commits.withdrawn_marker("p.x", "_aeo_staging/p.x/batch-000000012-e4") == \
+        "_aeo_staging/p.x/_withdrawn/batch-000000012-e4.json"
+    with pytest.raises(ValueError, match="not a staged file of batch 1"):
+        commits.folder_of(path, "p.x", 1)
+
+
+def test_a_marker_keeps_the_first_withdrawal_time_and_only_for_folders_that_exist(tmp_path):
+    folders = WithdrawnFolders(DeltaTarget(spec(path=str(tmp_path))), "p")
+    kept = "_aeo_staging/p/batch-000000001-e1"
+    (tmp_path / kept).mkdir(parents=True)
+    folders.mark([kept, "_aeo_staging/p/batch-000000002-e1"], at_ms=100)
+    folders.mark([kept], at_ms=900)  # a retried retraction marks again: the earlier time stays
+    assert folders.marked() == {kept: 100}
+    assert sorted(p.name for p in (tmp_path / "_aeo_staging/p/_withdrawn").iterdir()) == ["batch-000000001-e1.json"]
 
 
 def test_stats_come_from_the_footer_with_safe_bounds(tmp_path):

@@ -191,3 +191,68 @@ def withdrawable(batch_files: set[str], live_files: set[str]) -> set[str] | None
     that hold other batches' rows too, so no exact withdrawal exists."""
     live = batch_files & live_files
     return live if not live or live == batch_files else None
+
+
+# -- files of withdrawn batches ------------------------------------------------------
+#
+# VACUUM leaves `_` folders alone, so the sink deletes the folders of batches it withdrew itself, as VACUUM would
+# delete their files: once the commit that removed them is older than the table's deletedFileRetentionDuration
+# (time travel to before it keeps working that long). The time of that commit is kept in a marker of the
+# pipeline's own, written right after it: the log's tombstones cannot tell it, since checkpoints drop them exactly
+# when the retention has passed.
+
+WITHDRAWN = "_withdrawn"  # beside the pipeline's attempt folders: one marker per withdrawn folder
+RETENTION_PROPERTY = "delta.deletedFileRetentionDuration"
+DEFAULT_RETENTION = "interval 1 week"  # Delta's default
+_UNIT_MS = {"nanosecond": 1e-6, "microsecond": 1e-3, "millisecond": 1, "second": 1000, "minute": 60_000,
+            "hour": 3_600_000, "day": 86_400_000, "week": 604_800_000}
+
+
+def withdrawn_marker(pipeline_id: str, folder: str) -> str:
+    """The marker of a withdrawn attempt folder, relative to the table's folder."""
+    return f"{STAGING}/{pipeline_id}/{WITHDRAWN}/{folder.rsplit('/', 1)[-1]}.json"
+
+
+def folder_of(path: str, pipeline_id: str, seq: int) -> str:
+    """The attempt folder a staged file of batch `seq` lies in (relative paths, as the log names the file)."""
+    prefix = batch_prefix(pipeline_id, seq)
+    if not path.startswith(prefix):
+        raise ValueError(f"{path} is not a staged file of batch {seq} of {pipeline_id}")
+    return prefix + path[len(prefix):].split("/", 1)[0]
+
+
+def interval_ms(text: str | None) -> int | None:
+    """A Delta interval property ("interval 1 week", "2 days", "interval 1 day 12 hours") in milliseconds; None when
+    it is not one (months and years are not: Delta refuses them for retention too)."""
+    words = (text or "").strip().lower().split()
+    if words[:1] == ["interval"]:
+        words = words[1:]
+    if not words or len(words) % 2:
+        return None
+    total = 0.0
+    for number, unit in zip(words[::2], words[1::2]):
+        factor = _UNIT_MS.get(unit.removesuffix("s"))
+        try:
+            value = float(number)
+        except ValueError:
+            return None
+        if factor is None or value < 0:
+            return None
+        total += value * factor
+    return int(total)
+
+
+def deleted_file_retention_ms(configuration: Mapping[str, str | None]) -> int | None:
+    """How long the table keeps the files a commit removed (for time travel), from its properties; None when the
+    property is not an interval (then the sink deletes nothing)."""
+    return interval_ms(configuration.get(RETENTION_PROPERTY) or DEFAULT_RETENTION)
+
+
+def expired_withdrawals(withdrawn_at_ms: Mapping[str, int], live_folders: set[str], now_ms: int,
+                        retention_ms: int | None) -> list[str]:
+    """The withdrawn attempt folders whose files may go now: withdrawn longer ago than the retention, and holding no
+    file the table reads (a folder the table reads again is never deleted, whatever its marker says)."""
+    if retention_ms is None:
+        return []
+    return sorted(folder for folder, at in withdrawn_at_ms.items()
+                  if at + retention_ms < now_ms and folder not in live_folders)

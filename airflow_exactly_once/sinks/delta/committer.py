@@ -5,7 +5,9 @@ application transaction (sinks.delta.commits.app_id): Delta's optimistic concurr
 second commit of the same transaction that raced this one, and a commit replayed after a crash
 finds it in the table and adds nothing. Other writers' appends do not conflict with ours:
 delta-rs rebases a blind append onto them by itself. Staged files are added where they lie;
-a folder goes only when no commit references it (other attempts' folders, aborted batches).
+a folder goes only when no commit references it (other attempts' folders, aborted batches), or, for a
+withdrawn batch, once the commit that removed its files is older than the table's retention
+(sinks.delta.withdrawn).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.committable import StagedFiles
 from airflow_exactly_once.sinks.delta.stats import file_stats
 from airflow_exactly_once.sinks.delta.target import DeltaTarget, TableMissing, deltalake
+from airflow_exactly_once.sinks.delta.withdrawn import WithdrawnFolders
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +101,8 @@ class TableCommits:
         def step(table: Any) -> str:
             done = self.published_attempt(table, batch)
             if done is not None:
+                if replaced is not None:  # replaced by that commit: its marker may not have been written yet
+                    self._mark_withdrawn(table, replaced)
                 return f"batch {key} was already published to {self.target.root} (attempt e{done})"
             withdrawn = self._removals(table, replaced, replaced_files) if replaced is not None else []
             if not staged.files and not withdrawn:
@@ -115,6 +120,9 @@ class TableCommits:
                 metadata[commits.REPLACES] = commits.batch_key(replaced.pipeline_id, replaced.seq)
             self._commit(table, [*withdrawn, *adds], metadata, commits.app_id(batch.pipeline_id, batch.seq),
                          batch.epoch)
+            if replaced is not None:
+                self._withdrawn(replaced).mark(commits.folder_of(a.path, replaced.pipeline_id, replaced.seq)
+                                               for a in withdrawn)
             how = f", removing batch {replaced.seq}'s {len(withdrawn)} file(s)" if replaced is not None else ""
             return f"published batch {key} to {self.target.root} ({len(adds)} file(s){how})"
 
@@ -158,14 +166,39 @@ class TableCommits:
         def step(table: Any) -> str:
             removals = self._removals(table, batch, files)
             if not removals:
+                self._mark_withdrawn(table, batch)  # a crash may have come between the commit and its marker
                 return f"batch {key} has nothing in {self.target.root} (withdrawn before, or never published)"
             self._commit(table, removals, {commits.RETRACTS: key, commits.PIPELINE: batch.pipeline_id})
+            self._withdrawn(batch).mark(commits.folder_of(a.path, batch.pipeline_id, batch.seq) for a in removals)
             return f"withdrew batch {key} from {self.target.root} ({len(removals)} file(s))"
 
         try:
             return self._with_retries(f"withdrawing batch {key}", step)
         except TableMissing as exc:
             return f"{exc}; nothing to withdraw"
+
+    # -- the folders of withdrawn batches ------------------------------------------
+
+    def _withdrawn(self, batch: Batch) -> WithdrawnFolders:
+        return WithdrawnFolders(self.target, batch.pipeline_id)
+
+    def _mark_withdrawn(self, table: Any, batch: Batch) -> None:
+        """Mark the folder that published `batch` when the table reads none of its files any more."""
+        epoch = self.published_attempt(table, batch)
+        if epoch is not None and not self.live_files(table, batch):
+            self._withdrawn(batch).mark([commits.attempt_folder(batch.pipeline_id, batch.seq, epoch)])
+
+    def delete_withdrawn(self, pipeline_id: str) -> str:
+        """Delete the folders of the pipeline's batches withdrawn longer ago than the table's
+        deletedFileRetentionDuration. Never fails the step that calls it (the batch is committed): what is left
+        goes at a later commit."""
+        try:
+            deleted = WithdrawnFolders(self.target, pipeline_id).sweep()
+        except (OSError, SinkError, deltalake().exceptions.DeltaError) as exc:
+            log.warning("the files of withdrawn batches in %s stay until a later commit: %s", self.target.root, exc)
+            return ""
+        return f"; deleted the staged files of {len(deleted)} batch(es) withdrawn before the table's " \
+               f"{commits.RETENTION_PROPERTY}" if deleted else ""
 
     # -- staged folders ------------------------------------------------------------
 

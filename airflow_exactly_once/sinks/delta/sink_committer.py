@@ -9,7 +9,9 @@ their Parquet footers, and carries the application transaction `aeo:<pipeline>:<
 whose transaction the table holds is not published again. Then other attempts' folders go.
 
 abort removes the attempt's folder (every attempt's, without a committable). interval_rerun="replace":
-one commit removes the old batch's files and adds the new ones; `retract` removes them alone.
+one commit removes the old batch's files and adds the new ones; `retract` removes them alone. Their folders go
+at a later commit or retraction of the pipeline, once the table's deletedFileRetentionDuration has passed
+(sinks.delta.withdrawn).
 
 Spec: {"type": "delta", "path": "/data/lake/events", "create_table": False, "partitioned_by": [...],
        "table_properties": {...}}
@@ -88,7 +90,8 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
         old = self.committable(replaced.handles) if replaced is not None else None
         outcome = self.commits.publish(batch, committable, replaced, old.files if old is not None else ())
         dropped = self.commits.drop_attempts(batch)
-        return f"{outcome}{f'; removed {dropped} staged folder(s) of other attempts' if dropped else ''}"
+        return (f"{outcome}{f'; removed {dropped} staged folder(s) of other attempts' if dropped else ''}"
+                f"{self.commits.delete_withdrawn(batch.pipeline_id)}")
 
     def abort(self, batch: Batch, committable: StagedFiles | None) -> str:
         if committable is not None:
@@ -98,4 +101,5 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
         return f"removed {dropped} staged folder(s) of batch {batch.seq}"
 
     def retract(self, batch: Batch, committable: StagedFiles | None) -> str:
-        return self.commits.withdraw(batch, committable.files if committable is not None else ())
+        outcome = self.commits.withdraw(batch, committable.files if committable is not None else ())
+        return f"{outcome}{self.commits.delete_withdrawn(batch.pipeline_id)}"
