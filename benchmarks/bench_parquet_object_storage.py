@@ -9,9 +9,8 @@ AWS SDK bundle it depends on come through `spark.jars.packages` (benchmark only:
 the first run downloads them). Prints each round, the medians, the ratio (goal: at most 1.2x) and the load
 average; then notify_complete of a 12-file batch (goal: under 1 s). Run it alone: the machine is shared.
 
-Known: against s3proxy 2.6.0, S3A (AWS SDK v2) fails listing with a NullPointerException (an object listed
-without a size) and Spark retries the write; ours is measured and printed first. The baseline then needs an
-S3-compatible server whose listings S3A reads (or AWS itself).
+s3proxy runs its `filesystem` store here (devtools/object_storage.py): its `filesystem-nio2` store lists
+folders as objects without a size, on which S3A (AWS SDK v2) fails with a NullPointerException.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_parquet_object_storage.py [--records 1000000] [--repeat 3]
 """

@@ -75,7 +75,10 @@ def manifest_rows(client, bucket: str) -> list[dict]:
 
 
 def batch_objects(client, bucket: str) -> list[str]:
-    return [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="orders/batch_seq=").get("Contents", [])]
+    """The files under the batch folders (a "folder/" marker, which s3proxy's filesystem store lists as real S3 lists
+    one a console made, is not a file: readers skip it)."""
+    return [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="orders/batch_seq=").get("Contents", [])
+            if not o["Key"].endswith("/")]
 
 
 def written(spark, tmp_path: Path, lake, prefix: str):
