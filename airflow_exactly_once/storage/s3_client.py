@@ -75,10 +75,12 @@ def error_code(exc: BaseException) -> str | None:
                (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "") or None
 
 
-def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, conn_hint: str) -> ExactlyOnceError:
+def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, conn_hint: str,
+              setting: str = "path") -> ExactlyOnceError:
     """`exc`, raised while `doing` (e.g. "writing s3://b/k"), as an error that names what to change.
 
-    `conn_hint` says where the credentials came from ("the aws connection 'lake'").
+    `conn_hint` says where the credentials came from ("the aws connection 'lake'"); `setting` is the sink's key that
+    names the bucket ("path", "warehouse").
     """
     from botocore.exceptions import (ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
                                      NoCredentialsError, ReadTimeoutError)
@@ -97,8 +99,8 @@ def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, con
     code = error_code(exc)
     if code in BUCKET_CODES:
         return BucketNotFoundError(
-            f"{doing}: the bucket {bucket!r} does not exist at {access.where}; create it, or change the sink's path "
-            "to a bucket that exists")
+            f"{doing}: the bucket {bucket!r} does not exist at {access.where}; create it, or change the sink's "
+            f"{setting} to a bucket that exists")
     if code in CREDENTIAL_CODES:
         return StorageCredentialsError(
             f"{doing}: {access.where} refused the credentials of {conn_hint} ({code}); fix the access key id (login) "
