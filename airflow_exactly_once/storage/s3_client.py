@@ -66,6 +66,11 @@ class S3Access:
             aws_secret_access_key=self.secret_access_key, aws_session_token=self.session_token, config=config)
 
 
+def connection_hint(conn_id: str | None) -> str:
+    """Where a sink's credentials came from (its `aws_conn_id`, or none), as errors name it."""
+    return f"the aws connection {conn_id!r}" if conn_id else "this worker's own AWS credentials (no aws_conn_id)"
+
+
 def error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError ("NoSuchUpload"), None for any other error."""
     response = getattr(exc, "response", None)

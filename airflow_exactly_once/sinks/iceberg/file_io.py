@@ -20,7 +20,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.storage.errors import BucketNotFoundError, StorageCredentialsError
 from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE
-from airflow_exactly_once.storage.s3_client import S3Access, explained
+from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 PYARROW_FILE_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
@@ -85,7 +85,8 @@ class WarehouseStorage:
         """The connection's S3 settings, read now (where a task runs); None without aws_conn_id."""
         if self.conn_id is None:
             return None
-        from airflow_exactly_once.storage.connection import connection_access  # Airflow's reader, on the driver only
+        # Airflow's connection reader: imported where a task reads the connection, not where this module is loaded
+        from airflow_exactly_once.sinks.storage_connection import connection_access
 
         return connection_access(self.conn_id, "the iceberg sink")
 
@@ -100,8 +101,6 @@ class WarehouseStorage:
         """The bucket there and the credentials accepted, asked once with S3's HeadBucket: a clear error (not retried)
         before anything is written, instead of one from deep inside Spark. `bucket`: the table's, when the spec
         names none (a REST catalog's warehouse)."""
-        from airflow_exactly_once.storage.connection import connection_hint
-
         bucket = bucket or self.bucket
         if bucket is None:
             return
@@ -122,9 +121,7 @@ class WarehouseStorage:
             return BucketNotFoundError(f"{where}: the bucket does not exist ({text[:300]}); create it, or change the "
                                        "sink's warehouse to a bucket that exists")
         if any(marker in text for marker in _SDK_CREDENTIALS):
-            from airflow_exactly_once.storage.connection import connection_hint
-
-            return StorageCredentialsError(f"{where}: the storage refused the credentials of "
+                return StorageCredentialsError(f"{where}: the storage refused the credentials of "
                                            f"{connection_hint(self.conn_id)} ({text[:300]}); fix the connection's "
                                            "access key id (login) and secret access key (password), or grant them "
                                            "access to the bucket")

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument, is_template
-from airflow_exactly_once.core.object_location import (SUPPORTED_SCHEMES, is_object_storage, parse_object_location,
-                                                       scheme_of)
+from airflow_exactly_once.core.object_location import SUPPORTED_SCHEMES, scheme_of, storage_variant
 from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
@@ -36,12 +35,9 @@ class IcebergSpec(SinkSpec):
         """"s3" for a warehouse on object storage; an unsupported scheme is refused, naming the supported ones (but
         for a REST catalog's warehouse, which names what its server serves, as the server spells it)."""
         warehouse = spec.get("warehouse")
-        if not isinstance(warehouse, str) or is_template(warehouse) or not is_object_storage(warehouse):
-            return None
         if is_rest(spec):
-            return "s3" if scheme_of(warehouse) in SUPPORTED_SCHEMES else None
-        parse_object_location(warehouse, "the iceberg sink's warehouse")
-        return "s3"
+            return "s3" if isinstance(warehouse, str) and scheme_of(warehouse) in SUPPORTED_SCHEMES else None
+        return storage_variant(warehouse, "the iceberg sink's warehouse")
 
     @classmethod
     def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:

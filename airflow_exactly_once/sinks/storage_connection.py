@@ -1,6 +1,7 @@
 """A sink's `aws_conn_id` as S3 settings: read where a task runs (plan, the write's driver, notify_complete), never
 on the executors, which get the resolved `S3Access` (this module imports Airflow's connection reader; s3_client
-does not, so executors without Airflow can use it). A spec holds only the connection's id."""
+does not, so executors without Airflow can use it). A spec holds only the connection's id. Shared by the sinks
+that write to object storage (Parquet, Iceberg)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,3 @@ def connection_access(conn_id: str | None, user: str) -> S3Access:
     """The Airflow `aws` connection `conn_id` as S3 settings; no connection: boto3's own credential chain. `user`
     names the sink in errors ("the parquet sink")."""
     return S3Access.from_settings(aws_connection_settings(conn_id, user)) if conn_id else S3Access()
-
-
-def connection_hint(conn_id: str | None) -> str:
-    """Where a sink's credentials came from, as errors name it."""
-    return f"the aws connection {conn_id!r}" if conn_id else "this worker's own AWS credentials (no aws_conn_id)"
