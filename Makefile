@@ -31,7 +31,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-iceberg-s3 benchmark-ledger benchmark-scale docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
@@ -211,6 +211,11 @@ benchmark-celery: setup
 # (goals: notify_complete < 0.5 s, the write within 1.1x). Smoke run: ARGS="--records 3000 --rounds 1".
 benchmark-iceberg-rest: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest $(ARGS)
+
+# The same with the warehouse on the S3-compatible server (s3proxy): the write through Iceberg's S3FileIO vs Spark's
+# writeTo().append() on the same bucket and catalog. Smoke run: ARGS="--records 3000 --rounds 1".
+benchmark-iceberg-s3: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_iceberg_batch.py --catalog rest --warehouse s3 $(ARGS)
 
 # The Parquet sink on the S3-compatible server vs Spark's own df.write.parquet("s3a://...") (1,000,000 records; goal
 # 1.2x), and notify_complete of a 12-file batch (goal < 1 s). Smoke run: ARGS="--records 20000 --repeat 1".

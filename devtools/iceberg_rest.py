@@ -8,8 +8,9 @@ the catalog property `uri`, `CATALOG_JDBC_USER` is `jdbc.user`, `CATALOG_REST_PO
 
 Behind the REST API it keeps Iceberg's JdbcCatalog on an SQLite file in the data folder, so `stop()`
 or `kill()` then `start()` (same port) keeps every table; the warehouse is a local folder beside it
-(`warehouse`), and further catalog properties (FileIO settings, e.g. of object storage) pass through
-`properties`. It checks no credential: tests that need a catalog that refuses one put
+(`warehouse`), and further catalog properties pass through `properties`: a warehouse on object storage is
+`properties=storage.iceberg_properties("s3://bucket/prefix")` (devtools.object_storage) with
+`env=SDK_CHECKSUM_ENV`; the server's jar carries Iceberg's S3FileIO and the AWS SDK. It checks no credential: tests that need a catalog that refuses one put
 devtools.rest_gateway in front of it, as a platform puts an API gateway.
 """
 
@@ -48,12 +49,13 @@ class LocalIcebergRestCatalog(LocalServer):
     across restarts."""
 
     def __init__(self, data_dir: str | Path, port: int = 0, properties: dict[str, str] | None = None,
-                 heap: str = HEAP) -> None:
+                 heap: str = HEAP, env: dict[str, str] | None = None) -> None:
         self.startup_seconds: float | None = None  # of the last start, until the API answered
         self.data_dir = Path(data_dir).absolute()
         self.port = port or reserve_port()
         self.properties = dict(properties or {})
         self.heap = heap
+        self.env = dict(env or {})  # e.g. the AWS SDK's settings for a warehouse on an S3-compatible server
 
     @property
     def uri(self) -> str:
@@ -80,7 +82,7 @@ class LocalIcebergRestCatalog(LocalServer):
         jar = rest_server_jar()
         self.warehouse.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_")}
-        env.update(catalog_environment(self.catalog_properties()))
+        env.update({**self.env, **catalog_environment(self.catalog_properties())})
         began = time.monotonic()
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(

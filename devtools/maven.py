@@ -89,14 +89,16 @@ def artifact(coordinates: str, transitive: bool = False) -> Artifact:
 
 
 def iceberg_jars() -> list[str]:
-    """Iceberg's Spark runtime for the installed pyspark (one shaded jar) and the JDBC drivers of its catalogs."""
+    """Iceberg's Spark runtime for the installed pyspark (one shaded jar), the JDBC drivers of its catalogs, and
+    the AWS SDK bundle of its S3FileIO (a warehouse on object storage)."""
     from airflow_exactly_once.sinks.iceberg.catalog import POSTGRES_JDBC_PACKAGE, SQLITE_JDBC_PACKAGE
+    from airflow_exactly_once.sinks.iceberg.file_io import AWS_BUNDLE_PACKAGE
     from airflow_exactly_once.spark.packages import iceberg_package
 
     runtime = artifact(iceberg_package())
     jars = []
     for kind, coordinates in ((runtime.name, iceberg_package()), ("sqlite-jdbc", SQLITE_JDBC_PACKAGE),
-                              ("postgres-jdbc", POSTGRES_JDBC_PACKAGE)):
+                              ("postgres-jdbc", POSTGRES_JDBC_PACKAGE), ("iceberg-aws-bundle", AWS_BUNDLE_PACKAGE)):
         folder = fetch_jars(kind, (artifact(coordinates),), strip_version=True)
         jars.extend(sorted(str(p) for p in folder.glob("*.jar")))
     return jars

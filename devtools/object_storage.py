@@ -26,6 +26,12 @@ S3PROXY = Artifact("org.gaul", "s3proxy", "2.6.0", transitive=False, classifier=
 ACCESS_KEY = "eo-test-access"
 SECRET_KEY = "eo-test-secret-key"
 REGION = "us-east-1"
+# Java's AWS SDK (2.30 and later: Iceberg's S3FileIO in Spark and in the REST catalog server) sends S3's newer
+# checksums in aws-chunked uploads, which s3proxy 2.6.0 refuses ("x-amz-content-sha256 does not match"). The SDK's
+# own setting to send only the checksums S3 requires, for the environment of every JVM that writes here (boto3's
+# client sets the same itself, storage.s3_client). Set by tests/conftest.py before any Spark starts.
+SDK_CHECKSUM_ENV = {"AWS_REQUEST_CHECKSUM_CALCULATION": "when_required",
+                    "AWS_RESPONSE_CHECKSUM_VALIDATION": "when_required"}
 
 
 def s3proxy_jar() -> Path:
@@ -61,6 +67,13 @@ class LocalObjectStorage(LocalServer):
         from airflow_exactly_once.storage.s3_client import S3Access
 
         return S3Access(self.endpoint_url, REGION, self.access_key, secret_key or self.secret_key).client()
+
+    def iceberg_properties(self, warehouse: str) -> dict[str, str]:
+        """Catalog properties of an Iceberg catalog server whose warehouse (`s3://bucket/prefix`) is here: Iceberg's
+        S3FileIO with this server's endpoint and key pair."""
+        return {"warehouse": warehouse, "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+                "s3.endpoint": self.endpoint_url, "s3.access-key-id": self.access_key,
+                "s3.secret-access-key": self.secret_key, "s3.path-style-access": "true", "client.region": REGION}
 
     def create_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)

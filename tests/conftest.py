@@ -24,7 +24,7 @@ from devtools.kafka_broker import LocalKafkaBroker
 from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
 from devtools.iceberg_rest import LocalIcebergRestCatalog
 from devtools.maven import spark_conf_dir
-from devtools.object_storage import LocalObjectStorage
+from devtools.object_storage import SDK_CHECKSUM_ENV, LocalObjectStorage
 from devtools.postgres import LocalPostgres
 from devtools.processes import leftover_processes
 from devtools.redis import LocalRedis
@@ -108,6 +108,8 @@ def pytest_configure(config) -> None:
     # connector fetched in advance; tests/integration/test_spark_connector.py covers the resolution
     # that runs when a user names no connector.
     os.environ["SPARK_CONF_DIR"] = str(spark_conf_dir(tempfile.mkdtemp(prefix="aeo-test-spark-conf-")))
+    # Java's AWS SDK (Iceberg's S3FileIO in every Spark of the session) sends only the checksums s3proxy takes.
+    os.environ.update(SDK_CHECKSUM_ENV)
 
 
 def pytest_unconfigure(config) -> None:
@@ -196,6 +198,16 @@ def iceberg_rest(tmp_path_factory) -> LocalIcebergRestCatalog:
     """Iceberg's own REST catalog server (iceberg-open-api; its tables in an SQLite file, so `kill()` then `start()`
     keeps them), one per test worker, started only by the tests that need it."""
     with LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest_s3(tmp_path_factory, object_storage) -> LocalIcebergRestCatalog:
+    """A second REST catalog server whose warehouse is on this worker's s3proxy (`properties["warehouse"]`,
+    s3://<a bucket of its own>/lake): it writes table metadata there with Iceberg's S3FileIO."""
+    bucket = object_storage.create_bucket(f"rest-lake-{uuid.uuid4().hex[:8]}")
+    with LocalIcebergRestCatalog(tmp_path_factory.mktemp("iceberg-rest-s3"), env=SDK_CHECKSUM_ENV,
+                                 properties=object_storage.iceberg_properties(f"s3://{bucket}/lake")) as server:
         yield server
 
 

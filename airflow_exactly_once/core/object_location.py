@@ -8,7 +8,9 @@ refused naming the supported ones, so a `gs://` path fails when the DAG is check
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from airflow_exactly_once.core.declaration import is_template
 from airflow_exactly_once.core.errors import ConfigurationError
 
 # `s3a://` is Hadoop's name for the same bucket; both are read as S3.
@@ -63,3 +65,12 @@ def parse_object_location(path: str, what: str) -> ObjectLocation:
     if "*" in prefix or "?" in prefix or "//" in prefix:
         raise ConfigurationError(f"{what} {path!r}: the prefix may not hold wildcards or empty folder names")
     return ObjectLocation(scheme, bucket, prefix.strip("/"))
+
+
+def storage_variant(value: Any, what: str) -> str | None:
+    """The sink variant a location setting picks: "s3" for object storage (an unsupported scheme refused, naming the
+    supported ones); None for a local path, or a template (looked at once the task renders it)."""
+    if not isinstance(value, str) or is_template(value) or not is_object_storage(value):
+        return None
+    parse_object_location(value, what)
+    return "s3"

@@ -66,6 +66,11 @@ class S3Access:
             aws_secret_access_key=self.secret_access_key, aws_session_token=self.session_token, config=config)
 
 
+def connection_hint(conn_id: str | None) -> str:
+    """Where a sink's credentials came from (its `aws_conn_id`, or none), as errors name it."""
+    return f"the aws connection {conn_id!r}" if conn_id else "this worker's own AWS credentials (no aws_conn_id)"
+
+
 def error_code(exc: BaseException) -> str | None:
     """The S3 error code of a botocore ClientError ("NoSuchUpload"), None for any other error."""
     response = getattr(exc, "response", None)
@@ -75,10 +80,12 @@ def error_code(exc: BaseException) -> str | None:
                (response.get("ResponseMetadata") or {}).get("HTTPStatusCode") or "") or None
 
 
-def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, conn_hint: str) -> ExactlyOnceError:
+def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, conn_hint: str,
+              setting: str = "path") -> ExactlyOnceError:
     """`exc`, raised while `doing` (e.g. "writing s3://b/k"), as an error that names what to change.
 
-    `conn_hint` says where the credentials came from ("the aws connection 'lake'").
+    `conn_hint` says where the credentials came from ("the aws connection 'lake'"); `setting` is the sink's key that
+    names the bucket ("path", "warehouse").
     """
     from botocore.exceptions import (ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError,
                                      NoCredentialsError, ReadTimeoutError)
@@ -97,8 +104,8 @@ def explained(exc: BaseException, access: S3Access, bucket: str, doing: str, con
     code = error_code(exc)
     if code in BUCKET_CODES:
         return BucketNotFoundError(
-            f"{doing}: the bucket {bucket!r} does not exist at {access.where}; create it, or change the sink's path "
-            "to a bucket that exists")
+            f"{doing}: the bucket {bucket!r} does not exist at {access.where}; create it, or change the sink's "
+            f"{setting} to a bucket that exists")
     if code in CREDENTIAL_CODES:
         return StorageCredentialsError(
             f"{doing}: {access.where} refused the credentials of {conn_hint} ({code}); fix the access key id (login) "

@@ -77,16 +77,19 @@ class ParquetUnderTest:
 # [END parquet_adapter]
 
 
+def s3_lake(request, name: str) -> tuple[Any, str, str]:
+    """This worker's S3-compatible server, a fresh bucket on it and an `aws` connection to it (client, bucket, id)."""
+    server = request.getfixturevalue("object_storage")
+    request.getfixturevalue("monkeypatch").setenv(f"AIRFLOW_CONN_LAKE_{name.upper()}", json.dumps(server.connection()))
+    return server.client(), server.create_bucket(f"contract-{name}"), f"lake_{name}"
+
+
 class ParquetOnS3UnderTest:
     """The Parquet sink's s3 variant on this worker's S3-compatible server, credentials from an `aws` connection."""
 
     def __init__(self, request, tmp_path: Path) -> None:
-        server = request.getfixturevalue("object_storage")
-        name = uuid.uuid4().hex[:8]
-        self.client, self.bucket = server.client(), server.create_bucket(f"contract-{name}")
-        request.getfixturevalue("monkeypatch").setenv(f"AIRFLOW_CONN_LAKE_{name.upper()}",
-                                                      json.dumps(server.connection()))
-        self.spec = {"type": "parquet", "path": f"s3://{self.bucket}/out", "aws_conn_id": f"lake_{name}"}
+        self.client, self.bucket, conn_id = s3_lake(request, uuid.uuid4().hex[:8])
+        self.spec = {"type": "parquet", "path": f"s3://{self.bucket}/out", "aws_conn_id": conn_id}
 
     def visible(self) -> list[str]:
         return sorted(row["value"] for row in read_s3_parquet(self.client, self.bucket, "out/"))
@@ -175,6 +178,22 @@ class IcebergRestUnderTest(IcebergUnderTest):
                      "catalog": {"type": "rest", "name": f"r{name}", "uri": gateway.uri, "token": REST_TOKEN},
                      "create_table": True}
         self.committer = create_committer(self.spec).target.table_committer
+
+
+class IcebergOnS3UnderTest(IcebergUnderTest):
+    """The Iceberg sink's s3 variant: its warehouse on this worker's S3-compatible server (Spark's S3FileIO, pyiceberg's
+    pyarrow S3), its catalog on the tests' PostgreSQL, credentials from an `aws` connection."""
+
+    def __init__(self, request, tmp_path: Path) -> None:
+        name = uuid.uuid4().hex[:8]
+        _, bucket, conn_id = s3_lake(request, name)
+        self.spec = {"type": "iceberg", "table": f"db.contract_{name}", "warehouse": f"s3://{bucket}/lake",
+                     "aws_conn_id": conn_id, "create_table": True,
+                     "catalog": {"type": "postgres", "name": f"c{name}",
+                                 "url": request.getfixturevalue("postgres").dsn(PG_DATABASE)}}
+        self.committer = create_committer(self.spec).target.table_committer
+
+
 class DeltaUnderTest:
     def __init__(self, request, tmp_path: Path) -> None:
         self.root = tmp_path / "delta"
@@ -194,7 +213,8 @@ class DeltaUnderTest:
 # By sink type, and "<type>:<variant>" for each variant a declaration names (core.declaration.SinkSpec.variant_classes).
 ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "parquet:s3": ParquetOnS3UnderTest,
                                             "kafka": KafkaUnderTest, "postgres": PostgresUnderTest,
-                                            "iceberg": IcebergUnderTest, "delta": DeltaUnderTest}
+                                            "iceberg": IcebergUnderTest, "iceberg:s3": IcebergOnS3UnderTest,
+                                            "delta": DeltaUnderTest}
 # [END adapters]
 # Further adapters of registered sinks on other systems: every scenario runs on each too (id -> adapter).
 VARIANTS: dict[str, type[SinkUnderTest]] = {"iceberg-rest": IcebergRestUnderTest}

@@ -13,6 +13,9 @@ Three kinds; the committer needs no Spark for any of them:
 
 The catalog's `name` is the catalog name in Spark (`<name>.<namespace>.<table>`) and in the
 catalog's rows: other Spark jobs reading the table must use the same name.
+
+A warehouse on object storage (`s3://`, or an `aws_conn_id`) adds the FileIO settings of both clients
+(sinks.iceberg.file_io), resolved when a client is made, never kept in the spec.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, MissingExtraError, SinkError
+from airflow_exactly_once.core.object_location import (SUPPORTED_SCHEMES, is_object_storage, parse_object_location,
+                                                       scheme_of)
+from airflow_exactly_once.sinks.iceberg.file_io import AWS_BUNDLE_PACKAGE, WarehouseStorage
 
 # The JDBC drivers Spark's JdbcCatalog needs, resolved by Spark like its other connectors.
 SQLITE_JDBC_PACKAGE = "org.xerial:sqlite-jdbc:3.50.3.0"
@@ -69,6 +75,8 @@ class CatalogSpec:
     # credential, token, header.<name>), given to pyiceberg and to Spark's catalog alike; their secrets are declared
     # by the spec (IcebergSpec.catalog's secret_keys) and never shown here.
     properties: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # The warehouse's object storage (None: a disk): its FileIO settings join `properties` for each client.
+    storage: WarehouseStorage | None = None
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> "CatalogSpec":
@@ -92,6 +100,7 @@ class CatalogSpec:
         if kind == "rest":
             return cls._rest(spec, given, name, dict(props))
         warehouse, local = _warehouse(spec.get("warehouse"))
+        storage = WarehouseStorage.of(spec, warehouse, dict(props))
         if kind == "embedded":
             unknown = sorted(set(given) - {"type", "name", "path", "properties"})
             if unknown:
@@ -103,14 +112,14 @@ class CatalogSpec:
                 raise ConfigurationError("the embedded iceberg catalog is a SQLite file under a local warehouse; "
                                          f"with warehouse {warehouse!r} give catalog 'path' (an absolute file path) "
                                          "or use a PostgreSQL catalog ({'type': 'postgres', 'conn_id': ...})")
-            return cls(name, kind, warehouse, f"sqlite:///{path}", props)
+            return cls(name, kind, warehouse, f"sqlite:///{path}", props, storage)
         if bool(given.get("conn_id")) == bool(given.get("url")):
             raise ConfigurationError("a postgres iceberg catalog needs exactly one of 'conn_id' (an Airflow postgres "
                                      "connection, recommended: the spec is stored in the ledger) or 'url' "
                                      "('postgresql://user@host:5432/db')")
         if given.get("url") and urlsplit(str(given["url"])).scheme not in _PG_SCHEMES:
             raise ConfigurationError(f"the iceberg catalog url must start with postgresql://, not {given['url']!r}")
-        return cls(name, kind, warehouse, str(given.get("url") or f"conn:{given['conn_id']}"), props)
+        return cls(name, kind, warehouse, str(given.get("url") or f"conn:{given['conn_id']}"), props, storage)
 
     @classmethod
     def _rest(cls, spec: dict[str, Any], given: dict[str, Any], name: str, properties: dict[str, str]) -> "CatalogSpec":
@@ -138,13 +147,31 @@ class CatalogSpec:
                   **{k: str(given[k]) for k in ("credential", "token") if given.get(k)}}
         warehouse = _rest_warehouse(spec.get("warehouse"), given.get("warehouse"))
         merged = {**REST_TIMEOUTS, **properties, **inline}
-        return cls(name, "rest", warehouse, uri or f"conn:{given['conn_id']}", tuple(sorted(merged.items())))
+        on_s3 = warehouse if scheme_of(warehouse) in SUPPORTED_SCHEMES else ""  # else a name its server serves
+        return cls(name, "rest", warehouse, uri or f"conn:{given['conn_id']}", tuple(sorted(merged.items())),
+                   WarehouseStorage.of(spec, on_s3, properties))
+
+    def client_properties(self, client: str) -> dict[str, str]:
+        """The spec's catalog properties as `client` ("spark" or "pyiceberg") gets them: with the FileIO settings of
+        a warehouse on object storage, its credentials read now."""
+        if self.storage is None:
+            return dict(self.properties)
+        return self.storage.client_properties(dict(self.properties), client)
+
+    def check_storage(self, location: str | None = None) -> None:
+        """A warehouse on object storage: its bucket (or that of the table's `location`) there, the credentials
+        accepted; a ConfigurationError naming the fix otherwise."""
+        if self.storage is None:
+            return
+        bucket = (parse_object_location(location, "the iceberg table's location").bucket
+                  if location and is_object_storage(location) else None)
+        self.storage.check(dict(self.properties), bucket)
 
     # -- a REST catalog ------------------------------------------------------------
 
-    def rest_properties(self) -> dict[str, str]:
-        """Iceberg's REST catalog properties of both clients (an Airflow connection resolved here, at run time)."""
-        properties = dict(self.properties)
+    def rest_properties(self, client: str = "pyiceberg") -> dict[str, str]:
+        """Iceberg's REST catalog properties of `client` (an Airflow connection resolved here, at run time)."""
+        properties = self.client_properties(client)
         if self.url.startswith("conn:"):
             properties.update(_rest_connection(self.url[len("conn:"):]))
         else:
@@ -205,6 +232,10 @@ class CatalogSpec:
             return None
         return SQLITE_JDBC_PACKAGE if self.kind == "embedded" else POSTGRES_JDBC_PACKAGE
 
+    def file_io_package(self) -> str | None:
+        """The AWS SDK bundle Spark's S3FileIO needs (a warehouse on object storage), else None."""
+        return AWS_BUNDLE_PACKAGE if self.storage is not None else None
+
     def spark_conf(self) -> dict[str, str]:
         """Session settings that make the catalog `name` the same catalog as pyiceberg's: Iceberg's JdbcCatalog on the
         same database, or its RESTCatalog (`type=rest`) with the same properties."""
@@ -213,14 +244,15 @@ class CatalogSpec:
             # Always the catalog's current metadata: pyiceberg commits from other processes.
             return {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "rest",
                     f"{prefix}.cache-enabled": "false",
-                    **{f"{prefix}.{k}": v for k, v in sorted(self.rest_properties().items())}}
+                    **{f"{prefix}.{k}": v for k, v in sorted(self.rest_properties("spark").items())}}
         # The catalog tables are created by pyiceberg (CatalogSpec.load): Java's JdbcCatalog would check them
         # through a DatabaseMetaData result it leaves open, which pins an SQLite read snapshot for the session's
         # life (its later commits then fail with SQLITE_BUSY_SNAPSHOT once pyiceberg has committed).
         conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "jdbc",
                 f"{prefix}.warehouse": self.warehouse, f"{prefix}.jdbc.init-catalog-tables": "false",
                 # Always the catalog's current metadata: pyiceberg commits from other processes.
-                f"{prefix}.cache-enabled": "false", **{f"{prefix}.{k}": v for k, v in self.properties}}
+                f"{prefix}.cache-enabled": "false",
+                **{f"{prefix}.{k}": v for k, v in sorted(self.client_properties("spark").items())}}
         if self.kind == "embedded":
             conf[f"{prefix}.uri"] = "jdbc:sqlite:" + self.url[len("sqlite:///"):]
             return conf
@@ -246,7 +278,7 @@ class CatalogSpec:
             raise MissingExtraError("the iceberg sink", "iceberg", exc.name) from exc
         self.prepare()
         try:
-            return SqlCatalog(self.name, **{**dict(self.properties), "uri": self.database_url(),
+            return SqlCatalog(self.name, **{**self.client_properties("pyiceberg"), "uri": self.database_url(),
                                             "warehouse": self.warehouse})
         except ImportError as exc:  # psycopg2 for a PostgreSQL catalog
             raise MissingExtraError("the iceberg sink's PostgreSQL catalog", "iceberg", exc.name) from exc
@@ -258,7 +290,7 @@ class CatalogSpec:
             from airflow_exactly_once.sinks.iceberg import rest_client
         except ImportError as exc:
             raise MissingExtraError("the iceberg sink's REST catalog", "iceberg", exc.name) from exc
-        properties = self.rest_properties()
+        properties = self.rest_properties("pyiceberg")
         try:
             return rest_client.open_catalog(self.name, properties)
         except Exception as exc:

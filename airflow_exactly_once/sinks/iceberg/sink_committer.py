@@ -15,8 +15,8 @@ abort drops the staged snapshots of the batch (metadata first, then their files)
 interval_rerun="replace": the replacement publishes the new rows and removes the old batch's
 files in one overwrite snapshot; `retract` removes them alone.
 
-Spec: {"type": "iceberg", "table": "namespace.name", "warehouse": "/data/lake" | "s3://...",
-       "catalog": {"type": "embedded" | "postgres", "name": "iceberg", "path": ..., "conn_id": ..., "url": ...},
+Spec: {"type": "iceberg", "table": "namespace.name", "warehouse": "/data/lake" | "s3://...", "aws_conn_id": ...,
+       "catalog": {"type": "embedded" | "postgres" | "rest", "name": "iceberg", "path": ..., "conn_id": ..., "url": ...},
        "create_table": False, "table_properties": {...}, "partitioned_by": ["column", ...]}
 """
 
@@ -46,8 +46,10 @@ class IcebergSinkCommitter(SinkCommitter[StagedSnapshot]):
         return self.target.lineage_dataset()
 
     def check(self, pipeline_id: str) -> None:
-        """The catalog reachable, the table there (or created on first write), WAP enabled on it."""
+        """The catalog reachable, the table there (or created on first write), WAP enabled on it; a warehouse on object
+        storage reachable with the sink's credentials."""
         target = self.target
+        target.check_storage()
         if not target.table_committer.exists():
             if target.create_table:
                 return  # created from the transform's schema by the first write

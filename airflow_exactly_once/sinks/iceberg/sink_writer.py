@@ -35,13 +35,16 @@ class IcebergSinkWriter(SinkWriter):
         self.target = IcebergTarget(spec)  # the table, its catalog and pyiceberg's access, shared with the committer
 
     def spark_packages(self) -> list[str | LinePackage]:
-        driver = self.target.catalog.jdbc_package()
-        return [ICEBERG_SPARK_RUNTIME, *([driver] if driver else [])]
+        """Iceberg's runtime, the catalog's JDBC driver, and the AWS SDK bundle for S3FileIO (a warehouse on object
+        storage)."""
+        catalog = self.target.catalog
+        return [ICEBERG_SPARK_RUNTIME, *[p for p in (catalog.jdbc_package(), catalog.file_io_package()) if p]]
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedSnapshot:
         """Spark's Iceberg writer appends the batch as a staged snapshot (invisible on main)."""
         spark = frame.sparkSession
         self.target.table_committer.catalog()  # pyiceberg creates the catalog's tables if missing (see CatalogSpec)
+        self.target.check_storage()
         self._configure(spark)
         try:
             self._check_columns(self._ensure_table(spark, frame), frame)
@@ -128,7 +131,7 @@ class IcebergSinkWriter(SinkWriter):
         try:
             driver = self.target.catalog.jdbc_package()
             return [ICEBERG_SPARK_RUNTIME.coordinates(spark_version, default_scala(spark_version), "the write's Spark"),
-                    *([driver] if driver else [])]
+                    *[p for p in (driver, self.target.catalog.file_io_package()) if p]]
         except ConfigurationError as exc:
             return [f"(none: {exc})"]
 
@@ -144,6 +147,10 @@ class IcebergSinkWriter(SinkWriter):
             catalog = self.target.catalog
             return ConfigurationError(f"Spark cannot load the JDBC driver of the Iceberg {catalog.describe()}: "
                                       f"give Spark the package {catalog.jdbc_package()}")
+        storage = self.target.catalog.storage
+        refused = storage.explain_spark_error(text, self.target.table) if storage is not None else None
+        if refused is not None:
+            return refused
         if "AnalysisException" in type(exc).__name__ or "INCOMPATIBLE_DATA" in text or "Cannot write" in text:
             return ConfigurationError(
                 f"Iceberg table {self.target.table} rejects the transform's output: {text[:600]}. Fix the transform "

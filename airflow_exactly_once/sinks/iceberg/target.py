@@ -10,7 +10,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.sink import column_names
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.iceberg.committer import TableCommitter, TableGone
 
 # The table property that makes Spark stage an append (spark.wap.id) instead of committing it to main.
 WAP_ENABLED = "write.wap.enabled"
@@ -41,6 +41,20 @@ class IcebergTarget:
         self.table_properties = {str(k): str(v) for k, v in (spec.get("table_properties") or {}).items()}
         self.partitioned_by = column_names(spec.get("partitioned_by"), "the iceberg sink's partitioned_by")
         self.table_committer = TableCommitter(self.catalog, self.table)
+
+    def check_storage(self) -> None:
+        """A warehouse on object storage: its bucket there and the sink's credentials accepted (a clear error, not
+        retried, before anything is written); the table's own bucket when the catalog placed it (REST)."""
+        storage = self.catalog.storage
+        if storage is None:
+            return
+        location = None
+        if storage.bucket is None:
+            try:
+                location = self.table_committer.load().location()
+            except TableGone:
+                return  # created by the first write, where the catalog decides
+        self.catalog.check_storage(location)
 
     @property
     def spark_table(self) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument, is_template
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
+from airflow_exactly_once.core.object_location import storage_variant
 
 # S3's multipart limits: every part but the last holds at least 5 MiB; a part at most 5 GiB.
 PART_SIZE_MB_RANGE = (5, 5120)
@@ -40,11 +40,7 @@ class ParquetSpec(SinkSpec):
     @classmethod
     def variant(cls, spec: Mapping[str, Any]) -> str | None:
         """"s3" for an object-storage path (an unsupported scheme is refused, naming the supported ones)."""
-        path = spec.get("path")
-        if not isinstance(path, str) or is_template(path) or not is_object_storage(path):
-            return None
-        parse_object_location(path, "the parquet sink's path")
-        return "s3"
+        return storage_variant(spec.get("path"), "the parquet sink's path")
 
     @classmethod
     def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:

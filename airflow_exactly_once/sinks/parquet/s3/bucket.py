@@ -5,17 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from airflow_exactly_once.airflow_integration.connections import aws_connection_settings
 from airflow_exactly_once.core.object_location import ObjectLocation
-from airflow_exactly_once.storage.s3_client import S3Access, explained
+from airflow_exactly_once.sinks.storage_connection import connection_access
+from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained
 
 T = TypeVar("T")
-
-
-def resolve_access(spec: dict[str, Any], user: str) -> S3Access:
-    """The spec's `aws_conn_id` connection as S3 settings; none given: boto3's own credential chain."""
-    conn_id = spec.get("aws_conn_id")
-    return S3Access.from_settings(aws_connection_settings(conn_id, user)) if conn_id else S3Access()
 
 
 class SinkBucket:
@@ -32,13 +26,12 @@ class SinkBucket:
 
     @property
     def conn_hint(self) -> str:
-        conn_id = self.spec.get("aws_conn_id")
-        return f"the aws connection {conn_id!r}" if conn_id else "this worker's own AWS credentials (no aws_conn_id)"
+        return connection_hint(self.spec.get("aws_conn_id"))
 
     @property
     def access(self) -> S3Access:
         if self._access is None:
-            self._access = resolve_access(self.spec, "the parquet sink")
+            self._access = connection_access(self.spec.get("aws_conn_id"), "the parquet sink")
         return self._access
 
     @property
