@@ -12,14 +12,18 @@ from __future__ import annotations
 
 from typing import Any
 
-import requests
-from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.exceptions import (CommitStateUnknownException, ForbiddenError, OAuthError, RESTError, ServerError,
-                                  ServiceUnavailableError, TooManyRequestsError, UnauthorizedError)
-from requests import PreparedRequest, Response
-from requests.adapters import HTTPAdapter
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, MissingExtraError, SinkError
 
-from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
+try:
+    import requests
+    from pyiceberg.catalog.rest import RestCatalog
+    from pyiceberg.exceptions import (CommitStateUnknownException, ForbiddenError, OAuthError, RESTError, ServerError,
+                                      ServiceUnavailableError, TooManyRequestsError, UnauthorizedError)
+    from requests import PreparedRequest, Response
+    from requests.adapters import HTTPAdapter
+except ImportError as exc:  # the [iceberg] extra is not installed
+    raise MissingExtraError("the Iceberg sink's REST catalog", "iceberg", exc.name) from exc
+
 from airflow_exactly_once.sinks.iceberg.outcomes import outcome_unknown
 
 CONNECT_TIMEOUT = "rest.client.connection-timeout-ms"
