@@ -93,6 +93,9 @@ def spark_append(spark, batch, config, table: str) -> tuple[float, int]:
     """Spark's own Kafka batch read of the same range, transformed the same way, `writeTo(table).append()`."""
     options = kafka_read_options(batch, config)
     options.pop("kafka.isolation.level")  # the plain default read
+    # a group of Spark's own: ours reads the pooled reader group with other settings, which Spark's
+    # consumer cache refuses for the same group ("Kafka parameters for same cache key should be equal")
+    options.pop("kafka.group.id")
     t0 = time.perf_counter()
     frame = as_rows(spark.read.format("kafka").options(**options).load())
     frame.writeTo(table).append()

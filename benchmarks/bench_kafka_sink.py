@@ -170,6 +170,9 @@ def spark_frame(spark, range_batch, config):
     """Spark's own read of the range, with Spark's default isolation."""
     options = kafka_read_options(range_batch, config)
     options.pop("kafka.isolation.level")
+    # a group of Spark's own: ours reads the pooled reader group with other settings, which Spark's
+    # consumer cache refuses for the same group ("Kafka parameters for same cache key should be equal")
+    options.pop("kafka.group.id")
     return spark.read.format("kafka").options(**options).load().select("key", "value")
 
 
