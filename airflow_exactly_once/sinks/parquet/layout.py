@@ -21,9 +21,8 @@ def _local_path(path: str) -> Path:
     if path.startswith("file://"):
         path = path[len("file://"):]
     if "://" in path:
-        raise ConfigurationError(
-            f"parquet sink path {path!r}: only local or shared (mounted) file systems are supported, because "
-            "publishing relies on an atomic rename; mount the storage or use another sink")
+        raise ConfigurationError(  # object storage has its own layout (sinks/parquet/s3/), chosen by the spec
+            f"parquet sink path {path!r} is not a local or mounted folder: this layout publishes with an atomic rename")
     if not os.path.isabs(path):
         raise ConfigurationError(f"parquet sink path {path!r} must be absolute (tasks run in other directories)")
     return Path(path)
