@@ -1,0 +1,84 @@
+"""topic_pattern as pure logic: the setting, the match, where found topics start, and what a pattern change means."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_exactly_once.core.errors import ConfigurationError, DataLossError
+from airflow_exactly_once.core.ranges import continuation_ranges
+from airflow_exactly_once.core.startup import DISCOVERED_TOPIC, startup_positions
+from airflow_exactly_once.core.topics import matched_partitions, matching_topics, partitions_to_read
+from tests.harness import FakeSource, pipeline_config
+
+SINK = {"type": "parquet", "path": "/tmp/out"}
+
+
+def patterned(**overrides):
+    return pipeline_config("p", [], SINK, topic_pattern=r"orders\..*", **overrides)
+
+
+def test_topics_or_a_pattern_exactly_one():
+    with pytest.raises(ConfigurationError, match="either topics or topic_pattern, not both"):
+        pipeline_config("p", ["orders.eu"], SINK, topic_pattern=r"orders\..*")
+    with pytest.raises(ConfigurationError, match="give the Kafka topics to read"):
+        pipeline_config("p", [], SINK)
+    with pytest.raises(ConfigurationError, match="not a valid regular expression"):
+        pipeline_config("p", [], SINK, topic_pattern="orders.(")
+    with pytest.raises(ConfigurationError, match="range_mode='interval'"):
+        pipeline_config("p", [], SINK, topic_pattern="orders.*", range_mode="interval")
+    assert patterned().topics == [] and patterned().topic_pattern == r"orders\..*"
+
+
+def test_the_pattern_is_part_of_the_fingerprint_and_old_pipelines_keep_theirs():
+    listed = pipeline_config("p", ["orders.eu"], SINK)
+    assert listed.to_stored_dict()["topic_pattern"] is None
+    assert patterned().fingerprint() != pipeline_config("p", [], SINK, topic_pattern="orders.*").fingerprint()
+    assert listed.fingerprint() == pipeline_config("p", "orders.eu", SINK).fingerprint()
+
+
+def test_the_whole_name_must_match_and_internal_topics_never_do():
+    names = ["orders.eu", "orders.us", "old.orders.eu", "orders", "__consumer_offsets", "__orders.x", "ordersXeu"]
+    assert matching_topics(r"orders\..*", names) == ["orders.eu", "orders.us"]
+    assert matching_topics(".*", names) == sorted(n for n in names if not n.startswith("__"))
+    assert matching_topics("orders", names) == ["orders"]  # not a prefix match
+
+
+def test_a_pattern_that_matches_nothing_is_an_error_naming_what_is_there():
+    with pytest.raises(ConfigurationError, match=r"matches no topic on k:1 .*Topics there: payments") as info:
+        matched_partitions(r"orders\..*", {"payments": [0], "__transaction_state": [0]}, "k:1")
+    assert "__transaction_state" not in str(info.value) and not info.value.retriable
+
+
+def test_every_partition_of_every_matching_topic_is_read():
+    source = FakeSource({("orders.eu", 0): 5, ("orders.eu", 1): 5, ("orders.us", 0): 1, ("payments", 0): 9})
+    assert partitions_to_read(source, [], r"orders\..*") == [("orders.eu", 0), ("orders.eu", 1), ("orders.us", 0)]
+    assert partitions_to_read(source, ["payments"]) == [("payments", 0)]
+
+
+def test_startup_mode_places_the_first_plan_and_a_topic_found_later_starts_at_its_earliest_offset():
+    config = patterned(startup_mode="latest", new_partition_start="latest")
+    log_starts = {("orders.eu", 0): 3, ("orders.eu", 1): 2, ("orders.us", 0): 4}
+    ends = {tp: 10 for tp in log_starts}
+    first = startup_positions(config, FakeSource(ends), [("orders.eu", 0)], log_starts, ends, first_run=True)
+    assert first == {("orders.eu", 0): (10, "startup mode latest")}
+    later = startup_positions(config, FakeSource(ends), [("orders.eu", 1), ("orders.us", 0)], log_starts, ends,
+                              first_run=False, known_topics=["orders.eu"])
+    # A new partition of a topic already read keeps new_partition_start; a new topic starts at its log start.
+    assert later == {("orders.eu", 1): (10, "new partition, latest"), ("orders.us", 0): (4, DISCOVERED_TOPIC)}
+
+
+def test_a_matched_topic_that_disappears_is_data_loss_and_a_pattern_that_no_longer_matches_is_a_new_flow():
+    config = patterned()
+    positions = {("orders.eu", 0): 4, ("orders.us", 0): 2}
+    with pytest.raises(DataLossError, match=r"orders\.us\[0\] had committed offset 2 but no longer exists"):
+        continuation_ranges(config, positions, [("orders.eu", 0)], {("orders.eu", 0): 0}, {("orders.eu", 0): 9})
+    narrowed = pipeline_config("p", [], SINK, topic_pattern=r"orders\.eu")
+    with pytest.raises(ConfigurationError, match=r"topics matching 'orders\\\\.eu' \(before"):
+        continuation_ranges(narrowed, positions, [("orders.eu", 0)], {("orders.eu", 0): 0}, {("orders.eu", 0): 9})
+
+
+def test_specific_offsets_name_partitions_of_matching_topics():
+    config = patterned(startup_mode="specific_offsets", startup_offsets={"orders.eu": {0: 5}})
+    assert config.startup_offsets == {"orders.eu:0": 5}
+    with pytest.raises(ConfigurationError, match="a topic matching"):
+        patterned(startup_mode="specific_offsets", startup_offsets={"payments": {0: 5}})
