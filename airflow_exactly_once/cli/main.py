@@ -259,7 +259,8 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
         counts = ledger.state_counts(pid)
         last = next(iter(ledger.list_batches(pid, [BatchState.COMMITTED], limit=1)), None)
         rows.append({"pipeline": pid, "mode": config.get("range_mode", "continuation"),
-                     "topics": ",".join(config.get("topics", [])), "epoch": pipeline["epoch"],
+                     "topics": ",".join(config.get("topics") or []) or f"pattern {config.get('topic_pattern')}",
+                     "epoch": pipeline["epoch"],
                      "batches": " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
                      "last_committed": last.seq if last else "-", "updated": _time(pipeline["updated_at"])})
     _print(args, rows)
@@ -319,8 +320,9 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
 
 def cmd_positions(ledger: Ledger, args: argparse.Namespace) -> int:
     pid = _known(ledger, args.pipeline)
-    initial = ledger.initial_offsets(pid)
-    rows = [{"topic": t, "partition": p, "position": offset, "initial": initial.get((t, p), "-")}
+    starts = ledger.partition_starts(pid)
+    rows = [{"topic": t, "partition": p, "position": offset, "initial": starts.get((t, p), ("-",))[0],
+             "started_by": starts.get((t, p), ("-", "-"))[1]}
             for (t, p), offset in sorted(ledger.committed_positions(pid).items())]
     _print(args, rows)
     return 0

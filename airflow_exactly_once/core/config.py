@@ -248,6 +248,10 @@ class PipelineConfig:
                 raise ConfigurationError(f"{part}_format={fmt!r} reads the Schema Registry wire format: give "
                                          "schema_registry_conn_id='<a schema_registry connection>' (its URL and "
                                          "credentials)")
+            if self.topic_pattern is not None and not getattr(self, f"{part}_subject"):
+                raise ConfigurationError(f"{part}_format={fmt!r} with topic_pattern needs {part}_subject='<subject>': "
+                                         f"the default subject is '<topic>-{part}' per topic, and the topics a "
+                                         "pattern will match are not known when the batch's reader schema is fixed")
             if isinstance(schema, bool) or (isinstance(schema, (int, float)) and int(schema) != schema):
                 raise ConfigurationError(f"{part}_schema={schema!r}: give a version number, the schema, or None for "
                                          "the subject's latest version")

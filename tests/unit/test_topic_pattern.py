@@ -82,3 +82,24 @@ def test_specific_offsets_name_partitions_of_matching_topics():
     assert config.startup_offsets == {"orders.eu:0": 5}
     with pytest.raises(ConfigurationError, match="a topic matching"):
         patterned(startup_mode="specific_offsets", startup_offsets={"payments": {0: 5}})
+
+
+def test_registry_formats_over_a_pattern_name_their_subject():
+    registry = {"url": "http://registry:8081"}
+    with pytest.raises(ConfigurationError, match="value_subject='<subject>'"):
+        patterned(value_format="avro", schema_registry=registry)
+    assert patterned(value_format="avro", schema_registry=registry, value_subject="orders-value").value_subject
+
+
+def test_the_report_lists_the_topics_batches_read_not_the_pattern():
+    from airflow_exactly_once.core.backlog import PipelineReport
+    from airflow_exactly_once.core.model import OffsetRange
+    from airflow_exactly_once.airflow_integration.lineage import input_topics
+
+    config = patterned()
+    report = PipelineReport("p", 0, config.to_stored_dict(), [], [], [], {("orders.eu", 0): 3}, {("orders.us", 1): 5},
+                            {}, [], 0, None)
+    assert report.topics == ["orders.eu", "orders.us"]
+    assert report.reads == r"orders\..* (matched: orders.eu, orders.us)"
+    batch = type("B", (), {"ranges": (OffsetRange("orders.us", 0, 0, 1), OffsetRange("orders.asia", 1, 0, 2))})()
+    assert input_topics(config, batch) == ["orders.asia", "orders.us"] and input_topics(config, None) == []
