@@ -1,7 +1,7 @@
 """topic_pattern against the real broker: one plan reads every matching topic; a topic or partition that appears
 later is planned from its earliest offset (recorded in the ledger); a matched topic deleted is data loss; a
-pattern matching nothing is refused. Only the plan step runs here (the exactly-once write of a patterned pipeline
-is test_pipeline_kafka's)."""
+pattern matching nothing is refused; and a short pipeline over a pattern (plan, Spark write, notify_complete) that
+finds a topic between its batches writes every record exactly once."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from tests.harness import Pipe, open_ledger, pipeline_config
+from tests.helpers import assert_exactly_once, assert_ranges_tile, create_topic, produce
+from tests.kafka_helpers import read_all
 from tests.integration.test_planning_kafka import T0, commit_planned, make_topic, send
 
 
@@ -101,3 +103,38 @@ def test_a_matched_topic_deleted_is_data_loss_and_a_pattern_matching_nothing_is_
     nothing = patterned(kafka, tmp_path, f"none{unique}")
     with pytest.raises(ConfigurationError, match=f"matches no topic on {re.escape(kafka.bootstrap_servers)}"):
         nothing.plan("run-1")
+
+
+def tagged_value(df):
+    """The output value names its topic: the same value sent to two topics stays two records."""
+    return df.selectExpr("key", "concat(topic, ':', CAST(value AS STRING)) AS value")
+
+
+def test_a_pipeline_over_a_pattern_writes_each_record_once_also_from_a_topic_found_between_batches(
+        kafka, spark, tmp_path, unique):
+    from airflow_exactly_once.spark.partition_writers import run_partition_writers
+    from airflow_exactly_once.spark.write_job import run_write
+
+    prefix = f"once{unique}"
+    first, second, found, output = f"{prefix}.a", f"{prefix}.b", f"{prefix}.c", f"{prefix}-out"
+    for topic, partitions in ((first, 2), (second, 1), (output, 2)):
+        create_topic(kafka.bootstrap_servers, topic, partitions)
+    sent = [f"{first}:{v}" for v in produce(kafka.bootstrap_servers, first, 30, 2)]
+    sent += [f"{second}:{v}" for v in produce(kafka.bootstrap_servers, second, 10, 1)]
+    # local_read_max_records=0: Spark's Kafka source reads the batch, from the planned ranges (`assign`).
+    config = pipeline_config(prefix, [], {"type": "kafka", "topic": output}, kafka.bootstrap_servers,
+                             topic_pattern=re.escape(prefix) + r"\.[a-z]", local_read_max_records=0)
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"), lambda: KafkaOffsetSource(KafkaSettings.of(config)),
+                run_writers=run_partition_writers)
+    for run in ("run-1", "run-2"):
+        batch = pipe.plan(run).batch
+        assert run_write(spark, pipe.coordinator, batch.id, transform=tagged_value)["action"] == "prepared"
+        assert "COMMITTED" in pipe.commit(batch.id)
+        if run == "run-1":
+            assert {r.topic for r in batch.ranges} == {first, second}
+            create_topic(kafka.bootstrap_servers, found, 3)
+            sent += [f"{found}:{v}" for v in produce(kafka.bootstrap_servers, found, 15, 3)]
+            sent += [f"{first}:{v}" for v in produce(kafka.bootstrap_servers, first, 6, 2, start=30)]
+    assert {r.topic for r in batch.ranges} == {first, second, found}
+    assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output))
+    assert_ranges_tile(pipe.ledger, prefix)
