@@ -138,3 +138,26 @@ def test_a_pipeline_over_a_pattern_writes_each_record_once_also_from_a_topic_fou
     assert {r.topic for r in batch.ranges} == {first, second, found}
     assert_exactly_once(sent, read_all(kafka.bootstrap_servers, output))
     assert_ranges_tile(pipe.ledger, prefix)
+
+
+def test_the_backlog_trigger_counts_a_new_matching_topic_as_waiting_from_its_log_start(kafka, tmp_path, unique):
+    from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger, _Probe
+
+    prefix = f"wake{unique}"
+    old, new = f"{prefix}.old", f"{prefix}.new"
+    make_topic(kafka, old, partitions=1)
+    send(kafka, old, [(0, T0)] * 3)
+    wait_listed(kafka, {old})
+    c = patterned(kafka, tmp_path, prefix)
+    commit_planned(c, c.plan("run-1").batch)
+    probe = _Probe(PipelineBacklogTrigger(
+        pipeline_id=c.config.pipeline_id, topic_pattern=c.config.topic_pattern, kafka_conn_id=None,
+        bootstrap_servers=kafka.bootstrap_servers, ledger_url=str(c.ledger.engine.url), kafka_timeout_ms=3000))
+    try:
+        assert probe.read(None).waiting == {(old, 0): 0}
+        make_topic(kafka, new, partitions=2)
+        send(kafka, new, [(0, T0)] * 4 + [(1, T0)])
+        wait_listed(kafka, {new})
+        assert probe.read(None).waiting == {(old, 0): 0, (new, 0): 4, (new, 1): 1}
+    finally:
+        probe.close()
