@@ -46,6 +46,7 @@ from airflow_exactly_once.core.secrets import REDACTED
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+from airflow_exactly_once.core.topics import topics_of
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
@@ -305,6 +306,7 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
     print(f"created:  {_time(batch.created_at)}   updated: {_time(batch.updated_at)}")
     print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written"
           + (f", {_bad(batch)} bad ({batch.details['bad_records']['policy']})" if _bad(batch) else ""))
+    print(f"topics:   {', '.join(data['topics']) or '-'}")
     print("ranges:")
     for r in batch.ranges:
         print(f"  {r.topic}[{r.partition}]  {r.start}..{r.end}  ({r.size} offsets)")
@@ -521,6 +523,7 @@ def _known(ledger: Ledger, pipeline_id: str) -> str:
 def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any]:
     return {"pipeline_id": batch.pipeline_id, "seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
             "epoch": batch.epoch, "interval": [iso(interval[0]), iso(interval[1])] if interval else None,
+            "topics": topics_of((r.topic, r.partition) for r in batch.ranges),
             "ranges": [r.as_dict() for r in batch.ranges],
             "input_records": batch.input_records, "output_records": batch.output_records,
             "handles": batch.handles, "details": batch.details, "error": batch.error,

@@ -197,6 +197,12 @@ class PipelineConfig:
                                      "later would be missing from intervals already fixed; list the topics "
                                      "(topics=[...]) or use range_mode='continuation'")
 
+    def reads_topic(self, topic: str) -> bool:
+        """Whether the pipeline reads `topic`: listed, or matched by topic_pattern (now or when it is created)."""
+        if self.topic_pattern is not None:
+            return bool(matching_topics(self.topic_pattern, [topic]))
+        return topic in self.topics
+
     def reads(self) -> str:
         """What the pipeline reads, for messages: the topic list or the pattern."""
         if self.topic_pattern is not None:

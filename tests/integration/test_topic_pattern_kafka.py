@@ -5,12 +5,14 @@ finds a topic between its batches writes every record exactly once."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer
 
+from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError
 from airflow_exactly_once.core.startup import DISCOVERED_TOPIC
 from airflow_exactly_once.core.states import BatchState
@@ -47,7 +49,7 @@ def wait_listed(kafka, present: set[str], absent: set[str] = frozenset(), timeou
         consumer.close()
 
 
-def test_a_pattern_reads_every_match_and_what_appears_later_from_its_earliest_offset(kafka, tmp_path, unique):
+def test_a_pattern_reads_every_match_and_what_appears_later_from_its_earliest_offset(kafka, tmp_path, unique, capsys):
     prefix = f"orders{unique}"
     eu, us, asia, other = f"{prefix}.eu", f"{prefix}.us", f"{prefix}.asia", f"{prefix}-archive"
     for topic in (eu, us, other):
@@ -79,6 +81,16 @@ def test_a_pattern_reads_every_match_and_what_appears_later_from_its_earliest_of
                             f"{us}[1] starts at offset 0 (new partition, earliest)",
                             f"{asia}[0] starts at offset 0 ({DISCOVERED_TOPIC})",
                             f"{asia}[1] starts at offset 0 ({DISCOVERED_TOPIC})"])
+    # The CLI says how each partition started, and which topics a batch read.
+    url = str(c.ledger.engine.url)
+    capsys.readouterr()
+    assert cli(["--ledger-url", url, "--json", "positions", c.config.pipeline_id]) == 0
+    started = {(row["topic"], row["partition"]): row["started_by"] for row in json.loads(capsys.readouterr().out)}
+    assert started[(asia, 1)] == DISCOVERED_TOPIC and started[(us, 1)] == "new partition, earliest"
+    assert cli(["--ledger-url", url, "--json", "show", f"{c.config.pipeline_id}:{third.seq}"]) == 0
+    assert json.loads(capsys.readouterr().out)["topics"] == sorted([asia, eu, us])
+    assert cli(["--ledger-url", url, "pipelines"]) == 0
+    assert f"pattern {c.config.topic_pattern}" in capsys.readouterr().out
 
 
 def test_a_matched_topic_deleted_is_data_loss_and_a_pattern_matching_nothing_is_refused(kafka, tmp_path, unique):

@@ -103,3 +103,12 @@ def test_the_report_lists_the_topics_batches_read_not_the_pattern():
     assert report.reads == r"orders\..* (matched: orders.eu, orders.us)"
     batch = type("B", (), {"ranges": (OffsetRange("orders.us", 0, 0, 1), OffsetRange("orders.asia", 1, 0, 2))})()
     assert input_topics(config, batch) == ["orders.asia", "orders.us"] and input_topics(config, None) == []
+
+
+def test_a_kafka_sink_topic_the_pattern_matches_is_refused_before_any_broker_is_asked():
+    from airflow_exactly_once.sinks import create_committer
+
+    config = pipeline_config("p", [], {"type": "kafka", "topic": "orders.enriched"}, topic_pattern=r"orders\..*")
+    assert config.reads_topic("orders.enriched") and not config.reads_topic("orders")
+    with pytest.raises(ConfigurationError, match="'orders.enriched' is also an input topic"):
+        create_committer(config.sink).bind(config).check("p")
