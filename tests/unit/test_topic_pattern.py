@@ -112,3 +112,35 @@ def test_a_kafka_sink_topic_the_pattern_matches_is_refused_before_any_broker_is_
     assert config.reads_topic("orders.enriched") and not config.reads_topic("orders")
     with pytest.raises(ConfigurationError, match="'orders.enriched' is also an input topic"):
         create_committer(config.sink).bind(config).check("p")
+
+
+def test_the_ledger_page_names_the_pattern_and_the_topics_its_batches_read(tmp_path):
+    from airflow_exactly_once.core.backlog import read_pipeline
+    from airflow_exactly_once.ui.loading import LagResult, PipelineSummary
+    from airflow_exactly_once.ui.page import pipeline_page
+    from tests.harness import MarkerWriter, Pipe, open_ledger
+
+    config = pipeline_config("p-x", [], {"type": "parquet", "path": str(tmp_path / "out")}, topic_pattern=r"orders\..*")
+    pipe = Pipe(config, open_ledger(tmp_path / "ledger.db"),
+                lambda: FakeSource({("orders.eu", 0): 4, ("orders.us", 0): 2, ("payments", 0): 9}),
+                writer_factory=MarkerWriter.of)
+    batch = pipe.plan("run-1").batch
+    pipe.write(batch.id)
+    pipe.commit(batch.id)
+    report = read_pipeline(pipe.ledger, "p-x")
+    page = pipeline_page(ledger="sqlite:///x.db", now=report.now, pipelines=[PipelineSummary("p-x", 1, {}, None)],
+                         report=report, lag=LagResult([], ""), base="/ui")
+    assert r"orders\..* (matched: orders.eu, orders.us) &rarr; parquet" in page and "payments" not in page
+
+
+def test_the_backlog_trigger_takes_a_pattern_or_topics():
+    from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
+
+    trigger = PipelineBacklogTrigger(pipeline_id="p", topic_pattern=r"orders\..*", bootstrap_servers="h:1")
+    classpath, kwargs = trigger.serialize()
+    assert PipelineBacklogTrigger(**kwargs).serialize() == (classpath, kwargs)
+    assert kwargs["topic_pattern"] == r"orders\..*" and kwargs["topics"] == []
+    with pytest.raises(ValueError, match="topics or its topic_pattern"):
+        PipelineBacklogTrigger(pipeline_id="p", topics=["t"], topic_pattern="t.*")
+    with pytest.raises(ConfigurationError, match="not a valid regular expression"):
+        PipelineBacklogTrigger(pipeline_id="p", topic_pattern="orders.(")
