@@ -144,3 +144,15 @@ def test_the_backlog_trigger_takes_a_pattern_or_topics():
         PipelineBacklogTrigger(pipeline_id="p", topics=["t"], topic_pattern="t.*")
     with pytest.raises(ConfigurationError, match="not a valid regular expression"):
         PipelineBacklogTrigger(pipeline_id="p", topic_pattern="orders.(")
+
+
+def test_the_operators_take_a_pattern_and_a_templated_one_renders_empty_as_unset():
+    from airflow_exactly_once.operators.batch import PlanBatchOperator
+
+    plan = PlanBatchOperator(task_id="plan", pipeline_id="p", topic_pattern=r"orders\..*", sink=SINK,
+                             kafka_conn_id=None, bootstrap_servers="h:1")
+    config = plan.pipeline_config()
+    assert config.topic_pattern == r"orders\..*" and config.topics == []
+    listed = PlanBatchOperator(task_id="plan2", pipeline_id="p", topics="orders.eu", topic_pattern="", sink=SINK,
+                               kafka_conn_id=None, bootstrap_servers="h:1")
+    assert listed.pipeline_config().topic_pattern is None and listed.pipeline_config().topics == ["orders.eu"]
