@@ -54,7 +54,7 @@ class PipelineConfig:
                                  factory=list, shown_default="none: give topics or topic_pattern")
     topic_pattern: str | None = argument(None, "Instead of topics: a regular expression matched against whole topic "
                                                "names (as Spark's subscribePattern); each plan reads every matching "
-                                               "topic, and a topic or partition found later starts at its earliest "
+                                               "topic, and a topic found after the first plan starts at its earliest "
                                                "offset. Topics starting with '__' never match.")
     sink: dict[str, Any] = argument(doc="Where the output goes: a dict with a 'type' ({sink_types}) "
                                         "and that sink's settings; see the sink pages of the docs.")
