@@ -78,6 +78,9 @@ class FakeSource:
     def partitions(self, topics):
         return [tp for tp in self.ends if tp[0] in topics]
 
+    def cluster_partitions(self):
+        return {topic: sorted(p for t, p in self.ends if t == topic) for topic, _ in self.ends}
+
     def log_start_offsets(self, tps):
         return {tp: self.starts[tp] for tp in tps}
 

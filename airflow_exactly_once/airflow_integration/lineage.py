@@ -2,7 +2,8 @@
 
 The operators' get_openlineage_facets_on_start / _on_complete / _on_failure (the OpenLineage
 provider's DefaultExtractor calls them, only where the provider is installed and on) return
-`step_lineage`: an input dataset per topic (`kafka://{bootstrap server}`, the topic), the output
+`step_lineage`: an input dataset per topic the batch read (`kafka://{bootstrap server}`, the topic; with
+a topic_pattern, the matches its plan found), the output
 sink and, under bad_record_policy="dead_letter", the dead-letter destination as output datasets,
 named by the sinks (SinkCommitter.lineage_dataset), with record counts as the standard statistics facets;
 and the run facet `exactlyOnceBatch`: the batch, its offset range per partition, its counts, its
@@ -18,6 +19,7 @@ from airflow_exactly_once.airflow_integration.compat import openlineage
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.topics import topics_of
 
 FACET_NAME = "exactlyOnceBatch"
 FACET_FIELDS = ("pipelineId", "batchId", "batchSeq", "state", "ranges", "inputRecords", "outputRecords", "badRecords",
@@ -48,9 +50,10 @@ def step_lineage(config: PipelineConfig, written: list[tuple[DatasetName, str]],
     ol = openlineage()
     if ol is None:
         return None
-    single_topic = len(config.topics) == 1
+    read = input_topics(config, batch)
+    single_topic = len(read) == 1
     inputs = []
-    for topic in config.topics:
+    for topic in read:
         name = kafka_dataset(config.bootstrap_servers, topic)
         facets = {}
         if batch is not None and batch.input_records is not None and single_topic:
@@ -64,6 +67,14 @@ def step_lineage(config: PipelineConfig, written: list[tuple[DatasetName, str]],
         outputs.append(ol.OutputDataset(name.namespace, name.name, outputFacets=facets))
     facet = _facet_class(ol)(**batch_facet_fields(config, batch, list(recovered or ())))
     return ol.OperatorLineage(inputs=inputs, outputs=outputs, run_facets={FACET_NAME: facet})
+
+
+def input_topics(config: PipelineConfig, batch: Batch | None) -> list[str]:
+    """The topics of the batch's ranges (what a topic_pattern matched when it was planned); before the batch is
+    known, the listed topics (none for a pattern)."""
+    if batch is not None and batch.ranges:
+        return topics_of((r.topic, r.partition) for r in batch.ranges)
+    return list(config.topics)
 
 
 _FACET_CLASSES: dict[type, type] = {}

@@ -46,6 +46,7 @@ from airflow_exactly_once.core.secrets import REDACTED
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
+from airflow_exactly_once.core.topics import topics_of
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
@@ -259,7 +260,8 @@ def cmd_pipelines(ledger: Ledger, args: argparse.Namespace) -> int:
         counts = ledger.state_counts(pid)
         last = next(iter(ledger.list_batches(pid, [BatchState.COMMITTED], limit=1)), None)
         rows.append({"pipeline": pid, "mode": config.get("range_mode", "continuation"),
-                     "topics": ",".join(config.get("topics", [])), "epoch": pipeline["epoch"],
+                     "topics": ",".join(config.get("topics") or []) or f"pattern {config.get('topic_pattern')}",
+                     "epoch": pipeline["epoch"],
                      "batches": " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "-",
                      "last_committed": last.seq if last else "-", "updated": _time(pipeline["updated_at"])})
     _print(args, rows)
@@ -304,6 +306,7 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
     print(f"created:  {_time(batch.created_at)}   updated: {_time(batch.updated_at)}")
     print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written"
           + (f", {_bad(batch)} bad ({batch.details['bad_records']['policy']})" if _bad(batch) else ""))
+    print(f"topics:   {', '.join(data['topics']) or '-'}")
     print("ranges:")
     for r in batch.ranges:
         print(f"  {r.topic}[{r.partition}]  {r.start}..{r.end}  ({r.size} offsets)")
@@ -319,8 +322,9 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
 
 def cmd_positions(ledger: Ledger, args: argparse.Namespace) -> int:
     pid = _known(ledger, args.pipeline)
-    initial = ledger.initial_offsets(pid)
-    rows = [{"topic": t, "partition": p, "position": offset, "initial": initial.get((t, p), "-")}
+    starts = ledger.partition_starts(pid)
+    rows = [{"topic": t, "partition": p, "position": offset, "initial": starts.get((t, p), ("-",))[0],
+             "started_by": starts.get((t, p), ("-", "-"))[1]}
             for (t, p), offset in sorted(ledger.committed_positions(pid).items())]
     _print(args, rows)
     return 0
@@ -519,6 +523,7 @@ def _known(ledger: Ledger, pipeline_id: str) -> str:
 def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any]:
     return {"pipeline_id": batch.pipeline_id, "seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
             "epoch": batch.epoch, "interval": [iso(interval[0]), iso(interval[1])] if interval else None,
+            "topics": topics_of((r.topic, r.partition) for r in batch.ranges),
             "ranges": [r.as_dict() for r in batch.ranges],
             "input_records": batch.input_records, "output_records": batch.output_records,
             "handles": batch.handles, "details": batch.details, "error": batch.error,

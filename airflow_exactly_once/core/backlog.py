@@ -17,6 +17,7 @@ from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.ranges import start_of_waiting
 from airflow_exactly_once.core.retention import Retention
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.core.topics import topics_of
 
 TopicPartition = tuple[str, int]
 IN_FLIGHT = (BatchState.PLANNED, BatchState.PREPARED)
@@ -147,7 +148,22 @@ class PipelineReport:
 
     @property
     def topics(self) -> list[str]:
-        return list(self.config.get("topics") or [])
+        """The topics the pipeline has read: those of its positions and of its batches' ranges (a topic_pattern's
+        matches as the plans found them), else the configured list."""
+        read = topics_of([*self.committed, *self.claimed, *((r.topic, r.partition) for b in self.batches
+                                                             for r in b.ranges)])
+        return read or list(self.config.get("topics") or [])
+
+    @property
+    def topic_pattern(self) -> str | None:
+        return self.config.get("topic_pattern") or None
+
+    @property
+    def reads(self) -> str:
+        """What the pipeline reads, as the page and the CLI say it: the pattern and what it matched, or the topics."""
+        if self.topic_pattern is None:
+            return ", ".join(self.topics)
+        return f"{self.topic_pattern} (matched: {', '.join(self.topics) or 'nothing planned yet'})"
 
     @property
     def sink_type(self) -> str:

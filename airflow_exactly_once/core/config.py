@@ -18,6 +18,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
 from airflow_exactly_once.core.secrets import is_redacted, redacted_value, secret_values
 from airflow_exactly_once.core.timestamps import to_epoch_ms
+from airflow_exactly_once.core.topics import compile_topic_pattern, matching_topics
 
 # Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
 # setStartFrom*). The ledger always wins: these only place partitions seen for the first time.
@@ -41,13 +42,20 @@ BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
 _PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PipelineConfig:
-    """Every pipeline setting, declared once: the operators take these as arguments (see operators.arguments)."""
+    """Every pipeline setting, declared once: the operators take these as arguments (see operators.arguments).
+
+    Keyword-only: `topics` and `topic_pattern` are alternatives, so neither is a required positional argument."""
 
     pipeline_id: str = argument(doc="Names the pipeline in the ledger, transactions and folders; one per "
                                     "topics-to-sink flow (letters, digits, '_', '.', '-').")
-    topics: list[str] = argument(doc="The Kafka topic(s) to read (a name or a list).")
+    topics: list[str] = argument(doc="The Kafka topic(s) to read (a name or a list); or give topic_pattern.",
+                                 factory=list, shown_default="none: give topics or topic_pattern")
+    topic_pattern: str | None = argument(None, "Instead of topics: a regular expression matched against whole topic "
+                                               "names (as Spark's subscribePattern); each plan reads every matching "
+                                               "topic, and a topic found after the first plan starts at its earliest "
+                                               "offset. Topics starting with '__' never match.")
     sink: dict[str, Any] = argument(doc="Where the output goes: a dict with a 'type' ({sink_types}) "
                                         "and that sink's settings; see the sink pages of the docs.")
     bootstrap_servers: str = argument("", "Kafka servers 'host:port,...'; default: the kafka connection's "
@@ -140,10 +148,7 @@ class PipelineConfig:
             raise ConfigurationError(
                 f"pipeline_id {self.pipeline_id!r} is not valid: use letters, digits, '_', '.', '-' "
                 "(it names transactions, folders and ledger rows)")
-        if isinstance(self.topics, str):
-            self.topics = [self.topics]
-        if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
-            raise ConfigurationError("topics must be a non-empty list of Kafka topic names")
+        self._validate_topics()
         for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
                                      ("new_partition_start", self.new_partition_start, NEW_PARTITION_STARTS),
                                      ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
@@ -169,6 +174,40 @@ class PipelineConfig:
         if self.transform is not None and not isinstance(self.transform, str):
             raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
         return self
+
+    def _validate_topics(self) -> None:
+        """Exactly one of `topics` (names) and `topic_pattern` (a regular expression over names)."""
+        if isinstance(self.topics, str):
+            self.topics = [self.topics]
+        self.topics = list(self.topics or [])
+        if self.topic_pattern in ("", None):
+            self.topic_pattern = None
+            if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
+                raise ConfigurationError("give the Kafka topics to read: topics='orders' (a name or a list of names), "
+                                         "or topic_pattern='orders\\\\..*' (every topic whose whole name matches)")
+            return
+        if self.topics:
+            raise ConfigurationError(f"give either topics or topic_pattern, not both (topics={self.topics}, "
+                                     f"topic_pattern={self.topic_pattern!r}): a pattern already names every topic "
+                                     "the pipeline reads; put the listed names into the pattern, or drop it")
+        compile_topic_pattern(self.topic_pattern)
+        if self.range_mode == "interval":
+            raise ConfigurationError("topic_pattern does not apply to range_mode='interval' yet: an interval's "
+                                     "boundaries are fixed per partition the first time it runs, so a topic found "
+                                     "later would be missing from intervals already fixed; list the topics "
+                                     "(topics=[...]) or use range_mode='continuation'")
+
+    def reads_topic(self, topic: str) -> bool:
+        """Whether the pipeline reads `topic`: listed, or matched by topic_pattern (now or when it is created)."""
+        if self.topic_pattern is not None:
+            return bool(matching_topics(self.topic_pattern, [topic]))
+        return topic in self.topics
+
+    def reads(self) -> str:
+        """What the pipeline reads, for messages: the topic list or the pattern."""
+        if self.topic_pattern is not None:
+            return f"the topics matching {self.topic_pattern!r}"
+        return ", ".join(self.topics)
 
     def _validate_local_read(self) -> None:
         value = self.local_read_max_records
@@ -215,6 +254,10 @@ class PipelineConfig:
                 raise ConfigurationError(f"{part}_format={fmt!r} reads the Schema Registry wire format: give "
                                          "schema_registry_conn_id='<a schema_registry connection>' (its URL and "
                                          "credentials)")
+            if self.topic_pattern is not None and not getattr(self, f"{part}_subject"):
+                raise ConfigurationError(f"{part}_format={fmt!r} with topic_pattern needs {part}_subject='<subject>': "
+                                         f"the default subject is '<topic>-{part}' per topic, and the topics a "
+                                         "pattern will match are not known when the batch's reader schema is fixed")
             if isinstance(schema, bool) or (isinstance(schema, (int, float)) and int(schema) != schema):
                 raise ConfigurationError(f"{part}_schema={schema!r}: give a version number, the schema, or None for "
                                          "the subject's latest version")
@@ -279,7 +322,7 @@ class PipelineConfig:
             raise ConfigurationError("startup_timestamp is only used with startup_mode='timestamp'; remove it or "
                                      "set startup_mode='timestamp'")
         if self.startup_mode == "specific_offsets":
-            self.startup_offsets = normalize_offsets(self.startup_offsets, self.topics)
+            self.startup_offsets = normalize_offsets(self.startup_offsets, self.topics, self.topic_pattern)
         elif self.startup_offsets:
             raise ConfigurationError("startup_offsets is only used with startup_mode='specific_offsets'")
         if self.startup_mode == "group_offsets" and not self.startup_group_id:
@@ -354,6 +397,8 @@ class PipelineConfig:
     def fingerprint(self) -> str:
         """Changes when what the pipeline reads, transforms or writes changes."""
         relevant = {"topics": sorted(self.topics), "sink": self.sink, "transform": self.transform}
+        if self.topic_pattern is not None:  # added later, likewise
+            relevant["topic_pattern"] = self.topic_pattern
         if self.value_format is not None:  # added later: pipelines without decoding keep their fingerprint
             relevant.update(value_format=self.value_format, value_schema=self.value_schema)
         for name in ("key_format", "key_schema", "value_subject", "key_subject"):  # added later, likewise
@@ -393,8 +438,9 @@ def _set(data: dict[str, Any], path: list[str], value: Any) -> None:
     data[path[-1]] = value
 
 
-def normalize_offsets(offsets: Any, topics: list[str]) -> dict[str, int]:
-    """{"topic:partition": offset} from {"topic": {partition: offset}} or {"topic:partition": offset}."""
+def normalize_offsets(offsets: Any, topics: list[str], pattern: str | None = None) -> dict[str, int]:
+    """{"topic:partition": offset} from {"topic": {partition: offset}} or {"topic:partition": offset}; each topic
+    one of `topics`, or one `pattern` matches."""
     example = "{'orders': {0: 42, 1: 17}} or {'orders:0': 42}"
     if not isinstance(offsets, dict) or not offsets:
         raise ConfigurationError(f"startup_mode='specific_offsets' needs startup_offsets, e.g. {example}")
@@ -407,8 +453,10 @@ def normalize_offsets(offsets: Any, topics: list[str]) -> dict[str, int]:
     result = {}
     for key, value in flat.items():
         topic, sep, partition = key.rpartition(":")
-        if not sep or not partition.strip().isdigit() or topic not in topics:
-            raise ConfigurationError(f"startup_offsets key {key!r} must name a partition of {topics}, e.g. {example}")
+        known = topic in topics or (pattern is not None and bool(matching_topics(pattern, [topic])))
+        if not sep or not partition.strip().isdigit() or not known:
+            what = topics if pattern is None else f"a topic matching {pattern!r}"
+            raise ConfigurationError(f"startup_offsets key {key!r} must name a partition of {what}, e.g. {example}")
         try:
             offset = int(value)
         except (TypeError, ValueError):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.core.topics import topics_of
 
 TopicPartition = tuple[str, int]
 MIRROR_METADATA_PREFIX = "airflow-exactly-once:"  # what the mirror writes as each offset's metadata
@@ -116,6 +117,7 @@ def check_drift(ledger: Ledger, pipeline_id: str, *, read_group: GroupReader | N
         offsets = read_group(group)
         report.compared.append(f"consumer group {group!r}" + ("" if offsets is not None else ": could not be read"))
         if offsets is not None:
+            # A topic_pattern's topics are those the batches read (the ledger's positions, see compare_group).
             report.findings += compare_group(ledger, pipeline_id, group, stored.get("topics") or [], offsets,
                                              mirror_command)
     if read_events is None:
@@ -198,7 +200,8 @@ def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable
                   offsets: dict[TopicPartition, GroupOffset], mirror_command: str) -> list[Finding]:
     """The mirrored group's offsets against the ledger's committed positions.
 
-    `offsets`: every offset the group holds; those of other topics are none of this pipeline's.
+    `offsets`: every offset the group holds; those of topics the pipeline neither lists nor has read are none of
+    this pipeline's.
     `mirror_command`: the command that copies the ledger's positions to the group again.
     """
     positions = ledger.committed_positions(pipeline_id)
@@ -233,7 +236,7 @@ def compare_group(ledger: Ledger, pipeline_id: str, group: str, topics: Iterable
         findings.append(Finding(kind, _tp(tp), f"group {group!r} is at {held.offset}, the ledger's position is "
                                 f"{position} ({abs(position - held.offset)} offsets "
                                 f"{'behind' if held.offset < position else 'ahead'})", cause, repair))
-    watched = set(topics)
+    watched = set(topics) | set(topics_of(positions))  # the listed topics, and those a pattern's batches read
     for tp, held in sorted(offsets.items()):
         if tp[0] in watched and tp not in positions:
             findings.append(Finding("group-unknown-partition", _tp(tp), f"group {group!r} holds offset {held.offset} "

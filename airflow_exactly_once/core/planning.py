@@ -30,6 +30,7 @@ from airflow_exactly_once.core.source import OffsetSource
 from airflow_exactly_once.core.startup import startup_positions
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, now_ms, to_epoch_ms
+from airflow_exactly_once.core.topics import partitions_to_read, topics_of
 
 log = logging.getLogger(__name__)
 
@@ -229,11 +230,12 @@ class ContinuationPlanner(Planner):
         positions = self.ledger.committed_positions(self.pipeline_id)
         source = self.source_factory()
         try:
-            tps = source.partitions(self.config.topics)
+            tps = partitions_to_read(source, self.config.topics, self.config.topic_pattern,
+                                     self.config.bootstrap_servers or "the Kafka cluster")
             log_starts, ends = source.log_start_offsets(tps), source.end_offsets(tps)
             self.last_stable = dict(ends)
             starts = startup_positions(self.config, source, [tp for tp in tps if tp not in positions],
-                                       log_starts, ends, first_run=not positions)
+                                       log_starts, ends, first_run=not positions, known_topics=topics_of(positions))
         finally:
             source.close()
         plan = continuation_ranges(self.config, positions, tps, log_starts, ends, starts)
@@ -245,7 +247,7 @@ class ContinuationPlanner(Planner):
         if plan.is_empty:  # recorded, so the ledger shows the run; it takes nothing over
             batch = self.ledger.create_batch(self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
                                              details=details, state=BatchState.EMPTY, resets=plan.resets)
-            return PlanOutcome("empty", batch, f"no new committed records in {', '.join(self.config.topics)}: "
+            return PlanOutcome("empty", batch, f"no new committed records in {self.config.reads()}: "
                                f"recorded {batch.describe()}; nothing to write")
         self.superseded = tuple(b.seq for b in in_flight)
         batch = self.ledger.create_batch(

@@ -15,6 +15,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, DataLossError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.startup import edge_start
 from airflow_exactly_once.core.timestamps import iso
+from airflow_exactly_once.core.topics import matching_topics, topics_of
 
 TopicPartition = tuple[str, int]
 Interval = tuple[int, int]
@@ -96,12 +97,17 @@ def continuation_ranges(
 
 def _check_topics_unchanged(config: PipelineConfig, positions: dict[TopicPartition, int]) -> None:
     """A pipeline id reused for other topics is a configuration change, not data loss: say so."""
-    committed = sorted({topic for topic, _ in positions})
-    gone = [t for t in committed if t not in config.topics]
+    committed = topics_of(positions)
+    if config.topic_pattern is not None:
+        gone = [t for t in committed if not matching_topics(config.topic_pattern, [t])]
+        now = f"the topics matching {config.topic_pattern!r}"
+    else:
+        gone = [t for t in committed if t not in config.topics]
+        now = str(sorted(config.topics))
     if gone:
         raise ConfigurationError(
             f"pipeline {config.pipeline_id} has committed offsets of topic(s) {gone}, but its topics are now "
-            f"{sorted(config.topics)} (before: {committed}): the same pipeline_id now reads other topics. Give the "
+            f"{now} (before: {committed}): the same pipeline_id now reads other topics. Give the "
             "new flow its own pipeline_id (the ledger keeps the old one's history), or put the old topics back.")
 
 

@@ -15,6 +15,9 @@ class OffsetSource(Protocol):
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         """All partitions of the topics, discovered now (raises if a topic does not exist)."""
 
+    def cluster_partitions(self) -> dict[str, list[int]]:
+        """Every topic the client may describe, with its partitions, from one metadata request (topic_pattern)."""
+
     def log_start_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """The first offset still in the log (moves with retention and deletion)."""
 

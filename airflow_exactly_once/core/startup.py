@@ -2,10 +2,15 @@
 
 Only partitions seen for the first time get here: the ledger's committed positions always
 win, so changing `startup_mode` on a running pipeline changes nothing already recorded.
-The first run uses `startup_mode`; partitions that appear later use `new_partition_start`.
+The first run uses `startup_mode`; partitions that appear later in a topic already read use
+`new_partition_start`; a topic that a `topic_pattern` finds later starts at its earliest offset,
+whatever the startup mode (as Flink's KafkaSource starts partitions it discovers): its records
+were all written after the pipeline began, so starting anywhere else would skip data.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
@@ -14,6 +19,8 @@ from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 
 TopicPartition = tuple[str, int]
 Start = tuple[int, str]  # offset, and why (recorded in the ledger)
+# The origin recorded for the partitions of a topic that topic_pattern found after the pipeline's first plan.
+DISCOVERED_TOPIC = "discovered topic (topic_pattern), earliest"
 
 
 def edge_start(mode: str, log_start: int, end: int) -> int:
@@ -23,13 +30,15 @@ def edge_start(mode: str, log_start: int, end: int) -> int:
 
 def startup_positions(config: PipelineConfig, source: OffsetSource, unknown: list[TopicPartition],
                       log_starts: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-                      first_run: bool) -> dict[TopicPartition, Start]:
-    """Start offsets, with their origin, of partitions the ledger has never seen."""
+                      first_run: bool, known_topics: Iterable[str] = ()) -> dict[TopicPartition, Start]:
+    """Start offsets, with their origin, of partitions the ledger has never seen (`known_topics`: the topics it
+    has seen)."""
     if not unknown:
         return {}
     if not first_run:
-        mode = config.new_partition_start
-        return {tp: (edge_start(mode, log_starts[tp], ends[tp]), f"new partition, {mode}") for tp in unknown}
+        known, mode = set(known_topics), config.new_partition_start
+        return {tp: (edge_start(mode, log_starts[tp], ends[tp]), f"new partition, {mode}") if tp[0] in known
+                else (log_starts[tp], DISCOVERED_TOPIC) for tp in unknown}
     mode = config.startup_mode
     if mode in ("earliest", "latest"):
         return {tp: (edge_start(mode, log_starts[tp], ends[tp]), f"startup mode {mode}") for tp in unknown}

@@ -17,6 +17,7 @@ from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SourceUnavailableError
 from airflow_exactly_once.core.ranges import start_of_waiting
+from airflow_exactly_once.core.topics import partitions_to_read
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
@@ -66,6 +67,15 @@ class KafkaOffsetSource:
         except KafkaError as exc:
             raise self._failure(exc, f"listing partitions of {topics}") from exc
         return found
+
+    def cluster_partitions(self) -> dict[str, list[int]]:
+        # One metadata request for every topic (kafka-python's topics() always asks the cluster, internal topics
+        # left out); the partitions then come from the metadata it cached.
+        try:
+            existing = self._consumer.topics()
+            return {topic: sorted(self._consumer.partitions_for_topic(topic) or ()) for topic in existing}
+        except KafkaError as exc:
+            raise self._failure(exc, "listing the cluster's topics (topic_pattern)") from exc
 
     def _unless_hidden(self) -> str:
         if self.settings.security_protocol.startswith("SASL"):  # brokers hide topics a user may not DESCRIBE
@@ -144,10 +154,11 @@ class TopicOffsets:
 
 def read_topic_offsets(source: KafkaOffsetSource, topics: list[str], *,
                        positions: Mapping[TopicPartition, int] | None = None,
-                       cutoff_ms: int | None = None) -> TopicOffsets:
-    """Last stable offsets and log starts of `topics`; with `cutoff_ms`, where that time falls in the
-    partitions holding records beyond `positions` (to tell how old the oldest waiting record is)."""
-    tps = source.partitions(topics)
+                       cutoff_ms: int | None = None, pattern: str | None = None) -> TopicOffsets:
+    """Last stable offsets and log starts of `topics` (or of every topic `pattern` matches now, new ones included);
+    with `cutoff_ms`, where that time falls in the partitions holding records beyond `positions` (to tell how old
+    the oldest waiting record is)."""
+    tps = partitions_to_read(source, topics, pattern)
     last_stable, log_start = source.end_offsets(tps), source.log_start_offsets(tps)
     first_at_cutoff: dict[TopicPartition, int | None] = {}
     if cutoff_ms is not None:

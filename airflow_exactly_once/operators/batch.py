@@ -80,6 +80,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         # templated one holds the Jinja text until the task renders it.
         self.pipeline_id: str = given["pipeline_id"]
         self.topics: str | list[str] = given["topics"]
+        self.topic_pattern: str | None = given["topic_pattern"]
         self.sink: dict[str, Any] = given["sink"]
         self.bootstrap_servers: str = given["bootstrap_servers"]
         self.startup_mode: str = given["startup_mode"]
@@ -155,7 +156,8 @@ class ExactlyOnceBaseOperator(BaseOperator):
         settings = source_kafka_settings(self.kafka_conn_id, self.kafka_config, self.bootstrap_servers)
         values = {a.name: getattr(self, a.name) for a in arguments.PIPELINE_ARGUMENTS}
         values.update(
-            topics=[self.topics] if isinstance(self.topics, str) else list(self.topics),
+            topics=[self.topics] if isinstance(self.topics, str) else list(self.topics or []),
+            topic_pattern=_optional(self.topic_pattern),
             sink=dict(self.sink), transform=transform_name(self.transform),
             bootstrap_servers=settings.bootstrap_servers, kafka_config=dict(settings.properties),
             kafka_origin=settings.origin, kafka_conn_id=_optional(self.kafka_conn_id),

@@ -5,6 +5,10 @@ scheduled on that Asset runs when there is data instead of on a clock:
 
     backlog = PipelineBacklogTrigger(pipeline_id="orders", topics=["orders"], min_records=1000,
                                      max_wait_seconds=300)
+
+A pipeline over `topic_pattern` gives the trigger the same pattern: each poll lists the topics
+that match then, so a topic created since the last batch counts as waiting from its log start
+(where the next plan starts it).
     with DAG(..., schedule=[pipeline_backlog_asset("orders", backlog)], max_active_runs=1): ...
 
 It fires when the topics hold at least `min_records` committed records (read_committed:
@@ -57,6 +61,7 @@ from airflow_exactly_once.core.backlog import (
 )
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file
 from airflow_exactly_once.core.timestamps import iso, now_ms
+from airflow_exactly_once.core.topics import compile_topic_pattern
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 
 TopicPartition = tuple[str, int]
@@ -132,7 +137,8 @@ class _Probe:
                                              self.trigger.bootstrap_servers).check()
             self._source = KafkaOffsetSource(settings, timeout_ms=self.trigger.kafka_timeout_ms,
                                              bootstrap_timeout_ms=self.trigger.kafka_timeout_ms)
-        offsets = read_topic_offsets(self._source, list(self.trigger.topics), positions=positions, cutoff_ms=cutoff_ms)
+        offsets = read_topic_offsets(self._source, list(self.trigger.topics), positions=positions, cutoff_ms=cutoff_ms,
+                                     pattern=self.trigger.topic_pattern)
         backlog = Backlog(waiting_records(positions, offsets.last_stable, offsets.log_start),
                           waited_too_long(positions, offsets.last_stable, offsets.log_start, offsets.first_at_cutoff),
                           last_seq, offsets.last_stable, positions, in_flight)
@@ -165,6 +171,7 @@ class PipelineBacklogTrigger(BaseEventTrigger):
 
     :param pipeline_id: The pipeline whose ledger position counts (the DAG's exactly_once_batch pipeline_id).
     :param topics: Its Kafka topic(s).
+    :param topic_pattern: Instead of topics: the pipeline's topic_pattern (every matching topic counts, new ones too).
     :param kafka_conn_id: The official `kafka` connection (bootstrap servers and security in its extra).
     :param kafka_config: Client settings over the connection's (librdkafka names), as the pipeline's.
     :param bootstrap_servers: Servers instead of the connection's.
@@ -178,14 +185,16 @@ class PipelineBacklogTrigger(BaseEventTrigger):
     :param kafka_timeout_ms: How long one request to Kafka may take.
     """
 
-    def __init__(self, *, pipeline_id: str, topics: list[str] | str, kafka_conn_id: str | None = "kafka_default",
+    def __init__(self, *, pipeline_id: str, topics: list[str] | str | None = None, topic_pattern: str | None = None,
+                 kafka_conn_id: str | None = "kafka_default",
                  kafka_config: dict[str, Any] | None = None, bootstrap_servers: str | None = None,
                  ledger_conn_id: str | None = None, ledger_url: str | None = None, min_records: int = 1,
                  max_wait_seconds: float | None = None, poll_interval_seconds: float = 30.0,
                  rearm_seconds: float = 900.0, kafka_timeout_ms: int = 10_000) -> None:
         super().__init__()
         self.pipeline_id = pipeline_id
-        self.topics = [topics] if isinstance(topics, str) else list(topics)
+        self.topics = [topics] if isinstance(topics, str) else list(topics or ())
+        self.topic_pattern = topic_pattern or None
         self.kafka_conn_id = kafka_conn_id
         self.kafka_config = dict(kafka_config or {})
         self.bootstrap_servers = bootstrap_servers
@@ -197,14 +206,17 @@ class PipelineBacklogTrigger(BaseEventTrigger):
         self.rearm_seconds = float(rearm_seconds)
         self.kafka_timeout_ms = int(kafka_timeout_ms)
         self.rule = WakeRule(min_records, None if max_wait_seconds is None else int(max_wait_seconds * 1000)).validate()
-        if not self.topics:
-            raise ValueError("PipelineBacklogTrigger needs the pipeline's topics")
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("PipelineBacklogTrigger needs the pipeline's topics or its topic_pattern (one of them)")
+        if self.topic_pattern:
+            compile_topic_pattern(self.topic_pattern)
         if self.poll_interval_seconds <= 0:
             raise ValueError("poll_interval_seconds must be positive")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "pipeline_id": self.pipeline_id, "topics": self.topics, "kafka_conn_id": self.kafka_conn_id,
+            "pipeline_id": self.pipeline_id, "topics": self.topics, "topic_pattern": self.topic_pattern,
+            "kafka_conn_id": self.kafka_conn_id,
             "kafka_config": self.kafka_config, "bootstrap_servers": self.bootstrap_servers,
             "ledger_conn_id": self.ledger_conn_id, "ledger_url": self.ledger_url, "min_records": self.min_records,
             "max_wait_seconds": self.max_wait_seconds, "poll_interval_seconds": self.poll_interval_seconds,
@@ -240,7 +252,7 @@ class PipelineBacklogTrigger(BaseEventTrigger):
         problem: str | None = None
         seen: tuple[int, int] | None = None
         self.log.info("watching pipeline %s (topics %s): fires at %d waiting records%s", self.pipeline_id,
-                      ", ".join(self.topics), self.min_records,
+                      ", ".join(self.topics) or f"matching {self.topic_pattern!r}", self.min_records,
                       f" or after {self.max_wait_seconds:g} s" if self.max_wait_seconds else "")
         try:
             while True:

@@ -97,7 +97,8 @@ def report_json(report: PipelineReport, lag: LagResult, drift: DriftResult) -> d
 
     return {
         "pipeline_id": report.pipeline_id, "epoch": report.epoch, "dag_ids": sorted(report.dag_ids),
-        "topics": report.topics, "sink": report.sink_type, "counts": report.counts, "last_seq": report.last_seq,
+        "topics": report.topics, "topic_pattern": report.topic_pattern, "sink": report.sink_type,
+        "counts": report.counts, "last_seq": report.last_seq,
         "commit_deadline_ms": report.commit_deadline_ms,
         "retention": {"describe": report.retention, "pruned_through": report.pruned_through},
         "committed": {tp(k): v for k, v in sorted(report.committed.items())},

@@ -186,7 +186,8 @@ def read_lag(report: PipelineReport, timeout_ms: int = DEFAULT_KAFKA_TIMEOUT_MS)
         servers = settings.bootstrap_servers
         source = KafkaOffsetSource(settings, timeout_ms=timeout_ms, bootstrap_timeout_ms=timeout_ms)
         try:
-            offsets = read_topic_offsets(source, report.topics)
+            offsets = read_topic_offsets(source, [] if report.topic_pattern else report.topics,
+                                         pattern=report.topic_pattern)  # a pattern's new matches are lag too
         finally:
             source.close()
     except (ExactlyOnceError, KafkaError, OSError, ValueError, TypeError) as exc:

@@ -109,7 +109,7 @@ def _cards(report: PipelineReport, lag: LagResult | None) -> str:
     total = None if lag is None else lag.total
     return '<div class="cards">' + "".join([
         _card("DAGs", _e(", ".join(sorted(report.dag_ids)) or "not recorded"), "card-dags"),
-        _card("topics -> sink", f"{_e(', '.join(report.topics))} &rarr; {_e(report.sink_type)}", "card-flow"),
+        _card("topics -> sink", f"{_e(report.reads)} &rarr; {_e(report.sink_type)}", "card-flow"),
         _card("fencing epoch", _count(report.epoch), "card-epoch"),
         _card("batches", _e(counts), "card-batches"),
         _card("in flight", _count(len(report.in_flight)), "card-in-flight"),

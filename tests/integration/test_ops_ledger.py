@@ -180,7 +180,8 @@ def test_boundaries_are_fixed_once_and_never_cross(ledger):
 
 
 def test_interval_ranges_apply_the_data_loss_policy():
-    config = PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", range_mode="interval")
+    config = PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/x"},
+                                    bootstrap_servers="k:1", range_mode="interval")
     fixed = {(TP, 0): 10, (TP, 100): 20}
     ranges, skipped = interval_ranges(config, [TP], fixed, (0, 100), {TP: 0}, {TP: 30})
     assert ranges == [OffsetRange("t", 0, 10, 20)] and skipped == []
@@ -208,16 +209,19 @@ def test_interval_ranges_apply_the_data_loss_policy():
 ])
 def test_bad_configuration_names_the_problem(overrides, message):
     with pytest.raises(ConfigurationError) as info:
-        checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", **overrides))
+        checked(PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/x"},
+                                    bootstrap_servers="k:1", **overrides))
     assert message in str(info.value)
 
 
 def test_startup_arguments_are_normalised():
-    config = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1",
+    config = checked(PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/x"},
+                                    bootstrap_servers="k:1",
                                     startup_mode="specific_offsets", startup_offsets={"t": {0: 5, "1": 7}}))
     assert config.startup_offsets == {"t:0": 5, "t:1": 7}
     assert config.startup_offset_map() == {("t", 0): 5, ("t", 1): 7}
-    stamped = checked(PipelineConfig("p", ["t"], {"type": "parquet", "path": "/x"}, "k:1", startup_mode="timestamp",
+    stamped = checked(PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/x"},
+                                    bootstrap_servers="k:1", startup_mode="timestamp",
                              startup_timestamp="2024-05-01T00:00:00Z"))
     assert stamped.startup_timestamp == to_epoch_ms("2024-05-01T00:00:00+00:00") == 1714521600000
 
@@ -245,7 +249,7 @@ def test_cli_lists_shows_and_checks(ledger, tmp_path, capsys):
 
 def test_clearing_an_aborted_run_after_a_rewind_replays_nothing(ledger, tmp_path):
     sink = ParquetSinkCommitter({"type": "parquet", "path": str(tmp_path / "out")})
-    config = checked(PipelineConfig("p", ["t"], sink.spec, "k:1"))
+    config = checked(PipelineConfig(pipeline_id="p", topics=["t"], sink=sink.spec, bootstrap_servers="k:1"))
     commit(ledger, two(0, 10, 0, 10))
     aborted = ledger.create_batch("p", "run-2", two(10, 20, 10, 20), expected_epoch=ledger.pipeline("p")["epoch"])
     ledger.mark_aborted(aborted.id, "write failed for good")

@@ -77,8 +77,9 @@ def test_a_kafka_dead_letter_destinations_secrets_stay_out_of_the_ledger_too():
 
 
 def test_a_config_whose_secrets_were_not_looked_for_is_never_stored():
-    unchecked = PipelineConfig("p", ["t"], {"type": "kafka", "topic": "out",
-                                            "kafka_config": {"sasl.password": "s3cr3t"}}, "127.0.0.1:9092").validate()
+    unchecked = PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "kafka", "topic": "out",
+                                                                    "kafka_config": {"sasl.password": "s3cr3t"}},
+                               bootstrap_servers="127.0.0.1:9092").validate()
     with pytest.raises(RuntimeError, match="secrets are not known"):
         unchecked.to_stored_dict()
 

@@ -28,6 +28,12 @@ class PositionLedger(LedgerBase):
             rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
             return {(r.topic, r.partition): r.initial_offset for r in rows}
 
+    def partition_starts(self, pipeline_id: str) -> dict[TopicPartition, tuple[int, str]]:
+        """Where each partition started and why (a startup mode, a new partition, a topic a topic_pattern found)."""
+        with self._reading() as conn:
+            rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
+            return {(r.topic, r.partition): (r.initial_offset, r.origin) for r in rows}
+
     def register_partitions(self, pipeline_id: str, starts: dict[TopicPartition, tuple[int, str]]) -> None:
         """Record where newly seen partitions start; partitions already known keep theirs."""
         if not starts:

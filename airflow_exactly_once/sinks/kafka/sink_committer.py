@@ -59,7 +59,7 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
 
     def check(self, pipeline_id: str) -> None:
         topic = self.output.topic
-        if self.pipeline is not None and topic in self.pipeline.topics:
+        if self.pipeline is not None and self.pipeline.reads_topic(topic):
             raise ConfigurationError(f"the kafka sink topic {topic!r} is also an input topic: every batch would "
                                      "read its own output; write to another topic")
         settings = self.output.client_settings()
