@@ -2,14 +2,17 @@
 
 An object written as a multipart upload is invisible until CompleteMultipartUpload, and an open
 upload survives its writer (Flink's FileSink publishes on S3 the same way). `UploadStream` is the
-file a writer writes into: it sends a part each time `part_size` bytes are buffered, so a file of
-any size is held in memory one part at a time. `complete` is idempotent: a completed upload is gone
-(NoSuchUpload), and its object with the expected size means "done before" (`completion_outcome`).
+file a writer writes into: it hands a part to a sender thread each time `part_size` bytes are
+buffered, so encoding the next part and uploading the last ones overlap (as S3A's block upload
+does), and a file of any size is held in memory at most `1 + in_flight` parts at a time. `complete`
+is idempotent: a completed upload is gone (NoSuchUpload), and its object with the expected size
+means "done before" (`completion_outcome`).
 """
 
 from __future__ import annotations
 
 import io
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Iterable
@@ -48,16 +51,21 @@ def completion_outcome(gone: bool, found_bytes: int | None, expected_bytes: int)
 
 
 class UploadStream(io.RawIOBase):
-    """A write-only file whose bytes become the parts of an open multipart upload (never completed here)."""
+    """A write-only file whose bytes become the parts of an open multipart upload (never completed here).
 
-    def __init__(self, client: Any, bucket: str, key: str, part_size: int) -> None:
+    Parts are sent by `in_flight` threads; a failed part is raised by the next `write` or by `staged`.
+    """
+
+    def __init__(self, client: Any, bucket: str, key: str, part_size: int, in_flight: int = 2) -> None:
         super().__init__()
         if part_size < MIN_PART_BYTES:
             raise ValueError(f"a part holds at least {MIN_PART_BYTES} bytes (S3's minimum), not {part_size}")
         self.client, self.bucket, self.key, self.part_size = client, bucket, key, part_size
         self.upload_id: str = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
         self._buffer = bytearray()
-        self._parts: list[tuple[int, str]] = []
+        self._in_flight = max(1, in_flight)
+        self._senders = ThreadPoolExecutor(self._in_flight, thread_name_prefix=f"upload-{key[-24:]}")
+        self._sent: list[Future[tuple[int, str]]] = []
         self._written = 0
 
     def writable(self) -> bool:
@@ -76,22 +84,32 @@ class UploadStream(io.RawIOBase):
         return len(view)
 
     def staged(self) -> OpenUpload:
-        """Send what is buffered as the last part; the upload stays open."""
-        if self._buffer or not self._parts:
+        """Send what is buffered as the last part, wait for every part; the upload stays open."""
+        if self._buffer or not self._sent:
             self._send(bytes(self._buffer))
             self._buffer = bytearray()
-        return OpenUpload(self.key, self.upload_id, tuple(self._parts), self._written)
+        try:
+            parts = tuple(sent.result() for sent in self._sent)
+        finally:
+            self._senders.shutdown(wait=True, cancel_futures=True)
+        return OpenUpload(self.key, self.upload_id, parts, self._written)
 
     def abort(self) -> None:
+        self._senders.shutdown(wait=True, cancel_futures=True)  # no part lands after the abort
         abort_upload(self.client, self.bucket, self.key, self.upload_id)
 
     def _send(self, body: bytes) -> None:
-        number = len(self._parts) + 1
+        number = len(self._sent) + 1
         if number > MAX_PARTS:
             raise ValueError(f"{self.key} needs more than {MAX_PARTS} parts: raise the part size")
+        if len(self._sent) >= self._in_flight:
+            self._sent[-self._in_flight].result()  # at most `in_flight` parts held beside the buffer; raises a failure
+        self._sent.append(self._senders.submit(self._upload_part, number, body))
+
+    def _upload_part(self, number: int, body: bytes) -> tuple[int, str]:
         answer = self.client.upload_part(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
                                          PartNumber=number, Body=body)
-        self._parts.append((number, answer["ETag"]))
+        return number, answer["ETag"]
 
 
 def object_size(client: Any, bucket: str, key: str) -> int | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from airflow_exactly_once.sinks import spec_local_folders
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedFile, StagedUploads
 from airflow_exactly_once.sinks.parquet.s3.layout import ObjectLayout
 from airflow_exactly_once.sinks.parquet.spec import ParquetSpec
-from airflow_exactly_once.storage.multipart import Completion, completion_outcome
+from airflow_exactly_once.storage.multipart import MIN_PART_BYTES, Completion, UploadStream, completion_outcome
 from airflow_exactly_once.storage.s3_client import S3Access
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "handles" / "parquet-s3-v1.json"
@@ -91,3 +93,56 @@ def test_the_spec_refuses_an_unsupported_scheme_and_part_size_when_parsed():
 def test_s3_access_shows_no_key():
     access = S3Access("http://127.0.0.1:9", "us-east-1", "AKIDSHOWN", "the-secret-key", "the-token")
     assert "the-secret-key" not in repr(access) and "the-token" not in repr(access)
+
+
+class _PartRecorder:
+    """A fake S3 client for UploadStream: records parts, how many were in flight at once, fails a part if told."""
+
+    def __init__(self, fail_part: int | None = None) -> None:
+        self.parts: dict[int, int] = {}
+        self.in_flight = self.most_in_flight = 0
+        self.fail_part = fail_part
+        self.aborted = False
+        self._lock = threading.Lock()
+
+    def create_multipart_upload(self, Bucket, Key):
+        return {"UploadId": "u1"}
+
+    def upload_part(self, Bucket, Key, UploadId, PartNumber, Body):
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        time.sleep(0.02)
+        with self._lock:
+            self.in_flight -= 1
+        if PartNumber == self.fail_part:
+            raise OSError("connection reset")
+        self.parts[PartNumber] = len(Body)
+        return {"ETag": f"e{PartNumber}"}
+
+    def abort_multipart_upload(self, Bucket, Key, UploadId):
+        self.aborted = True
+
+
+def test_an_upload_stream_sends_parts_in_order_overlapped_and_bounded():
+    client = _PartRecorder()
+    stream = UploadStream(client, "b", "k", MIN_PART_BYTES, in_flight=2)
+    for _ in range(9):
+        stream.write(b"x" * (MIN_PART_BYTES // 2 + 1))
+    staged = stream.staged()
+    assert [n for n, _ in staged.parts] == list(range(1, 6))
+    assert [etag for _, etag in staged.parts] == [f"e{n}" for n in range(1, 6)]
+    assert sum(client.parts.values()) == staged.bytes == 9 * (MIN_PART_BYTES // 2 + 1)
+    assert all(size == MIN_PART_BYTES for n, size in client.parts.items() if n < 5)
+    assert client.most_in_flight == 2  # overlapped, and never more than asked
+
+
+def test_a_failed_part_is_raised_and_abort_leaves_nothing_in_flight():
+    client = _PartRecorder(fail_part=1)
+    stream = UploadStream(client, "b", "k", MIN_PART_BYTES, in_flight=1)
+    with pytest.raises(OSError, match="connection reset"):
+        for _ in range(4):
+            stream.write(b"x" * MIN_PART_BYTES)
+        stream.staged()
+    stream.abort()
+    assert client.aborted and client.in_flight == 0 and 1 not in client.parts

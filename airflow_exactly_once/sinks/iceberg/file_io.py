@@ -20,7 +20,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.storage.errors import BucketNotFoundError, StorageCredentialsError
 from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE
-from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained
+from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained, shared_client
 
 S3_FILE_IO = "org.apache.iceberg.aws.s3.S3FileIO"
 PYARROW_FILE_IO = "pyiceberg.io.pyarrow.PyArrowFileIO"
@@ -106,7 +106,7 @@ class WarehouseStorage:
             return
         access = access_of(self.client_properties(given, "pyiceberg"))
         try:
-            access.client().head_bucket(Bucket=bucket)
+            shared_client(access).head_bucket(Bucket=bucket)
         except Exception as exc:
             given_keys = self.conn_id is None and any(given.get(k) for k in CREDENTIAL_KEYS)
             hint = "the S3 credentials in the catalog's 'properties'" if given_keys else connection_hint(self.conn_id)

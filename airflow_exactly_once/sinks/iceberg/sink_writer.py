@@ -44,10 +44,11 @@ class IcebergSinkWriter(SinkWriter):
         """Spark's Iceberg writer appends the batch as a staged snapshot (invisible on main)."""
         spark = frame.sparkSession
         self.target.table_committer.catalog()  # pyiceberg creates the catalog's tables if missing (see CatalogSpec)
-        self.target.check_storage()
         self._configure(spark)
         try:
-            self._check_columns(self._ensure_table(spark, frame), frame)
+            table = self._ensure_table(spark, frame)
+            self.target.check_storage(table)
+            self._check_columns(table, frame)
         except ExactlyOnceError:
             raise
         except Exception as exc:

@@ -42,16 +42,17 @@ class IcebergTarget:
         self.partitioned_by = column_names(spec.get("partitioned_by"), "the iceberg sink's partitioned_by")
         self.table_committer = TableCommitter(self.catalog, self.table)
 
-    def check_storage(self) -> None:
+    def check_storage(self, table: Any = None) -> None:
         """A warehouse on object storage: its bucket there and the sink's credentials accepted (a clear error, not
-        retried, before anything is written); the table's own bucket when the catalog placed it (REST)."""
+        retried, before anything is written); the table's own bucket when the catalog placed it (REST). `table`:
+        the table as just loaded (pyiceberg's), so the check loads it no second time."""
         storage = self.catalog.storage
         if storage is None:
             return
         location = None
         if storage.bucket is None:
             try:
-                location = self.table_committer.load().location()
+                location = (table if table is not None else self.table_committer.load()).location()
             except TableGone:
                 return  # created by the first write, where the catalog decides
         self.catalog.check_storage(location)

@@ -35,7 +35,7 @@ class ParquetSpec(SinkSpec):
                                              "`aws_session_token`)",
                                        shown_default="boto3's own credentials (environment, instance role)")
     part_size_mb: int = argument(8, "An s3:// path: the size of each uploaded part in MiB (5 to 5120); a writer holds "
-                                    "one part in memory")
+                                    "at most three parts in memory (one filling, two uploading)")
 
     @classmethod
     def variant(cls, spec: Mapping[str, Any]) -> str | None:

@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 
 from airflow_exactly_once.core.object_location import ObjectLocation
 from airflow_exactly_once.sinks.storage_connection import connection_access
-from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained
+from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained, shared_client
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ class SinkBucket:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = self.access.client()
+            self._client = shared_client(self.access)
         return self._client
 
     def call(self, doing: str, fn: Callable[[Any], T]) -> T:

@@ -1,8 +1,9 @@
 """The Parquet sink's partition writer on object storage: one Spark partition, one Parquet file, one open
 multipart upload, on an executor.
 
-pyarrow writes the partition's Arrow batches as a Parquet file into an UploadStream, which sends a part
-whenever one is full: the file is never held whole in memory. The upload is left open (the committer
+pyarrow writes the partition's Arrow batches as a Parquet file into an UploadStream, which hands a part to
+its sender threads whenever one is full: the file is never held whole in memory, and encoding overlaps the
+upload. The upload is left open (the committer
 completes it); its key, id, parts, rows and bytes are the partition's commit message.
 """
 
@@ -15,7 +16,7 @@ from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedFile
 from airflow_exactly_once.storage.multipart import UploadStream
-from airflow_exactly_once.storage.s3_client import S3Access, explained
+from airflow_exactly_once.storage.s3_client import S3Access, explained, shared_client
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class UploadPartitionWriter(PartitionWriter):
             claim.ensure(f"writing Spark partition {partition} to s3://{self.bucket}")
         key = self.key_pattern.format(partition=f"{partition:05d}")
         try:
-            stream = UploadStream(self.access.client(), self.bucket, key, self.part_size)
+            stream = UploadStream(shared_client(self.access), self.bucket, key, self.part_size)
         except Exception as exc:
             raise explained(exc, self.access, self.bucket, f"starting the upload of {key}", self.conn_hint) from None
         rows = 0
