@@ -123,8 +123,8 @@ class IdNaming:
         slot = self.slot(batch.seq)
         if slot is None:
             return []
-        return [b for b in ledger.list_batches(batch.id.pipeline_id, OPEN_STATES)
-                if b.seq > batch.seq and self.slot(b.seq) == slot]
+        return sorted((b for b in ledger.list_batches(batch.id.pipeline_id, OPEN_STATES)
+                       if b.seq > batch.seq and self.slot(b.seq) == slot), key=lambda b: b.seq)
 
     def ensure_free(self, batch: Batch, ledger: LedgerReader | None) -> None:
         """Raise (retriable) when an earlier batch still holds this batch's slot; without a ledger, allow."""
