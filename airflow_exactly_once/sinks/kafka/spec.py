@@ -29,7 +29,7 @@ class KafkaSpec(SinkSpec):
                                                                            "pre-committed transaction open (see below)")
     transactional_id_prefix: str | None = argument(None, "Prefix of the transactional ids, unique per pipeline on "
                                                          "the cluster", shown_default="`pipeline_id`")
-    transactional_ids: str = argument("pooled", "`pooled`: a fixed set of ids `<prefix>-s<slot>-<partition>`, reused "
+    transactional_ids: str = argument("pooled", "`pooled`: a fixed set of ids `<prefix>-<slot>-<partition>`, reused "
                                                 "across batches (live ids stay at slots x partitions); `per_batch`: "
                                                 "the first releases' `<prefix>-<batch_seq>-<partition>`, a new set "
                                                 "per batch (see below)",
