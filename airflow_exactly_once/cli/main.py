@@ -166,14 +166,14 @@ def _parser() -> argparse.ArgumentParser:
     transactions = sub.add_parser("transactions", help="the Kafka transactions of a pipeline's sink that are open "
                                                        "or hanging: list them, end them")
     transactions_sub = transactions.add_subparsers(dest="transactions_command", required=True)
-    for name, handler, help_text in (
+    for txn_command, txn_handler, txn_help in (
             ("list", cmd_transactions_list, "open transactions of the pipeline's transactional ids (age, producer "
                                             "id, epoch, ledger batch) and hanging ones of its output (exit 1 if "
                                             "any)"),
             ("abort", cmd_transactions_abort, "end them: fence open ones, abort markers for hanging ones; a "
                                               "PREPARED batch's only with --force (exit 3: some refused, 4: "
                                               "some outcome unknown)")):
-        txn_parser = transactions_sub.add_parser(name, help=help_text)
+        txn_parser = transactions_sub.add_parser(txn_command, help=txn_help)
         _global_options(txn_parser, suppress=True)
         txn_parser.add_argument("pipeline", nargs="?", help="pipeline id (omit it with --prefix)")
         txn_parser.add_argument("--prefix", help="without a ledger: the transactional id prefix to look for (the "
@@ -181,8 +181,8 @@ def _parser() -> argparse.ArgumentParser:
         txn_parser.add_argument("--topic", action="append", default=[],
                                 help="without a ledger: an output topic to search for hanging transactions")
         _kafka_options(txn_parser)
-        txn_parser.set_defaults(handler=handler)
-        if name == "abort":
+        txn_parser.set_defaults(handler=txn_handler)
+        if txn_command == "abort":
             txn_parser.add_argument("--id", dest="transactional_id", help="only this transactional id")
             txn_parser.add_argument("--force", action="store_true",
                                     help="also abort transactions of PREPARED batches (the batch is then lost and "
@@ -552,7 +552,8 @@ ABORT_REFUSED, ABORT_UNKNOWN = 3, 4  # `transactions abort`: some refused; some 
 def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> int:
     found = [(target, lingering.survey(admin, target.naming, target.topics, target.record))
              for target, admin in _transaction_targets(ledger, args)]
-    rows = [row.as_row() for _, survey in found for row in (*survey.open, *survey.hanging)]
+    rows = [t.as_row() for _, survey in found for t in survey.open] + \
+        [h.as_row() for _, survey in found for h in survey.hanging]
     _print(args, rows)
     for target, survey in found:
         for warning in survey.warnings:
@@ -622,15 +623,14 @@ def _targets(ledger: Ledger | None, args: argparse.Namespace) -> list[_Transacti
     if not kafka_sides:
         raise ConfigurationError(f"pipeline {pid!r} writes to a {committer.name} sink: only Kafka sinks have "
                                  "transactions to list")
-    states = {b.seq: b.state for b in batches}
-    planned = tuple(b for b in batches if b.state is BatchState.PLANNED)
+    by_seq = {b.seq: b for b in batches}
     targets = []
     for side in kafka_sides:
         output = side.output
         own_cluster = "kafka_config" in output.spec or output.spec.get("bootstrap_servers")
         settings = output.client_settings() if own_cluster and not (args.kafka_conn_id or args.bootstrap_servers) \
             else _kafka_settings(config, args)
-        record = lingering.PipelineRecord(side.sweep.owners(), states, planned)
+        record = lingering.PipelineRecord(side.sweep.owners(), by_seq)
         targets.append(_TransactionTarget(output.naming, (output.topic, *args.topic), settings, record,
                                           output.producer_config, output.transaction_timeout_ms))
     return targets

@@ -1,4 +1,5 @@
-"""Pooled transactional ids: their names, which earlier batches hold a slot, and a prefix two pipelines share."""
+"""Pooled transactional ids: their names, which earlier batches hold a slot, a prefix two pipelines share, and
+the `transactions abort` rules for hanging transactions."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError
-from airflow_exactly_once.core.model import OffsetRange
+from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_committer
+from airflow_exactly_once.sinks.kafka import hanging, lingering
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+from airflow_exactly_once.sinks.kafka.lingering import _why_not
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, prefix_users
 from tests.harness import open_ledger
 
@@ -93,3 +96,26 @@ def test_a_prefix_another_pipeline_of_the_ledger_uses_is_refused_at_plan(tmp_pat
     with pytest.raises(ConfigurationError) as refused:
         committer.check("new")  # refused before any broker is asked
     assert "'shared' is also used by pipeline(s) billing" in str(refused.value) and not refused.value.retriable
+
+
+def hanging_txn(outcome: hanging.Outcome, batch: Batch | None = None) -> lingering.HangingTxn:
+    txn = hanging.OpenTransaction("out", 0, 42, 3, 1, 100)
+    return lingering.HangingTxn(hanging.Hanging(txn, hanging.CoordinatorView("p-0-0", "Empty", 42, 3), outcome), batch)
+
+
+def test_the_cli_ends_a_hanging_transaction_without_a_ledger_only_when_forced_and_never_over_a_commit():
+    """The `transactions abort` rules beyond the sweep's (which need the ledger's owner of the producer id)."""
+    def never(*_):
+        raise AssertionError("no record is looked up without an owner")
+
+    lost_ledger = lingering.PipelineRecord()
+    unknown = hanging_txn(hanging.Outcome.UNKNOWN)
+    assert "add --force" in _why_not(unknown, lost_ledger, frozenset(), never, force=False)
+    assert _why_not(unknown, lost_ledger, frozenset(), never, force=True) is None
+    committed = hanging_txn(hanging.Outcome.COMMITTED)
+    assert "committed" in _why_not(committed, lost_ledger, frozenset(), never, force=True)
+    prepared = Batch("p", 7, "run", BatchState.PREPARED, 1, ())
+    owned = lingering.PipelineRecord({42: hanging.Owner(7, False, ())}, {7: prepared})
+    aborted = hanging_txn(hanging.Outcome.ABORTED, prepared)
+    assert "batch 7 (PREPARED) is pre-committed" in _why_not(aborted, owned, frozenset(), never, force=False)
+    assert _why_not(aborted, owned, frozenset(), never, force=True) is None  # the sweep's rule: aborted, not committed

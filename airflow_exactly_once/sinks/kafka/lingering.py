@@ -34,15 +34,9 @@ from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming
 _HELD_OPEN = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
 
 
-@dataclass(frozen=True)
-class BatchRef:
-    """The ledger batch a transaction belongs to."""
-
-    seq: int
-    state: BatchState
-
-    def describe(self) -> str:
-        return f"batch {self.seq} ({self.state.value})"
+def batch_label(batch: Batch | None) -> str:
+    """The ledger batch a transaction belongs to, as the CLI shows it."""
+    return "none" if batch is None else f"batch {batch.seq} ({batch.state.value})"
 
 
 @dataclass(frozen=True)
@@ -56,14 +50,14 @@ class OpenTxn:
     age_s: float | None
     timeout_ms: int
     partitions: tuple[tuple[str, int], ...]
-    batch: BatchRef | None
+    batch: Batch | None
 
     def as_row(self) -> dict[str, Any]:
         return {"kind": "open", "transactional_id": self.transactional_id, "state": self.state,
                 "producer_id": self.producer_id, "epoch": self.epoch,
                 "age_s": None if self.age_s is None else round(self.age_s, 1), "timeout_ms": self.timeout_ms,
                 "partitions": ",".join(f"{t}[{p}]" for t, p in self.partitions) or "-",
-                "batch": self.batch.describe() if self.batch else "none"}
+                "batch": batch_label(self.batch)}
 
 
 @dataclass(frozen=True)
@@ -71,14 +65,14 @@ class HangingTxn:
     """A partition held open by a transaction its coordinator no longer works on."""
 
     found: hanging.Hanging
-    batch: BatchRef | None
+    batch: Batch | None
 
     def as_row(self) -> dict[str, Any]:
         txn = self.found.txn
         return {"kind": "hanging", "transactional_id": self.found.view.transactional_id or "?",
                 "state": f"hanging ({self.found.outcome.value})", "producer_id": txn.producer_id, "epoch": txn.epoch,
                 "age_s": None, "timeout_ms": None, "partitions": f"{txn.topic}[{txn.partition}]@{txn.start_offset}",
-                "batch": self.batch.describe() if self.batch else "none"}
+                "batch": batch_label(self.batch)}
 
 
 @dataclass(frozen=True)
@@ -96,21 +90,22 @@ class PipelineRecord:
     # producer id -> the batch whose committable recorded it, and every (producer id, topic, partition, first
     # offset) of that batch: the hanging sweep's Owner.
     owners: dict[int, hanging.Owner] = field(default_factory=dict)
-    states: dict[int, BatchState] = field(default_factory=dict)  # batch seq -> state
-    planned: tuple[Batch, ...] = ()  # PLANNED batches: writing, their producer ids not recorded yet
+    batches: dict[int, Batch] = field(default_factory=dict)  # by seq
 
     @property
     def has_ledger(self) -> bool:
-        return bool(self.states)
+        return bool(self.batches)
 
-    def batch_of(self, producer_id: int, transactional_id: str, naming: IdNaming) -> BatchRef | None:
+    def batch_of(self, producer_id: int, transactional_id: str | None, naming: IdNaming) -> Batch | None:
+        """The batch whose handles recorded the producer id, else the PLANNED batch (writing) whose ids it is."""
         owner = self.owners.get(producer_id)
         if owner is not None:
-            return BatchRef(owner.batch_seq, self.states[owner.batch_seq])
-        for batch in self.planned:
-            if re.fullmatch(naming.batch_pattern(batch.seq), transactional_id) and \
-                    (naming.pooled or transactional_id.startswith(f"{naming.prefix}-{batch.seq}-")):
-                return BatchRef(batch.seq, batch.state)
+            return self.batches.get(owner.batch_seq)
+        for batch in self.batches.values():
+            if batch.state is BatchState.PLANNED and transactional_id is not None and \
+                    transactional_id.startswith(f"{naming.prefix}-") and \
+                    re.fullmatch(naming.batch_pattern(batch.seq), transactional_id):
+                return batch
         return None
 
 
@@ -158,10 +153,7 @@ def survey(admin: KafkaAdminClient, naming: IdNaming, topics: Iterable[str], rec
             warnings.append(f"cannot look for hanging transactions in {topic!r}: {type(exc).__name__}: {exc}")
             continue
         scanned.append(topic)
-        for h in found_scan.hanging:
-            owner = record.owners.get(h.txn.producer_id)
-            hung.append(HangingTxn(h, None if owner is None else BatchRef(owner.batch_seq,
-                                                                          record.states[owner.batch_seq])))
+        hung += [HangingTxn(h, record.batch_of(h.txn.producer_id, None, naming)) for h in found_scan.hanging]
     return Survey(tuple(opened), tuple(hung), tuple(scanned), tuple(warnings))
 
 
@@ -175,7 +167,7 @@ def end(survey_: Survey, settings: KafkaSettings, admin: KafkaAdminClient, namin
             continue
         if txn.batch is not None and txn.batch.state is BatchState.PREPARED and not force:
             results.append(AbortResult(txn.transactional_id, "fence", Outcome.REFUSED,
-                                       f"{txn.batch.describe()} is pre-committed output: notify_complete or the next "
+                                       f"{batch_label(txn.batch)} is pre-committed output: notify_complete or the next "
                                        "plan's recovery commits it; aborting it loses the batch (it is then "
                                        "processed again). Add --force to abort anyway"))
             continue
@@ -214,7 +206,7 @@ def _why_not(h: HangingTxn, record: PipelineRecord, open_keys: frozenset[tuple[i
     """The sweep's rule with the ledger, and a PREPARED batch's only with --force; without a ledger (or for a
     producer it never recorded) only with --force, and never over a commit the coordinator reports."""
     if h.batch is not None and h.batch.state is BatchState.PREPARED and not force:
-        return f"{h.batch.describe()} is pre-committed output; add --force to abort it anyway"
+        return f"{batch_label(h.batch)} is pre-committed output; add --force to abort it anyway"
     owner = record.owners.get(h.found.txn.producer_id)
     if owner is not None:
         return hanging.why_not_abort(h.found, owner, open_keys, visible)
@@ -239,6 +231,6 @@ def _fence(settings: KafkaSettings, admin: KafkaAdminClient, txn: OpenTxn, produ
     if after is None or after.state.value in ("Empty", "CompleteAbort") or after.producer_epoch > txn.epoch:
         return AbortResult(txn.transactional_id, "fence", Outcome.ENDED,
                            f"aborted producer id {txn.producer_id} epoch {txn.epoch}"
-                           + (f" ({txn.batch.describe()})" if txn.batch else ""))
+                           + (f" ({batch_label(txn.batch)})" if txn.batch else ""))
     return AbortResult(txn.transactional_id, "fence", Outcome.UNKNOWN,
                        f"its coordinator still reports {after.state.value} at epoch {after.producer_epoch}")
