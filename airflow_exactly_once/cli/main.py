@@ -177,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         _global_options(txn_parser, suppress=True)
         txn_parser.add_argument("pipeline", nargs="?", help="pipeline id (omit it with --prefix)")
         txn_parser.add_argument("--prefix", help="without a ledger: the transactional id prefix to look for (the "
-                                                 "sink's transactional_id_prefix, by default the pipeline id)")
+                                                 "sink's transactional_id_prefix, else the pipeline id)")
         txn_parser.add_argument("--topic", action="append", default=[],
                                 help="without a ledger: an output topic to search for hanging transactions")
         _kafka_options(txn_parser)
