@@ -13,7 +13,6 @@ decides "committed or aborted" if the broker later forgets the transaction).
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -35,11 +34,6 @@ Columns = tuple[list[Any], list[Any], list[Any] | None]  # keys (or Nones), valu
 def transactional_id(prefix: str, batch_seq: int, partition: int) -> str:
     """The per-batch naming (`transactional_ids="per_batch"`, and every batch of the first releases)."""
     return per_batch_id(prefix, batch_seq, partition)
-
-
-def transactional_id_pattern(prefix: str, batch_seq: int) -> str:
-    """A regex that fully matches the per-batch transactional ids of every partition of one batch."""
-    return re.escape(f"{prefix}-{batch_seq}-") + r"\d+"
 
 
 def arrow_columns(batches: Iterable[Any]) -> Iterator[Columns]:
