@@ -20,10 +20,10 @@ def get_cli_commands() -> list[ActionCommand]:
         ActionCommand(
             name=COMMAND,
             help="Look into the exactly-once offset ledger, check it, mirror or rewind a pipeline, prune it, upgrade "
-                 "its schema",
+                 "its schema, list or end its Kafka transactions",
             # Every command of cli.main's parser (tests/unit/test_doc_tables.py compares them).
             description="The commands of the `airflow-exactly-once` console script: pipelines, batches, show, "
-                        "positions, events, check, mirror, rewind, prune, db. `airflow exactly-once COMMAND --help` "
+                        "positions, events, check, mirror, rewind, prune, transactions, db. `airflow exactly-once COMMAND --help` "
                         "tells more.",
             func=lazy_load_command("airflow_exactly_once.cli.main.airflow_command"),
             args=(

@@ -10,6 +10,8 @@
     airflow-exactly-once rewind PIPELINE --to-time 2024-05-01T00:00Z [--output retract|keep] [--execute]
     airflow-exactly-once rewind PIPELINE --to-offsets orders:0=100 orders:1=90 [--execute]
     airflow-exactly-once prune PIPELINE [--keep-batches N] [--keep-days D] [--execute]
+    airflow-exactly-once transactions list PIPELINE [--kafka-conn-id ID] [--bootstrap-servers HOSTS]
+    airflow-exactly-once transactions abort PIPELINE [--id TRANSACTIONAL_ID] [--force]
     airflow-exactly-once db upgrade
     airflow-exactly-once db current
     airflow-exactly-once db version
@@ -18,6 +20,8 @@ The ledger is --ledger-url, or the Airflow connection --ledger-conn-id, or
 $AIRFLOW_EXACTLY_ONCE_LEDGER_URL, or the embedded SQLite file in $AIRFLOW_HOME (stderr says
 which, without its password); these options and --json go before or after the command.
 `rewind`, `prune` and `mirror` only print what they would do unless --execute is given.
+`transactions list|abort` also work without a ledger (a lost one): --prefix PREFIX with
+--bootstrap-servers or --kafka-conn-id (and --topic for hanging transactions) instead of PIPELINE.
 Reading commands never change the ledger's schema: a ledger older than this code asks for
 `db upgrade`, which brings it to this code's version (`db current` shows where it stands).
 On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
@@ -51,6 +55,9 @@ from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, 
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_committer
+from airflow_exactly_once.sinks.kafka import lingering, probe
+from airflow_exactly_once.sinks.kafka.sink_committer import KafkaSinkCommitter
+from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming
 
 LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 
@@ -58,6 +65,8 @@ LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if getattr(args, "prefix", None):  # `transactions` for a lost ledger: Kafka only
+            return args.handler(None, args)
         url = _ledger_url(args)
         access = "write" if getattr(args, "execute", False) else args.access
         # Readers never migrate, nor create tables, nor a SQLite file that does not exist yet.
@@ -155,6 +164,31 @@ def _parser() -> argparse.ArgumentParser:
                               "retention_days)")
     pruning.add_argument("--execute", action="store_true", help="prune (without: only print what would go)")
 
+    transactions = sub.add_parser("transactions", help="the Kafka transactions of a pipeline's sink that are open "
+                                                       "or hanging: list them, end them")
+    transactions_sub = transactions.add_subparsers(dest="transactions_command", required=True)
+    for txn_command, txn_handler, txn_help in (
+            ("list", cmd_transactions_list, "open transactions of the pipeline's transactional ids (age, producer "
+                                            "id, epoch, ledger batch) and hanging ones of its output (exit 1 if "
+                                            "any)"),
+            ("abort", cmd_transactions_abort, "end them: fence open ones, abort markers for hanging ones; a "
+                                              "PREPARED batch's only with --force (exit 3: some refused, 4: "
+                                              "some outcome unknown)")):
+        txn_parser = transactions_sub.add_parser(txn_command, help=txn_help)
+        _global_options(txn_parser, suppress=True)
+        txn_parser.add_argument("pipeline", nargs="?", help="pipeline id (omit it with --prefix)")
+        txn_parser.add_argument("--prefix", help="without a ledger: the transactional id prefix to look for (the "
+                                                 "sink's transactional_id_prefix, else the pipeline id)")
+        txn_parser.add_argument("--topic", action="append", default=[],
+                                help="without a ledger: an output topic to search for hanging transactions")
+        _kafka_options(txn_parser)
+        txn_parser.set_defaults(handler=txn_handler)
+        if txn_command == "abort":
+            txn_parser.add_argument("--id", dest="transactional_id", help="only this transactional id")
+            txn_parser.add_argument("--force", action="store_true",
+                                    help="also abort transactions of PREPARED batches (the batch is then lost and "
+                                         "processed again) and, without a ledger, hanging ones")
+
     db = sub.add_parser("db", help="the ledger's schema version: show it, upgrade it")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     for name, handler, help_text in (
@@ -225,9 +259,9 @@ def _reading(url: str, origin: str) -> str:
     return url
 
 
-def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSettings:
+def _kafka_settings(config: PipelineConfig | None, args: argparse.Namespace) -> KafkaSettings:
     """The pipeline's Kafka settings from the ledger (its secrets from the kafka connection its tasks used, as the
-    ledger page takes them), or from --kafka-conn-id; --bootstrap-servers on top."""
+    ledger page takes them), or from --kafka-conn-id; --bootstrap-servers on top (alone without a pipeline)."""
 
     if args.kafka_conn_id:
         from airflow_exactly_once.hooks.kafka import (
@@ -235,6 +269,8 @@ def _kafka_settings(config: PipelineConfig, args: argparse.Namespace) -> KafkaSe
         )
 
         settings = connection_kafka_settings(args.kafka_conn_id)
+    elif config is None:
+        settings = KafkaSettings("")
     else:
         settings = KafkaSettings.of(config)
         if REDACTED in settings.properties.values():
@@ -510,6 +546,98 @@ def cmd_db_current(ledger: Ledger, args: argparse.Namespace) -> int:
     else:
         print(f"ledger: {version.describe()}\nhead:   {version.head} (the newest this provider knows)")
     return 0 if version.state == "current" else 1  # 1: `db upgrade` has work to do (or the ledger is newer)
+
+
+# -- Kafka transactions --------------------------------------------------------------
+
+ABORT_REFUSED, ABORT_UNKNOWN = 3, 4  # `transactions abort`: some refused; some outcome unknown (beats refused)
+
+
+def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> int:
+    found = [(target, lingering.survey(admin, target.naming, target.topics, target.record))
+             for target, admin in _transaction_targets(ledger, args)]
+    rows = [t.as_row() for _, survey in found for t in survey.open] + \
+        [h.as_row() for _, survey in found for h in survey.hanging]
+    _print(args, rows)
+    for target, survey in found:
+        for warning in survey.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        if not survey.scanned_topics:
+            print(f"note: no topic searched for hanging transactions of ids {target.naming.prefix}-*: give --topic",
+                  file=sys.stderr)
+    return 1 if rows else 0
+
+
+def cmd_transactions_abort(ledger: Ledger | None, args: argparse.Namespace) -> int:
+    results: list[lingering.AbortResult] = []
+    for target, admin in _transaction_targets(ledger, args):
+        survey = lingering.survey(admin, target.naming, target.topics, target.record)
+        results += lingering.end(survey, target.settings, admin, target.naming, target.record,
+                                 only=args.transactional_id, force=args.force,
+                                 producer_config=target.producer_config,
+                                 transaction_timeout_ms=target.transaction_timeout_ms)
+    if args.transactional_id and not results:
+        raise ConfigurationError(f"no open or hanging transaction {args.transactional_id!r} among the pipeline's "
+                                 "(run `transactions list`)")
+    _print(args, [r.as_row() for r in results])
+    outcomes = {r.outcome for r in results}
+    if lingering.Outcome.UNKNOWN in outcomes:
+        return ABORT_UNKNOWN
+    return ABORT_REFUSED if lingering.Outcome.REFUSED in outcomes else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _TransactionTarget:
+    """One Kafka output of a pipeline (its sink, or its dead-letter topic) as `transactions` works on it."""
+
+    naming: IdNaming
+    topics: tuple[str, ...]
+    settings: KafkaSettings
+    record: lingering.PipelineRecord
+    producer_config: dict[str, Any]
+    transaction_timeout_ms: int
+
+
+def _transaction_targets(ledger: Ledger | None, args: argparse.Namespace):
+    """Each Kafka output with an admin client (closed after the caller's loop step)."""
+    for target in _targets(ledger, args):
+        with probe.admin_client(target.settings) as admin:
+            yield target, admin
+
+
+def _targets(ledger: Ledger | None, args: argparse.Namespace) -> list[_TransactionTarget]:
+    if ledger is None:  # --prefix: a lost ledger
+        if not (args.bootstrap_servers or args.kafka_conn_id):
+            raise ConfigurationError("--prefix needs the Kafka to ask: --bootstrap-servers HOSTS or "
+                                     "--kafka-conn-id ID")
+        settings = _kafka_settings(None, args)
+        return [_TransactionTarget(IdNaming(args.prefix), tuple(args.topic), settings, lingering.PipelineRecord(),
+                                   {}, 60_000)]
+    if not args.pipeline:
+        raise ConfigurationError("name the pipeline (transactions list PIPELINE), or give --prefix PREFIX and the "
+                                 "Kafka to ask for a pipeline the ledger does not have")
+    pid = _known(ledger, args.pipeline)
+    config = PipelineConfig.from_dict(ledger.stored_config(pid))
+    committer = pipeline_committer(config)
+    batches = ledger.list_batches(pid)
+    committer.bind(config, lambda: [(b, c) for b in batches if (c := committer.committable(b.handles)) is not None],
+                   ledger)
+    kafka_sides = [side for side in (committer, getattr(committer, "output", None), getattr(committer, "dead", None))
+                   if isinstance(side, KafkaSinkCommitter)]
+    if not kafka_sides:
+        raise ConfigurationError(f"pipeline {pid!r} writes to a {committer.name} sink: only Kafka sinks have "
+                                 "transactions to list")
+    by_seq = {b.seq: b for b in batches}
+    targets = []
+    for side in kafka_sides:
+        output = side.output
+        own_cluster = "kafka_config" in output.spec or output.spec.get("bootstrap_servers")
+        settings = output.client_settings() if own_cluster and not (args.kafka_conn_id or args.bootstrap_servers) \
+            else _kafka_settings(config, args)
+        record = lingering.PipelineRecord(side.sweep.owners(), by_seq)
+        targets.append(_TransactionTarget(output.naming, (output.topic, *args.topic), settings, record,
+                                          output.producer_config, output.transaction_timeout_ms))
+    return targets
 
 
 # -- helpers -------------------------------------------------------------------------

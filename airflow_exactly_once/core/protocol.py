@@ -52,7 +52,7 @@ class BatchCoordinator:
         self.config = config
         self.ledger = ledger
         ledger.hide(config.secret_texts())  # no error or event it records holds one
-        self.sink = sink.bind(config, history=self.staged_history)
+        self.sink = sink.bind(config, history=self.staged_history, ledger=ledger)
         self.stop_attempts = stop_attempts
         self.recovered: list[BatchId] = []  # batches this coordinator committed by recovery
         self.recovery_lost: list[BatchId] = []  # batches recovery found lost (now ABORTED, processed again)

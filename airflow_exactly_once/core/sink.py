@@ -22,7 +22,7 @@ PySpark: a DataFrame reaches `stage` as an object whose methods it calls.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol, TypeVar
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import GUARANTEES, PipelineConfig
@@ -30,6 +30,7 @@ from airflow_exactly_once.core.declaration import SinkSpec
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.handles import format_version, stamped
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.states import BatchState
 
 Handles = dict[str, Any]
 # A committable type: `from_handles` of StagedFolder gives a StagedFolder, a Parquet committer commits StagedFolders.
@@ -118,6 +119,21 @@ RunWriters = Callable[[Any, PartitionWriter], list[Any]]
 # only when it finds something left open in its system and must tell whether that is its own (a hanging Kafka
 # transaction of an earlier batch); the coordinator binds it, a sink used without a ledger has none.
 StagedHistory = Callable[[], list[tuple[Batch, CommittableT]]]
+
+
+class LedgerReader(Protocol):
+    """The reads of the ledger a sink may make beyond its own committables (core.ledger.Ledger has them).
+
+    A sink that reuses names across batches (Kafka's pooled transactional ids) must see which of its
+    pipeline's batches are still open, and which names the ledger's other pipelines use; the coordinator
+    binds the ledger, a sink used without one has none.
+    """
+
+    def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None) -> list[Batch]: ...
+
+    def pending_releases(self, pipeline_id: str) -> list[Batch]: ...
+
+    def list_pipelines(self) -> list[dict[str, Any]]: ...
 
 
 class SinkSide:

@@ -14,7 +14,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import CommittableT, Handles, SinkSide, StagedHistory
+from airflow_exactly_once.core.sink import CommittableT, Handles, LedgerReader, SinkSide, StagedHistory
 
 
 class SinkCommitter(SinkSide, ABC, Generic[CommittableT]):
@@ -31,13 +31,15 @@ class SinkCommitter(SinkSide, ABC, Generic[CommittableT]):
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)
         self.history: StagedHistory[CommittableT] | None = None
+        self.ledger: LedgerReader | None = None
 
-    def bind(self, config: PipelineConfig,
-             history: StagedHistory[CommittableT] | None = None) -> "SinkCommitter[CommittableT]":
-        """The pipeline's settings, and the ledger's record of what the pipeline's batches staged (`history`),
-        when a ledger is at hand (the coordinator binds both)."""
+    def bind(self, config: PipelineConfig, history: StagedHistory[CommittableT] | None = None,
+             ledger: LedgerReader | None = None) -> "SinkCommitter[CommittableT]":
+        """The pipeline's settings, and the ledger's record of what the pipeline's batches staged (`history`)
+        and its reads (`ledger`), when a ledger is at hand (the coordinator binds all three)."""
         self.bind_pipeline(config)
         self.history = history
+        self.ledger = ledger
         return self
 
     def lineage_dataset(self) -> DatasetName | None:

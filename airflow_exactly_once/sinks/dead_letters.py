@@ -27,7 +27,7 @@ from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import Committable, Handles, RunWriters, SinkSide, StagedHistory
+from airflow_exactly_once.core.sink import Committable, Handles, LedgerReader, RunWriters, SinkSide, StagedHistory
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
 
@@ -100,12 +100,13 @@ class PairedCommitter(Pair[SinkCommitter], SinkCommitter[PairedCommittable]):
         return paired_committable(output, dead)
 
     def bind(self, config: PipelineConfig,
-             history: StagedHistory[PairedCommittable] | None = None) -> "PairedCommitter":
+             history: StagedHistory[PairedCommittable] | None = None,
+             ledger: LedgerReader | None = None) -> "PairedCommitter":
         """Each of the two committers sees its own part of every batch's committable."""
-        super().bind(config, history)
-        self.output.bind(config, None if history is None else lambda: [(b, c.output) for b, c in history()])
+        super().bind(config, history, ledger)
+        self.output.bind(config, None if history is None else lambda: [(b, c.output) for b, c in history()], ledger)
         self.dead.bind(config, None if history is None else
-                       lambda: [(b, c.dead_letters) for b, c in history() if c.dead_letters is not None])
+                       lambda: [(b, c.dead_letters) for b, c in history() if c.dead_letters is not None], ledger)
         return self
 
     def lineage_dataset(self) -> DatasetName | None:

@@ -27,7 +27,6 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.sinks.kafka import probe
-from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
 from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
 from airflow_exactly_once.spark.write_job import read_batch
@@ -264,7 +263,7 @@ def staged_leftovers(kind: str, pipe: Pipe, kafka, name: str, seq: int, tmp_path
     folders, staged snapshots."""
     if kind == "kafka":
         with probe.admin_client(pipe.sink.output.client_settings()) as admin:
-            known = probe.matching_transactions(admin, transactional_id_pattern(pipe.config.pipeline_id, seq))
+            known = probe.matching_transactions(admin, pipe.sink.output.naming.batch_pattern(seq))
         settled_ends(kafka.bootstrap_servers, f"{name}-out", timeout_s=1)  # fails if a transaction holds the LSO
         return sorted(tid for tid, state in known.items() if state not in ("CompleteAbort", "Empty", "Dead"))
     if kind == "parquet":

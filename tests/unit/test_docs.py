@@ -110,7 +110,8 @@ def missing_cli_commands(text: str) -> list[str]:
         rest = [w for i, w in enumerate(words) if not w.startswith("--") and (i == 0 or words[i - 1] not in valued)]
         if not rest or not re.fullmatch(r"[a-z][a-z-]*", rest[0]):
             continue  # `airflow-exactly-once` alone, or COMMAND / ... as a placeholder
-        command = " ".join(rest[:2]) if rest[0] == "db" and len(rest) > 1 else rest[0]
+        nested = len(rest) > 1 and any(c.startswith(rest[0] + " ") for c in commands)  # `db upgrade`, `transactions list`
+        command = " ".join(rest[:2]) if nested else rest[0]
         if command not in commands:
             missing.append(f"airflow-exactly-once {command}")
             continue

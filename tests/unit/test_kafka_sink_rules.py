@@ -13,7 +13,8 @@ from airflow_exactly_once.core.txn_budget import RetryBudget, check_broker_maxim
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka
-from airflow_exactly_once.sinks.kafka.writer import transactional_id, transactional_id_pattern
+from airflow_exactly_once.sinks.kafka.transactional_ids import PER_BATCH, IdNaming
+from airflow_exactly_once.sinks.kafka.writer import transactional_id
 
 
 def budget(task_id: str, retries: int = 0, delay: float = 0, timeout: float | None = 60, **kw) -> RetryBudget:
@@ -111,11 +112,13 @@ def test_sink_binds_to_the_pipeline():
         "client.id": "w"}
 
 
-def test_transactional_ids_of_a_batch_never_match_another_batch_or_pipeline():
-    pattern = transactional_id_pattern("orders-1", 3)
+@pytest.mark.parametrize("naming", [IdNaming("orders-1", PER_BATCH), IdNaming("orders-1", slots=4)])
+def test_transactional_ids_of_a_batch_never_match_another_batch_or_pipeline(naming):
+    pattern = naming.batch_pattern(3)
     import re
 
     assert re.fullmatch(pattern, transactional_id("orders-1", 3, 12))
+    assert re.fullmatch(pattern, naming.transactional_id(3, 12))
     for other in (transactional_id("orders-1", 31, 2), transactional_id("orders", 1, 3),
                   transactional_id("orders-1-3", 1, 0), transactional_id("orders-1", 3, 1) + "-0"):
         assert not re.fullmatch(pattern, other), other

@@ -3,8 +3,10 @@
 One `PartitionReport` per Spark partition (the commit message): how many records it sent,
 the first acknowledged offset per output partition (the evidence that decides "committed or
 aborted" once the broker has forgotten a transaction), and, under EXACTLY_ONCE, the open
-transaction's handle. `KafkaCommittable` is the batch's reports plus where they went; its
-JSON form is the ledger's handles (format version 1: the first release's, now stamped).
+transaction's handle. `KafkaCommittable` is the batch's reports plus where they went and the
+slot of its pooled transactional ids (None: ids named per batch); its JSON form is the ledger's
+handles (format version 1: the first release's, now stamped; `id_slot` is an optional key that
+releases before pooling ignore, so it needs no new version).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class KafkaCommittable(Committable):
     bootstrap_servers: str
     topic: str
     reports: tuple[PartitionReport, ...] = field(default=())
+    id_slot: int | None = None
 
     @property
     def records(self) -> int:
@@ -70,12 +73,16 @@ class KafkaCommittable(Committable):
     handles_version = 1
 
     def write_handles(self) -> Handles:
-        return {"guarantee": self.guarantee, "bootstrap_servers": self.bootstrap_servers, "topic": self.topic,
-                "writers": [r.to_dict() for r in self.reports]}
+        handles: Handles = {"guarantee": self.guarantee, "bootstrap_servers": self.bootstrap_servers,
+                            "topic": self.topic, "writers": [r.to_dict() for r in self.reports]}
+        if self.id_slot is not None:
+            handles["id_slot"] = self.id_slot
+        return handles
 
     @classmethod
     def read_handles_v1(cls, handles: Handles) -> "KafkaCommittable":
         return cls(str(handles.get("guarantee", "EXACTLY_ONCE")), str(handles.get("bootstrap_servers", "")),
                    str(handles.get("topic", "")),
                    tuple(sorted((PartitionReport.from_dict(w) for w in handles.get("writers", ())),
-                                key=lambda r: r.partition)))
+                                key=lambda r: r.partition)),
+                   None if handles.get("id_slot") is None else int(handles["id_slot"]))

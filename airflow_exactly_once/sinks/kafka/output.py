@@ -18,6 +18,7 @@ from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_conn
 from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
 from airflow_exactly_once.sinks.kafka import librdkafka
 from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS
+from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, naming_of
 from airflow_exactly_once.sinks.kafka.transactions import END_TIMEOUT_MS
 from airflow_exactly_once.sinks.kafka.wire_format import part_writers
 
@@ -50,6 +51,7 @@ class KafkaOutput:
         except ValueError as exc:
             raise ConfigurationError(f"kafka sink: producer_config has settings librdkafka (the producer) does not "
                                      f"accept: {exc}") from None
+        naming_of(spec, "")  # a bad naming or slot count is refused here, when the sink is made
         self.pipeline: PipelineConfig | None = None
 
     def client_settings(self, bootstrap_servers: str | None = None) -> KafkaSettings:
@@ -72,6 +74,11 @@ class KafkaOutput:
     @property
     def id_prefix(self) -> str:
         return self.spec.get("transactional_id_prefix") or (self.pipeline.pipeline_id if self.pipeline else "")
+
+    @property
+    def naming(self) -> IdNaming:
+        """How this output's transactional ids are named (sinks.kafka.transactional_ids)."""
+        return naming_of(self.spec, self.id_prefix)
 
     def failure(self, settings: KafkaSettings, exc: BaseException | str, doing: str,
                 retriable: bool = True) -> ExactlyOnceError:

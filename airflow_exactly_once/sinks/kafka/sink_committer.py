@@ -19,7 +19,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
 from airflow_exactly_once.core.lineage_names import DatasetName, kafka_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.sink import StagedHistory
+from airflow_exactly_once.core.sink import LedgerReader, StagedHistory
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.txn_budget import check_broker_maximum
 from airflow_exactly_once.kafka.settings import KafkaSettings
@@ -30,7 +30,7 @@ from airflow_exactly_once.sinks.kafka.hanging_sweep import HangingSweep
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
 from airflow_exactly_once.sinks.kafka.wire_format import check_given_schemas
-from airflow_exactly_once.sinks.kafka.writer import transactional_id_pattern
+from airflow_exactly_once.sinks.kafka.transactional_ids import prefix_users
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,9 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
         self.output = KafkaOutput(spec, self.guarantee)
         self.sweep = HangingSweep(self.output, None)
 
-    def bind(self, config: PipelineConfig,
-             history: StagedHistory[KafkaCommittable] | None = None) -> "KafkaSinkCommitter":
-        super().bind(config, history)
+    def bind(self, config: PipelineConfig, history: StagedHistory[KafkaCommittable] | None = None,
+             ledger: LedgerReader | None = None) -> "KafkaSinkCommitter":
+        super().bind(config, history, ledger)
         self.output.pipeline = config
         self.sweep = HangingSweep(self.output, history)
         return self
@@ -58,6 +58,7 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
         return self.output.transaction_timeout_ms if self.guarantee == "EXACTLY_ONCE" else None
 
     def check(self, pipeline_id: str) -> None:
+        self._check_prefix(pipeline_id)
         topic = self.output.topic
         if self.pipeline is not None and self.pipeline.reads_topic(topic):
             raise ConfigurationError(f"the kafka sink topic {topic!r} is also an input topic: every batch would "
@@ -77,6 +78,18 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
             raise self.output.failure(settings, exc, f"checking the kafka sink on {settings.bootstrap_servers}") \
                 from exc
         check_given_schemas(self.spec, self.pipeline)
+
+    def _check_prefix(self, pipeline_id: str) -> None:
+        """Refuse a transactional id prefix another pipeline of the ledger uses: their ids would fence each other."""
+        if self.ledger is None or self.guarantee != "EXACTLY_ONCE":
+            return
+        prefix = self.output.id_prefix
+        users = prefix_users(prefix, self.ledger.list_pipelines(), pipeline_id)
+        if users:
+            raise ConfigurationError(
+                f"the kafka sink's transactional_id_prefix {prefix!r} is also used by pipeline(s) {', '.join(users)} "
+                "of this ledger: each would fence and abort the other's transactions. Give this sink its own "
+                "transactional_id_prefix (unique on the cluster), e.g. the pipeline id", retriable=False)
 
     def commit(self, batch: Batch, committable: KafkaCommittable) -> str:
         if committable.guarantee != "EXACTLY_ONCE":
@@ -140,7 +153,12 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
                     aborted = self._transactions(settings, admin).abort_all(
                         [r.held_transaction for r in committable.transactions])
                 else:
-                    known = probe.matching_transactions(admin, transactional_id_pattern(output.id_prefix, batch.seq))
+                    naming = output.naming
+                    later = naming.later_holders(batch, self.ledger) if self.ledger is not None else []
+                    if later:  # they took the slot over, and their InitProducerId fenced this batch's producers
+                        log.warning("not fencing slot %s of batch %s: batch %s uses it now", naming.slot(batch.seq),
+                                    batch.seq, later[0].seq)
+                    known = probe.matching_transactions(admin, naming.batch_pattern(batch.seq)) if not later else {}
                     for tid in sorted(known):
                         librdkafka.fence({**settings.librdkafka(), **output.producer_config}, tid,
                                          output.transaction_timeout_ms)

@@ -55,10 +55,13 @@ class KafkaSinkWriter(SinkWriter):
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> KafkaCommittable:
         output = self.output
         settings = output.client_settings()
+        naming = output.naming
+        if self.guarantee == "EXACTLY_ONCE":  # pooled ids: no earlier batch of the slot may still hold them
+            naming.ensure_free(batch, self.committer.ledger if self.committer is not None else None)
         writer = KafkaPartitionWriter(
             topic=output.topic, guarantee=self.guarantee, transactional_id_prefix=output.id_prefix,
             batch_seq=batch.seq, transaction_timeout_ms=output.transaction_timeout_ms, settings=settings,
-            producer_config=output.producer_config)
+            producer_config=output.producer_config, naming=naming)
         if output.wire_writers:
             frame = encoded(frame, output.wire_writers, self.pipeline)
         # [START failed_stage]
@@ -77,7 +80,8 @@ class KafkaSinkWriter(SinkWriter):
                 raise
             raise explained from exc
         return KafkaCommittable(self.guarantee, settings.bootstrap_servers, output.topic,
-                                tuple(sorted(reports, key=lambda r: r.partition)))
+                                tuple(sorted(reports, key=lambda r: r.partition)),
+                                naming.slot(batch.seq) if self.guarantee == "EXACTLY_ONCE" else None)
 
     @staticmethod
     def _key_value(frame: Any) -> Any:

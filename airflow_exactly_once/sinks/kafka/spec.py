@@ -29,6 +29,14 @@ class KafkaSpec(SinkSpec):
                                                                            "pre-committed transaction open (see below)")
     transactional_id_prefix: str | None = argument(None, "Prefix of the transactional ids, unique per pipeline on "
                                                          "the cluster", shown_default="`pipeline_id`")
+    transactional_ids: str = argument("pooled", "`pooled`: a fixed set of ids `<prefix>-<slot>-<partition>`, reused "
+                                                "across batches (live ids stay at slots x partitions); `per_batch`: "
+                                                "the first releases' `<prefix>-<batch_seq>-<partition>`, a new set "
+                                                "per batch (see below)",
+                                      choices=("pooled", "per_batch"))
+    transactional_id_slots: int = argument(4, "Slots of the pooled ids: batch n uses slot n mod slots, and waits "
+                                              "while an earlier batch of its slot is still open; keep it above the "
+                                              "number of batches open at once (interval mode: `max_active_runs`)")
     kafka_config: dict[str, Any] | None = argument(None, "Client settings of the output cluster (security, "
                                                          "timeouts), in the `kafka` connection's spelling "
                                                          "([connections.md](../connections.md)); its passwords and "

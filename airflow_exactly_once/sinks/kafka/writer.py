@@ -1,8 +1,10 @@
 """The Kafka sink's partition writer: one Spark partition's records into one producer, on an executor.
 
-Under EXACTLY_ONCE the producer uses the transactional id (prefix, batch_seq, partition):
-`init_transactions()` fences and aborts whatever an earlier attempt of the same partition
-left open, then the records go into a new transaction that is flushed and left open
+Under EXACTLY_ONCE the producer uses the partition's transactional id of the batch (pooled:
+(prefix, slot, partition), see sinks.kafka.transactional_ids): `init_transactions()` fences and
+aborts whatever an earlier attempt of the same partition left open (the batch's claim is
+checked first, so a zombie of an aborted batch does not touch a slot a later batch took over),
+then the records go into a new transaction that is flushed and left open
 (pre-commit, see librdkafka.py). The partition's `PartitionReport` is its commit message:
 the transaction's handle and the first offset written to each output partition (which
 decides "committed or aborted" if the broker later forgets the transaction).
@@ -11,7 +13,6 @@ decides "committed or aborted" if the broker later forgets the transaction).
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -24,19 +25,15 @@ from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
+from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, per_batch_id
 from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError, TransactionHandle
 
 Columns = tuple[list[Any], list[Any], list[Any] | None]  # keys (or Nones), values, headers (or None) of some records
 
 
 def transactional_id(prefix: str, batch_seq: int, partition: int) -> str:
-    """One id per (pipeline, batch, Spark partition): a retry of the partition fences its predecessor."""
-    return f"{prefix}-{batch_seq}-{partition}"
-
-
-def transactional_id_pattern(prefix: str, batch_seq: int) -> str:
-    """A regex that fully matches the transactional ids of every partition of one batch."""
-    return re.escape(f"{prefix}-{batch_seq}-") + r"\d+"
+    """The per-batch naming (`transactional_ids="per_batch"`, and every batch of the first releases)."""
+    return per_batch_id(prefix, batch_seq, partition)
 
 
 def arrow_columns(batches: Iterable[Any]) -> Iterator[Columns]:
@@ -81,6 +78,7 @@ class KafkaPartitionWriter(PartitionWriter):
     settings: KafkaSettings
     producer_config: dict[str, Any] = field(default_factory=dict)  # librdkafka tuning (linger.ms, ...)
     flush_timeout_s: float = 120.0
+    naming: IdNaming | None = None  # None: per-batch ids under the prefix (callers from before pooling)
 
     def write(self, partition: int, batches: Iterator[Any], claim: ClaimCheck | None = None) -> PartitionReport:
         return self.write_columns(partition, arrow_columns(batches), claim)
@@ -112,7 +110,9 @@ class KafkaPartitionWriter(PartitionWriter):
         begins in each output partition is asked of the brokers afterwards (DescribeProducers) when they
         let this client, else collected from a delivery report per record.
         """
-        tid = transactional_id(self.transactional_id_prefix, self.batch_seq, partition)
+        tid = self.transactional_id(partition)
+        if claim is not None:  # before InitProducerId, which aborts what the id holds (pooled: maybe a later batch's)
+            claim.ensure(f"initialising Kafka transactional id {tid!r}")
         ask_brokers = probe.may_describe_producers(admin, self.topic)
         deliveries = _Deliveries(firsts=not ask_brokers)
         holder = [self._producer(tid, deliveries)]
@@ -132,6 +132,11 @@ class KafkaPartitionWriter(PartitionWriter):
             raise
         first = deliveries.first if deliveries.firsts else self._transaction_starts(admin, handle)
         return PartitionReport(partition, count, tuple((t, p, o) for (t, p), o in sorted(first.items())), handle)
+
+    def transactional_id(self, partition: int) -> str:
+        if self.naming is None:
+            return transactional_id(self.transactional_id_prefix, self.batch_seq, partition)
+        return self.naming.transactional_id(self.batch_seq, partition)
 
     def _producer(self, tid: str, deliveries: _Deliveries) -> confluent_kafka.Producer:
         return librdkafka.new_producer({**self.settings.librdkafka(), **self.producer_config}, self.guarantee, tid,
