@@ -2,7 +2,8 @@
 
 librdkafka (`sasl.oauthbearer.method=oidc`) and Kafka's Java client (OAuthBearerLoginCallbackHandler)
 fetch their tokens themselves; kafka-python only asks a token provider object for one at each
-login. This is that object, for the same connection settings: an RFC 6749 client-credentials
+login (kafka.token_provider). This is where that object's tokens come from, for the same connection
+settings, with the standard library only (DAG parsing imports kafka.settings): an RFC 6749 client-credentials
 grant (client id and secret in an HTTP Basic header, as the Java client and librdkafka send them),
 one token per (endpoint, client, scope) reused by every client of the process until shortly
 before it expires.
@@ -24,8 +25,6 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from typing import NoReturn
-
-from kafka.net.sasl.oauth import AbstractTokenProvider
 
 from airflow_exactly_once.core.errors import ConfigurationError
 
@@ -151,17 +150,3 @@ def _lifetime(body: dict, token: str) -> float:
 def _form_quote(value: str) -> str:
     """RFC 6749 section 2.3.1: client id and secret are form-encoded before they go into the Basic header."""
     return urllib.parse.quote_plus(value)
-
-
-class ClientCredentialsTokenProvider(AbstractTokenProvider):
-    """kafka-python's `sasl_oauth_token_provider`: a cached client-credentials token at each login."""
-
-    def __init__(self, credentials: ClientCredentials) -> None:
-        super().__init__()
-        self.credentials = credentials
-
-    def token(self) -> str:
-        return access_token(self.credentials)
-
-    def __repr__(self) -> str:
-        return f"ClientCredentialsTokenProvider({self.credentials!r})"

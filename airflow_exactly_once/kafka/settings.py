@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.kafka.oauth import ClientCredentials, ClientCredentialsTokenProvider
+from airflow_exactly_once.kafka.oauth import ClientCredentials, access_token
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 OAUTHBEARER = "OAUTHBEARER"
@@ -46,7 +46,7 @@ SECRETS = ("sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.keystor
 
 # librdkafka's OIDC client settings; Java's client takes the client's id, secret and scope as JAAS options.
 _OIDC_SETTINGS = ("sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
-                  "sasl.oauthbearer.scope")
+                  "sasl.oauthbearer.scope", "sasl.oauthbearer.extensions")
 # Java's client: the login module and the handler that fetches client-credentials tokens (Kafka clients 3.4 and
 # later, 4.x included; the `.secured.` package name of 3.1-3.3 is deprecated in 3.x and gone in 4.0).
 _OAUTH_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
@@ -231,6 +231,13 @@ class KafkaSettings:
         scope = self.properties.get("sasl.oauthbearer.scope", jaas.get("scope", ""))
         return ClientCredentials(endpoint, client_id, secret, scope, self.origin)
 
+    def oauth_extensions(self) -> dict[str, str]:
+        """SASL extensions sent with an OAUTHBEARER login (librdkafka's "key=value,key=value" form, e.g. Confluent
+        Cloud's logicalCluster and identityPoolId)."""
+        pairs = [p.partition("=") for p in self.properties.get("sasl.oauthbearer.extensions", "").split(",")
+                 if p.strip()]
+        return {k.strip(): v.strip() for k, _, v in pairs}
+
     def sasl_credentials(self) -> tuple[str | None, str | None]:
         """(username, password) from sasl.username/password, else parsed out of sasl.jaas.config."""
         username, password = self.properties.get("sasl.username"), self.properties.get("sasl.password")
@@ -281,9 +288,12 @@ class KafkaSettings:
         if self.security_protocol.startswith("SASL"):
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             if self.uses_oauth:
-                provider = ClientCredentialsTokenProvider(self.oauth_client())
-                provider.token()  # a refusing token endpoint is named here, not after a bootstrap timeout
-                kwargs["sasl_oauth_token_provider"] = provider
+                # Loaded here, with the kafka-python client it serves: a DAG parse imports this module, not kafka-python.
+                from airflow_exactly_once.kafka.token_provider import ClientCredentialsTokenProvider
+
+                access_token(self.oauth_client())  # a refusing token endpoint is named here, not after a bootstrap wait
+                kwargs["sasl_oauth_token_provider"] = ClientCredentialsTokenProvider(self.oauth_client(),
+                                                                                     self.oauth_extensions())
             else:
                 kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = self.sasl_credentials()
         if self.security_protocol.endswith("SSL"):
@@ -317,8 +327,9 @@ class KafkaSettings:
             client = self.oauth_client()
             if "sasl.jaas.config" not in props:
                 scope = f' scope="{_jaas_quote(client.scope)}"' if client.scope else ""
+                extensions = "".join(f' extension_{k}="{_jaas_quote(v)}"' for k, v in self.oauth_extensions().items())
                 props["sasl.jaas.config"] = (f'{_OAUTH_LOGIN_MODULE} required clientId="{_jaas_quote(client.client_id)}" '
-                                             f'clientSecret="{_jaas_quote(client.client_secret)}"{scope};')
+                                             f'clientSecret="{_jaas_quote(client.client_secret)}"{scope}{extensions};')
             props.setdefault("sasl.login.callback.handler.class", _OAUTH_LOGIN_HANDLER)
         elif protocol.startswith("SASL") and "sasl.jaas.config" not in props:
             username, password = self.sasl_credentials()

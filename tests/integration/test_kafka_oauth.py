@@ -196,3 +196,21 @@ def test_a_token_the_broker_does_not_accept_is_named(secured_kafka, names, tmp_p
     assert "sasl.oauthbearer.jwks.endpoint.url" in message and ORIGIN in message
     assert SECRET not in message
     assert_nothing_happened(pipe)
+
+
+def test_the_write_on_spark_connect_reads_and_writes_through_oauthbearer(secured_kafka, names, spark_connect, tmp_path,
+                                                                         monkeypatch):
+    """The same connection on a warm Spark Connect server: its Kafka source (Java's client, jose4j on the server)
+    and the Kafka sink's producers on its executors log in with their own tokens."""
+    from airflow_exactly_once.spark.launch.connect import ConnectWrite
+
+    name, source, output = names
+    sent = produce(secured_kafka.client_config(), source, 45)
+    use_connection(monkeypatch, secured_kafka)
+    pipe = oauth_pipe(tmp_path, name, source, {"type": "kafka", "topic": output}, local_read_max_records=0)
+    batch_id = pipe.plan("run-1").batch.id
+    report = ConnectWrite(pipe.coordinator, spark_connect.url, upper_value).run(batch_id)
+    assert report["action"] == "prepared" and report["output_records"] == 45, report
+    assert SECRET not in json.dumps(report, default=str)
+    assert "COMMITTED" in pipe.commit(batch_id)
+    assert_exactly_once([v.upper() for v in sent], read_all(secured_kafka.client_config(), output))

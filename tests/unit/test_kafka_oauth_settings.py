@@ -43,6 +43,17 @@ def test_java_gets_the_login_module_the_token_handler_and_the_endpoint():
                    for k in java)
 
 
+def test_sasl_extensions_reach_every_client(provider):
+    settings = KafkaSettings.from_mapping({**OIDC, "sasl.oauthbearer.extensions": "logicalCluster=lkc-1, pool=p",
+                                           "sasl.oauthbearer.client.secret": "app-secret",
+                                           "sasl.oauthbearer.token.endpoint.url": provider.token_url})
+    assert settings.java()["sasl.jaas.config"].endswith(' extension_logicalCluster="lkc-1" extension_pool="p";')
+    assert "sasl.oauthbearer.extensions" not in settings.java()
+    assert settings.kafka_python(KafkaConsumer)["sasl_oauth_token_provider"].extensions() == {
+        "logicalCluster": "lkc-1", "pool": "p"}
+    assert settings.librdkafka()["sasl.oauthbearer.extensions"] == "logicalCluster=lkc-1, pool=p"
+
+
 def test_librdkafka_gets_its_oidc_method_and_no_username():
     props = KafkaSettings.from_mapping({k: v for k, v in OIDC.items() if k != "sasl.oauthbearer.method"}).librdkafka()
     assert props["sasl.oauthbearer.method"] == "oidc" and props["sasl.oauthbearer.client.secret"] == 's3"cr\\et'
