@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote_plus
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
+from devtools.http_thread import ThreadedHttpServer
 from devtools.ports import reserve_port
 
 AUDIENCE = "kafka"
 
 
-class LocalOAuthProvider:
+class LocalOAuthProvider(ThreadedHttpServer):
     """Issues tokens to the clients in `clients` (client id -> secret); `with` starts and stops it."""
 
     def __init__(self, clients: dict[str, str], token_lifetime_s: int = 3600, port: int = 0) -> None:
@@ -43,7 +43,6 @@ class LocalOAuthProvider:
         self.key_id = uuid.uuid4().hex[:12]
         self._key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.token_requests = 0
-        self._server: ThreadingHTTPServer | None = None
 
     @property
     def issuer(self) -> str:
@@ -68,9 +67,9 @@ class LocalOAuthProvider:
                   "exp": now + self.token_lifetime_s, "scope": scope, "client_id": client_id}
         return jwt.encode(claims, self._key, algorithm="RS256", headers={"kid": self.key_id})
 
-    def start(self) -> "LocalOAuthProvider":
-        if self._server is not None:
-            return self
+    thread_name = "oauth-provider"
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,22 +108,7 @@ class LocalOAuthProvider:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="oauth-provider", daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "LocalOAuthProvider":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return Handler
 
 
 def _basic(header: str) -> tuple[str, str | None]:

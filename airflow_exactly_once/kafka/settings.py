@@ -73,7 +73,8 @@ _LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.ce
                     "ssl.key.location", "ssl.crl.location", "enable.ssl.certificate.verification",
                     "socket.timeout.ms", *_OIDC_SETTINGS, *_KAFKA_PYTHON_ONLY)
 # Java-only properties (they have a librdkafka spelling, translated in librdkafka()).
-_JAVA_ONLY = ("sasl.jaas.config", "sasl.login.callback.handler.class", "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password",
+_JAVA_ONLY = ("sasl.jaas.config", "sasl.login.callback.handler.class", "ssl.truststore.location",
+              "ssl.truststore.type", "ssl.truststore.password",
               "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
               "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates")
 # How kafka-python, Java's client and librdkafka word each problem (matched in their error text).
@@ -288,7 +289,7 @@ class KafkaSettings:
         if self.security_protocol.startswith("SASL"):
             kwargs["sasl_mechanism"] = self.sasl_mechanism
             if self.uses_oauth:
-                # Loaded here, with the kafka-python client it serves: a DAG parse imports this module, not kafka-python.
+                # Imported with the kafka-python client it serves: DAG parsing imports this module, not kafka-python.
                 from airflow_exactly_once.kafka.token_provider import ClientCredentialsTokenProvider
 
                 access_token(self.oauth_client())  # a refusing token endpoint is named here, not after a bootstrap wait
@@ -328,7 +329,8 @@ class KafkaSettings:
             if "sasl.jaas.config" not in props:
                 scope = f' scope="{_jaas_quote(client.scope)}"' if client.scope else ""
                 extensions = "".join(f' extension_{k}="{_jaas_quote(v)}"' for k, v in self.oauth_extensions().items())
-                props["sasl.jaas.config"] = (f'{_OAUTH_LOGIN_MODULE} required clientId="{_jaas_quote(client.client_id)}" '
+                props["sasl.jaas.config"] = (f'{_OAUTH_LOGIN_MODULE} required '
+                                             f'clientId="{_jaas_quote(client.client_id)}" '
                                              f'clientSecret="{_jaas_quote(client.client_secret)}"{scope}{extensions};')
             props.setdefault("sasl.login.callback.handler.class", _OAUTH_LOGIN_HANDLER)
         elif protocol.startswith("SASL") and "sasl.jaas.config" not in props:

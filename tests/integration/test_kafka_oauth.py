@@ -74,15 +74,23 @@ def oauth_pipe(tmp_path: Path, name: str, source: str, sink: dict, **overrides) 
                 run_writers=run_partition_writers)
 
 
+def sent_through_oauth(broker, monkeypatch, tmp_path, names, records: int, sink: dict,
+                       **overrides) -> tuple[Pipe, list[str]]:
+    """`records` values in the input topic, and a pipeline that reads them through the kafka_oauth connection."""
+    name, source, _ = names
+    sent = produce(broker.client_config(), source, records)
+    use_connection(monkeypatch, broker)
+    return oauth_pipe(tmp_path, name, source, sink, **overrides), sent
+
+
 def test_kafka_to_kafka_pipeline_exactly_once_through_oauthbearer(secured_kafka, names, spark, tmp_path, monkeypatch,
                                                                    caplog):
     """Plan (kafka-python), read (Spark's Java client), write (librdkafka producers), commit (kafka-python): each
     logs in with a token the broker verified; the output is exact and the secret is nowhere."""
     caplog.set_level(logging.INFO)  # what task logs keep (py4j's DEBUG log holds every pickled closure it ships)
     name, source, output = names
-    sent = produce(secured_kafka.client_config(), source, 60)
-    use_connection(monkeypatch, secured_kafka)
-    pipe = oauth_pipe(tmp_path, name, source, {"type": "kafka", "topic": output}, local_read_max_records=0)
+    pipe, sent = sent_through_oauth(secured_kafka, monkeypatch, tmp_path, names, 60, {"type": "kafka", "topic": output},
+                                    local_read_max_records=0)
     settings = KafkaSettings.of(pipe.config)
     assert settings.uses_oauth and settings.origin == ORIGIN
     tokens_before = secured_kafka.oauth.token_requests
@@ -162,11 +170,10 @@ def test_a_client_secret_rotated_after_planning_fails_the_write_naming_the_setti
     """Planning worked; then the connection's secret changed: the write's reader (Spark's Java client, or the
     small-batch read with librdkafka) gets no token, and the write names the settings, not retriable."""
     name, source, _ = names
-    produce(secured_kafka.client_config(), source, 30)
-    use_connection(monkeypatch, secured_kafka)
     output = tmp_path / "out"
-    pipe = oauth_pipe(tmp_path, name, source, {"type": "parquet", "path": str(output)},
-                      local_read_max_records=0 if reader == "spark" else 5000)
+    pipe, _ = sent_through_oauth(secured_kafka, monkeypatch, tmp_path, names, 30,
+                                 {"type": "parquet", "path": str(output)},
+                                 local_read_max_records=0 if reader == "spark" else 5000)
     batch_id = pipe.plan("run-1").batch.id
     wrong = f"SECRET-rotated-{uuid.uuid4().hex}"
     use_connection(monkeypatch, secured_kafka, **{"sasl.oauthbearer.client.secret": wrong})
@@ -205,9 +212,8 @@ def test_the_write_on_spark_connect_reads_and_writes_through_oauthbearer(secured
     from airflow_exactly_once.spark.launch.connect import ConnectWrite
 
     name, source, output = names
-    sent = produce(secured_kafka.client_config(), source, 45)
-    use_connection(monkeypatch, secured_kafka)
-    pipe = oauth_pipe(tmp_path, name, source, {"type": "kafka", "topic": output}, local_read_max_records=0)
+    pipe, sent = sent_through_oauth(secured_kafka, monkeypatch, tmp_path, names, 45, {"type": "kafka", "topic": output},
+                                    local_read_max_records=0)
     batch_id = pipe.plan("run-1").batch.id
     report = ConnectWrite(pipe.coordinator, spark_connect.url, upper_value).run(batch_id)
     assert report["action"] == "prepared" and report["output_records"] == 45, report

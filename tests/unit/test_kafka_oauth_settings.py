@@ -37,7 +37,8 @@ def test_java_gets_the_login_module_the_token_handler_and_the_endpoint():
                                         'clientId="app" clientSecret="s3\\"cr\\\\et" scope="kafka";')
     assert java["sasl.login.callback.handler.class"] == \
         "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
-    assert java["sasl.oauthbearer.token.endpoint.url"] == "https://idp/token" and java["sasl.mechanism"] == "OAUTHBEARER"
+    assert java["sasl.oauthbearer.token.endpoint.url"] == "https://idp/token"
+    assert java["sasl.mechanism"] == "OAUTHBEARER"
     # librdkafka's names of the client's settings would only make Java's client warn about unknown configs
     assert not any(k.startswith(("sasl.oauthbearer.client", "sasl.oauthbearer.scope", "sasl.oauthbearer.method"))
                    for k in java)
@@ -57,7 +58,8 @@ def test_sasl_extensions_reach_every_client(provider):
 def test_librdkafka_gets_its_oidc_method_and_no_username():
     props = KafkaSettings.from_mapping({k: v for k, v in OIDC.items() if k != "sasl.oauthbearer.method"}).librdkafka()
     assert props["sasl.oauthbearer.method"] == "oidc" and props["sasl.oauthbearer.client.secret"] == 's3"cr\\et'
-    assert props["sasl.oauthbearer.token.endpoint.url"] == "https://idp/token" and props["sasl.oauthbearer.scope"] == "kafka"
+    assert props["sasl.oauthbearer.token.endpoint.url"] == "https://idp/token"
+    assert props["sasl.oauthbearer.scope"] == "kafka"
     assert "sasl.username" not in props and "sasl.password" not in props
     assert "sasl.jaas.config" not in props and "sasl.login.callback.handler.class" not in props
 
@@ -73,7 +75,8 @@ def test_a_java_style_jaas_config_serves_every_client():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"sasl.oauthbearer.client.secret": None}, r"set sasl.oauthbearer.client.secret \(with sasl.oauthbearer.method=oidc"),
+    ({"sasl.oauthbearer.client.secret": None},
+     r"set sasl.oauthbearer.client.secret \(with sasl.oauthbearer.method=oidc"),
     ({"sasl.oauthbearer.token.endpoint.url": None, "sasl.oauthbearer.client.id": None},
      "set sasl.oauthbearer.client.id, sasl.oauthbearer.token.endpoint.url"),
     ({"sasl.oauthbearer.method": "default"}, "only OIDC client credentials are supported"),
