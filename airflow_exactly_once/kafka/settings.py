@@ -216,8 +216,7 @@ class KafkaSettings:
     def oauth_client(self) -> ClientCredentials:
         """The OIDC client of an OAUTHBEARER login, from librdkafka's sasl.oauthbearer.* settings (or the
         clientId/clientSecret/scope options of a Java-style sasl.jaas.config); refused when a part is missing."""
-        jaas = {k: v.replace('\\"', '"').replace("\\\\", "\\")
-                for k, v in _JAAS_OPTION.findall(self.properties.get("sasl.jaas.config", ""))}
+        jaas = self._jaas_options()
         client_id = self.properties.get("sasl.oauthbearer.client.id", jaas.get("clientId", ""))
         secret = self.properties.get("sasl.oauthbearer.client.secret", jaas.get("clientSecret", ""))
         endpoint = self.properties.get("sasl.oauthbearer.token.endpoint.url", "")
@@ -239,12 +238,16 @@ class KafkaSettings:
                  if p.strip()]
         return {k.strip(): v.strip() for k, _, v in pairs}
 
+    def _jaas_options(self) -> dict[str, str]:
+        """The quoted options of sasl.jaas.config (username, password; clientId, clientSecret, scope), unescaped."""
+        return {k: v.replace('\\"', '"').replace("\\\\", "\\")
+                for k, v in _JAAS_OPTION.findall(self.properties.get("sasl.jaas.config", ""))}
+
     def sasl_credentials(self) -> tuple[str | None, str | None]:
         """(username, password) from sasl.username/password, else parsed out of sasl.jaas.config."""
         username, password = self.properties.get("sasl.username"), self.properties.get("sasl.password")
-        jaas = self.properties.get("sasl.jaas.config")
-        if jaas and (username is None or password is None):
-            options = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(jaas)}
+        if username is None or password is None:
+            options = self._jaas_options()
             username = username if username is not None else options.get("username")
             password = password if password is not None else options.get("password")
         return username, password
@@ -411,8 +414,7 @@ class KafkaSettings:
         if not self.security_protocol.startswith("SASL"):
             return None
         if self.uses_oauth:
-            jaas = dict(_JAAS_OPTION.findall(self.properties.get("sasl.jaas.config", "")))
-            return self.properties.get("sasl.oauthbearer.client.id") or jaas.get("clientId")
+            return self.properties.get("sasl.oauthbearer.client.id") or self._jaas_options().get("clientId")
         return self.sasl_credentials()[0]
 
     def explain(self, failure: BaseException | str, *, topics: tuple[str, ...] | list[str] = (),
