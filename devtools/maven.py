@@ -122,8 +122,17 @@ def avro_jars() -> list[str]:
 
 
 def spark_connector_jars() -> list[str]:
-    """What a test's Spark loads: Kafka's connector and spark-avro (Iceberg's jars: spark_conf_dir)."""
-    return spark_kafka_jars() + avro_jars()
+    """What a test's Spark loads: Kafka's connector, spark-avro and jose4j (Kafka's OAuth logins) (Iceberg's jars:
+    spark_conf_dir)."""
+    return spark_kafka_jars() + avro_jars() + jose4j_jars()
+
+
+def jose4j_jars() -> list[str]:
+    """jose4j, which Kafka's Java client needs for OAUTHBEARER logins (spark.packages.JOSE4J_PACKAGE)."""
+    from airflow_exactly_once.spark.packages import JOSE4J_PACKAGE
+
+    folder = fetch_jars(artifact(JOSE4J_PACKAGE).name, (artifact(JOSE4J_PACKAGE),), strip_version=True)
+    return sorted(str(jar) for jar in folder.glob("*.jar"))
 
 
 def devenv_home() -> Path:

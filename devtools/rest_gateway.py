@@ -25,10 +25,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
+from devtools.http_thread import ThreadedHttpServer
 from devtools.ports import reserve_port
 
 COMMIT_PATH = re.compile(r"^/v1/(?:.+/)?(?:namespaces/[^/]+/tables/[^/]+|transactions/commit)$")
@@ -55,7 +56,7 @@ class Fault:
     then: Callable[[], None] | None = None
 
 
-class RestGateway:
+class RestGateway(ThreadedHttpServer):
     """A gateway on its own port in front of `upstream` (http://host:port)."""
 
     def __init__(self, upstream: str, token: str | None = None, credential: str | None = None,
@@ -69,8 +70,6 @@ class RestGateway:
         self.commits_seen = 0
         self._fault: Fault | None = None
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def uri(self) -> str:
@@ -93,7 +92,9 @@ class RestGateway:
 
     # -- serving -------------------------------------------------------------------
 
-    def start(self) -> "RestGateway":
+    thread_name = "rest-gateway"
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,23 +108,7 @@ class RestGateway:
 
             do_POST = do_DELETE = do_HEAD = do_PUT = do_GET
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="rest-gateway", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "RestGateway":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        return Handler
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         body = request.rfile.read(int(request.headers.get("Content-Length") or 0))

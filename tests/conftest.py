@@ -64,6 +64,10 @@ NO_SECRET_MARKERS = new_markers()
 NO_SECRET_REGISTRY_USER = "no-secret"  # a user of the session's Schema Registry; its password is a marker
 SECURED_USERS = {PIPELINE_USER: "pipeline-secret", NO_TXN_USER: "no-txn-secret", NO_WRITE_USER: "no-write-secret",
                  NO_READ_USER: "no-read-secret", NO_SECRET_USER: NO_SECRET_MARKERS["kafka-conn-sasl-password"]}
+# The secured broker's OAUTHBEARER listener: an OIDC client (principal User:<client id>) with every ACL a pipeline
+# needs; its secret is new each session, so a test can search every store for it.
+OAUTH_CLIENT = "sec-oauth-pipeline"
+OAUTH_CLIENTS = {OAUTH_CLIENT: f"SECRET-oauth-client-{uuid.uuid4().hex}"}
 ARRIVAL_TOPIC = "arrivals"  # dags/kafka_to_parquet_on_arrival.py: runs when records wait
 ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS = 20, 2
 METRICS_PIPELINE = "eo_metrics"  # tests/dags/eo_metrics_test_dag.py: its pipeline id and input topic
@@ -152,7 +156,7 @@ def secured_grants() -> list[Grant]:
     return (grants(PIPELINE_USER) + grants(NO_TXN_USER, ("transactional_id",))
             + grants(NO_WRITE_USER, ("output",)) + [Grant(NO_WRITE_USER, "DESCRIBE", "TOPIC", SECURED_OUT, True)]
             + grants(NO_READ_USER, ("input",)) + [Grant(NO_READ_USER, "DESCRIBE", "TOPIC", SECURED_IN, True)]
-            + grants(NO_SECRET_USER))
+            + grants(NO_SECRET_USER) + grants(OAUTH_CLIENT))
 
 
 @pytest.fixture(scope="session")
@@ -169,7 +173,7 @@ def object_storage(tmp_path_factory) -> LocalObjectStorage:
 def secured_kafka(tmp_path_factory) -> SecuredKafkaBroker:
     """The secured broker, started only in sessions with a test that asks for it."""
     broker = SecuredKafkaBroker(tmp_path_factory.mktemp("kafka-secured"), users=SECURED_USERS,
-                                transaction_max_timeout_ms=900_000)
+                                oauth_clients=OAUTH_CLIENTS, transaction_max_timeout_ms=900_000)
     broker.start()
     try:
         broker.grant(secured_grants())

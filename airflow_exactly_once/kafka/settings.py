@@ -34,14 +34,26 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.kafka.oauth import ClientCredentials, access_token
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+OAUTHBEARER = "OAUTHBEARER"
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER)
 # What would let a client move offsets or read uncommitted records: the ledger owns offsets.
 FORBIDDEN = ("enable.auto.commit", "group.id", "isolation.level", "auto.offset.reset")
 SECRETS = ("sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.keystore.password",
            "ssl.truststore.password", "ssl.keystore.key", "sasl.oauthbearer.client.secret")
 
+# librdkafka's OIDC client settings; Java's client takes the client's id, secret and scope as JAAS options.
+_OIDC_SETTINGS = ("sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
+                  "sasl.oauthbearer.scope", "sasl.oauthbearer.extensions")
+# Java's client: the login module and the handler that fetches client-credentials tokens (Kafka clients 3.4 and
+# later, 4.x included; the `.secured.` package name of 3.1-3.3 is deprecated in 3.x and gone in 4.0).
+_OAUTH_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+_OAUTH_LOGIN_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+# The JVM system property of Kafka clients 3.9.1+ listing the URLs a client may fetch tokens from; from 4.0 on it
+# lists none unless set, so a Spark whose Kafka client is 4.x needs it in its driver's and executors' JVM options.
+OAUTH_ALLOWED_URLS_PROPERTY = "org.apache.kafka.sasl.oauthbearer.allowed.urls"
 # kafka-python's names of settings whose librdkafka/Java name is not just dots for underscores.
 _KAFKA_PYTHON_NAMES = {
     "sasl.username": "sasl_plain_username",
@@ -59,12 +71,15 @@ _KAFKA_PYTHON_ONLY = ("bootstrap.timeout.ms",)
 # librdkafka properties that Java's client spells differently (translated in java()).
 _LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.certificate.location",
                     "ssl.key.location", "ssl.crl.location", "enable.ssl.certificate.verification",
-                    "socket.timeout.ms", *_KAFKA_PYTHON_ONLY)
+                    "socket.timeout.ms", *_OIDC_SETTINGS, *_KAFKA_PYTHON_ONLY)
 # Java-only properties (they have a librdkafka spelling, translated in librdkafka()).
-_JAVA_ONLY = ("sasl.jaas.config", "ssl.truststore.location", "ssl.truststore.type", "ssl.truststore.password",
+_JAVA_ONLY = ("sasl.jaas.config", "sasl.login.callback.handler.class", "ssl.truststore.location",
+              "ssl.truststore.type", "ssl.truststore.password",
               "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
               "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates")
 # How kafka-python, Java's client and librdkafka word each problem (matched in their error text).
+_TOKEN_NOT_FETCHED = ("token endpoint", "Failed to acquire SASL OAUTHBEARER token", "OAUTHBEARER token")
+_TOKEN_URL_NOT_ALLOWED = ("oauthbearer.allowed.urls",)
 _LOGIN_REFUSED = ("SaslAuthenticationFailed", "SaslAuthenticationException", "SASL authentication error",
                   "Authentication failed during authentication", "invalid credentials")
 _HOST_NOT_IN_CERTIFICATE = ("Hostname mismatch", "IP address mismatch", "No subject alternative",
@@ -166,7 +181,17 @@ class KafkaSettings:
                 raise ConfigurationError(
                     f"security.protocol={protocol} needs sasl.mechanism set to one of {', '.join(SASL_MECHANISMS)} "
                     f"({self.origin} has {mechanism or 'none'})")
-            self.sasl_login()
+            if mechanism == OAUTHBEARER:
+                method = self.properties.get("sasl.oauthbearer.method", "oidc").lower()
+                if method != "oidc":
+                    raise ConfigurationError(
+                        f"sasl.oauthbearer.method={method!r} ({self.origin}): only OIDC client credentials are "
+                        "supported (every client of a pipeline must fetch its own tokens): set "
+                        "sasl.oauthbearer.method=oidc with sasl.oauthbearer.client.id, sasl.oauthbearer.client.secret "
+                        "and sasl.oauthbearer.token.endpoint.url")
+                self.oauth_client()
+            else:
+                self.sasl_login()
         truststore = self.properties.get("ssl.truststore.location")
         if truststore and self.properties.get("ssl.truststore.type", "JKS").upper() != "PEM" \
                 and "ssl.ca.location" not in self.properties:
@@ -179,12 +204,50 @@ class KafkaSettings:
                 "give the client certificate and key as PEM files in ssl.certificate.location and ssl.key.location")
         return self
 
+    @property
+    def sasl_mechanism(self) -> str:
+        return self.properties.get("sasl.mechanism", "").upper()
+
+    @property
+    def uses_oauth(self) -> bool:
+        """OAUTHBEARER logins with OIDC client-credentials tokens."""
+        return self.security_protocol.startswith("SASL") and self.sasl_mechanism == OAUTHBEARER
+
+    def oauth_client(self) -> ClientCredentials:
+        """The OIDC client of an OAUTHBEARER login, from librdkafka's sasl.oauthbearer.* settings (or the
+        clientId/clientSecret/scope options of a Java-style sasl.jaas.config); refused when a part is missing."""
+        jaas = self._jaas_options()
+        client_id = self.properties.get("sasl.oauthbearer.client.id", jaas.get("clientId", ""))
+        secret = self.properties.get("sasl.oauthbearer.client.secret", jaas.get("clientSecret", ""))
+        endpoint = self.properties.get("sasl.oauthbearer.token.endpoint.url", "")
+        missing = [name for name, value in (("sasl.oauthbearer.client.id", client_id),
+                                            ("sasl.oauthbearer.client.secret", secret),
+                                            ("sasl.oauthbearer.token.endpoint.url", endpoint)) if not value]
+        if missing:
+            raise ConfigurationError(
+                f"sasl.mechanism=OAUTHBEARER needs the OIDC client-credentials settings: set {', '.join(missing)} "
+                f"(with sasl.oauthbearer.method=oidc, and sasl.oauthbearer.scope if the provider wants one) in "
+                f"{self.origin}")
+        scope = self.properties.get("sasl.oauthbearer.scope", jaas.get("scope", ""))
+        return ClientCredentials(endpoint, client_id, secret, scope, self.origin)
+
+    def oauth_extensions(self) -> dict[str, str]:
+        """SASL extensions sent with an OAUTHBEARER login (librdkafka's "key=value,key=value" form, e.g. Confluent
+        Cloud's logicalCluster and identityPoolId)."""
+        pairs = [p.partition("=") for p in self.properties.get("sasl.oauthbearer.extensions", "").split(",")
+                 if p.strip()]
+        return {k.strip(): v.strip() for k, _, v in pairs}
+
+    def _jaas_options(self) -> dict[str, str]:
+        """The quoted options of sasl.jaas.config (username, password; clientId, clientSecret, scope), unescaped."""
+        return {k: v.replace('\\"', '"').replace("\\\\", "\\")
+                for k, v in _JAAS_OPTION.findall(self.properties.get("sasl.jaas.config", ""))}
+
     def sasl_credentials(self) -> tuple[str | None, str | None]:
         """(username, password) from sasl.username/password, else parsed out of sasl.jaas.config."""
         username, password = self.properties.get("sasl.username"), self.properties.get("sasl.password")
-        jaas = self.properties.get("sasl.jaas.config")
-        if jaas and (username is None or password is None):
-            options = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(jaas)}
+        if username is None or password is None:
+            options = self._jaas_options()
             username = username if username is not None else options.get("username")
             password = password if password is not None else options.get("password")
         return username, password
@@ -227,8 +290,16 @@ class KafkaSettings:
         if self.security_protocol != "PLAINTEXT":
             kwargs["security_protocol"] = self.security_protocol
         if self.security_protocol.startswith("SASL"):
-            kwargs["sasl_mechanism"] = self.properties.get("sasl.mechanism", "").upper()
-            kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = self.sasl_credentials()
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            if self.uses_oauth:
+                # Imported with the kafka-python client it serves: DAG parsing imports this module, not kafka-python.
+                from airflow_exactly_once.kafka.token_provider import ClientCredentialsTokenProvider
+
+                access_token(self.oauth_client())  # a refusing token endpoint is named here, not after a bootstrap wait
+                kwargs["sasl_oauth_token_provider"] = ClientCredentialsTokenProvider(self.oauth_client(),
+                                                                                     self.oauth_extensions())
+            else:
+                kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = self.sasl_credentials()
         if self.security_protocol.endswith("SSL"):
             if self._ca_file():
                 kwargs["ssl_cafile"] = self._ca_file()
@@ -256,7 +327,16 @@ class KafkaSettings:
         props = {k: v for k, v in self.properties.items() if k not in _LIBRDKAFKA_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
         protocol = self.security_protocol
-        if protocol.startswith("SASL") and "sasl.jaas.config" not in props:
+        if self.uses_oauth:
+            client = self.oauth_client()
+            if "sasl.jaas.config" not in props:
+                scope = f' scope="{_jaas_quote(client.scope)}"' if client.scope else ""
+                extensions = "".join(f' extension_{k}="{_jaas_quote(v)}"' for k, v in self.oauth_extensions().items())
+                props["sasl.jaas.config"] = (f'{_OAUTH_LOGIN_MODULE} required '
+                                             f'clientId="{_jaas_quote(client.client_id)}" '
+                                             f'clientSecret="{_jaas_quote(client.client_secret)}"{scope}{extensions};')
+            props.setdefault("sasl.login.callback.handler.class", _OAUTH_LOGIN_HANDLER)
+        elif protocol.startswith("SASL") and "sasl.jaas.config" not in props:
             username, password = self.sasl_credentials()
             module = _JAAS_MODULES[self.properties.get("sasl.mechanism", "").upper()]
             props["sasl.jaas.config"] = (f'{module} required username="{_jaas_quote(username)}" '
@@ -289,7 +369,9 @@ class KafkaSettings:
         pipeline whose connection changed.
         """
         shown = {k: v for k, v in self.java().items() if k not in SECRETS}
-        if self.security_protocol.startswith("SASL"):
+        if self.uses_oauth:
+            shown["sasl.oauthbearer.client.id"] = self.oauth_client().client_id
+        elif self.security_protocol.startswith("SASL"):
             shown["sasl.username"] = self.sasl_login()[0]
         digest = hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()[:12]
         return f"airflow-exactly-once-{pipeline_id}-{digest}"
@@ -300,7 +382,14 @@ class KafkaSettings:
         """Properties for confluent-kafka clients."""
         props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY and k not in _KAFKA_PYTHON_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
-        if self.security_protocol.startswith("SASL"):
+        if self.uses_oauth:
+            client = self.oauth_client()
+            props.update({"sasl.oauthbearer.method": "oidc", "sasl.oauthbearer.client.id": client.client_id,
+                          "sasl.oauthbearer.client.secret": client.client_secret,
+                          "sasl.oauthbearer.token.endpoint.url": client.token_endpoint})
+            if client.scope:
+                props["sasl.oauthbearer.scope"] = client.scope
+        elif self.security_protocol.startswith("SASL"):
             props["sasl.username"], props["sasl.password"] = self.sasl_login()
         ca = self._ca_file()
         if ca:
@@ -314,8 +403,19 @@ class KafkaSettings:
     @property
     def principal(self) -> str:
         """Who the brokers see: the SASL user, or the anonymous/certificate principal."""
-        username = self.sasl_credentials()[0] if self.security_protocol.startswith("SASL") else None
+        if self.uses_oauth:
+            return f"OAuth client {self._principal_name()!r}"
+        username = self._principal_name()
         return f"user {username!r}" if username else f"the client ({self.security_protocol})"
+
+    def _principal_name(self) -> str | None:
+        """The name in the brokers' principal User:<name>: the SASL user, or an OAuth token's subject, which
+        client-credentials providers commonly set to the client id (Kafka's sasl.oauthbearer.sub.claim.name)."""
+        if not self.security_protocol.startswith("SASL"):
+            return None
+        if self.uses_oauth:
+            return self.properties.get("sasl.oauthbearer.client.id") or self._jaas_options().get("clientId")
+        return self.sasl_credentials()[0]
 
     def explain(self, failure: BaseException | str, *, topics: tuple[str, ...] | list[str] = (),
                 topic_operations: str = "READ and DESCRIBE", transactional_id: str | None = None,
@@ -326,7 +426,30 @@ class KafkaSettings:
         """
         text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
         servers = self.bootstrap_servers
+        said = _said(text, _TOKEN_URL_NOT_ALLOWED)
+        if said and self.uses_oauth:
+            url = self.properties.get("sasl.oauthbearer.token.endpoint.url", "<token endpoint>")
+            return ConfigurationError(
+                f"Kafka's Java client (4.0 and later) may only fetch tokens from URLs its JVM allows: add "
+                f"-D{OAUTH_ALLOWED_URLS_PROPERTY}={url} to spark.driver.extraJavaOptions and "
+                "spark.executor.extraJavaOptions (for Spark Connect: the server's). The client said: " + said)
+        said = _said(text, _TOKEN_NOT_FETCHED)
+        if said and self.uses_oauth:
+            client = self.oauth_client()
+            return ConfigurationError(
+                f"a Kafka client could not get an OAuth token for client {client.client_id!r} from the token endpoint "
+                f"{client.token_endpoint} (sasl.oauthbearer.token.endpoint.url of {self.origin}): fix "
+                "sasl.oauthbearer.client.id and sasl.oauthbearer.client.secret, or the URL if the endpoint cannot be "
+                f"reached from the Spark executors; retrying with the same settings cannot succeed. The client said: "
+                f"{said}")
         said = _said(text, _LOGIN_REFUSED)
+        if said and self.uses_oauth:
+            return ConfigurationError(
+                f"the Kafka brokers at {servers} refused the OAuth token of {self.principal} from "
+                f"{self.properties.get('sasl.oauthbearer.token.endpoint.url')}: the brokers must trust the token's "
+                "issuer and signing keys (their sasl.oauthbearer.jwks.endpoint.url) and accept its audience "
+                f"(sasl.oauthbearer.expected.audience); check sasl.oauthbearer.client.id, the scope and the token "
+                f"endpoint in {self.origin}; retrying with the same settings cannot succeed. The client said: {said}")
         if said:
             mechanism = self.properties.get("sasl.mechanism", "").upper() or "?"
             return ConfigurationError(
@@ -357,8 +480,7 @@ class KafkaSettings:
     def _denied(self, resource: str, topics, topic_operations: str, transactional_id: str | None,
                 prefix: str | None) -> str:
         who = f"{self.principal} of {self.origin}"
-        principal = (f"User:{self.sasl_credentials()[0]}" if self.security_protocol.startswith("SASL")
-                     else "<the client's principal>")
+        principal = f"User:{self._principal_name()}" if self._principal_name() else "<the client's principal>"
         if resource == "transactional_id":
             name = prefix or transactional_id or "<transactional id prefix>"
             what = f"transactional id {transactional_id!r}" if transactional_id else "its transactional ids"

@@ -31,12 +31,16 @@ from typing import Any, Iterable, Mapping, Union
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.line_packages import LinePackage, default_scala
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
 CONNECTOR = "spark-sql-kafka-0-10"
 GROUP = "org.apache.spark"
 IVY_SETTINGS = Path(__file__).with_name("ivysettings.xml")
+# Kafka's Java client parses OAuth tokens with jose4j, which kafka-clients' POM does not make Spark's Kafka
+# connector bring (0.9.6: Kafka 4.x's; Kafka 3.9's 0.9.4 API is the same).
+JOSE4J_PACKAGE = "org.bitbucket.b_c:jose4j:0.9.6"
 _JAR_KEYS = ("spark.jars", "spark.jars.packages")
 # What a sink names as a package: Maven coordinates (a template with `{spark_line}` and `{scala}`), or a library
 # built for some Spark lines only.
@@ -211,7 +215,10 @@ def avro_package(version: str | None = None, scala: str | None = None) -> str:
 
 
 def pipeline_packages(config: PipelineConfig) -> list[Package]:
-    """What a pipeline's write loads besides Kafka's connector: its sink writer's packages, and spark-avro when
-    the Kafka values or keys are Avro (value_format / key_format "avro")."""
+    """What a pipeline's write loads besides Kafka's connector: its sink writer's packages, spark-avro when
+    the Kafka values or keys are Avro (value_format / key_format "avro"), and jose4j when the pipeline logs in
+    to Kafka with OAuth tokens."""
     avro = "avro" in (config.value_format, config.key_format)
-    return [*pipeline_writer(config).spark_packages(), *([avro_package()] if avro else [])]
+    oauth = KafkaSettings.of(config).uses_oauth
+    return [*pipeline_writer(config).spark_packages(), *([avro_package()] if avro else []),
+            *([JOSE4J_PACKAGE] if oauth else [])]
