@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -54,6 +55,10 @@ pytestmark = pytest.mark.kafka_cluster
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 90
 ATTEMPTS = 3  # a step's tries, as a task with retries=2
+
+
+class RetriedStep(UserWarning):
+    """A step failed retriably on the cluster and ran again: shown in the stage's warnings summary."""
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +146,8 @@ class Run:
             error = report["error"]
             assert error["type"] != "AirflowFailException", f"{error['step']} failed for good: {error['message']}"
             self.retried.append(error)
+            warnings.warn(f"{self.pipeline_id}: {error['step']} failed retriably ({error['type']}: "
+                          f"{error['message'][:300]}); run again, as Airflow's retry would", RetriedStep)
             again = self.start(STEPS[STEPS.index(error["step"]):], report["batch_id"])
             out, err = again.communicate(timeout=600)
             assert again.returncode == 0, err[-4000:]
