@@ -8,6 +8,9 @@ PY_NEWEST   := $(VENV_NEWEST)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 INSTALL_MATRIX_TEST := tests/integration/test_install_matrix.py
+# Kafka on a 3-node cluster (devtools/kafka_cluster.py): a stage of its own with one cluster, left out of the primary
+# run, whose two workers would otherwise each start three brokers.
+KAFKA_CLUSTER_TEST := tests/integration/test_kafka_cluster.py
 # What the newest stack runs: the unit tier, the Kafka sink (with Spark), planning against a real broker
 # (Parquet sink), the Iceberg sink on its pyspark line (Iceberg has no Spark runtime for 4.2: the DAG is refused when
 # parsed and the plan step before it plans), the Delta sink (its Delta release for Spark 4.2's reader), the provider
@@ -31,7 +34,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py tests/integration/t
 	tests/system/test_pipeline_kafka.py::test_write_killed_after_prepare_then_notify_commits_twice
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-iceberg-s3 benchmark-ledger benchmark-scale docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix stage-kafka-cluster test-kafka-cluster install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-iceberg-s3 benchmark-ledger benchmark-scale docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
@@ -112,15 +115,15 @@ demo: setup
 # `make test PYTEST_WORKERS=` runs it in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
-# The whole suite on the primary stack, then three stages side by side (devtools/parallel_stages.py, each with
-# its log in $(STAGE_LOGS)/): the Kafka tests on Kafka 4, the newest stack's subset and the install matrix (once:
-# it is a test of the suite, left out of the first run). Everything the stages install or fetch (.venv-newest,
+# The whole suite on the primary stack, then four stages side by side (devtools/parallel_stages.py, each with
+# its log in $(STAGE_LOGS)/): the Kafka tests on Kafka 4, the newest stack's subset, the install matrix (once:
+# it is a test of the suite, left out of the first run) and the 3-node Kafka cluster's tests (left out of it too). Everything the stages install or fetch (.venv-newest,
 # both stacks' jars) is built first, by the prerequisites, so no two stages install anything at once.
 test: setup newest-jars
-	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest --ignore=$(INSTALL_MATRIX_TEST) --ignore=$(KAFKA_CLUSTER_TEST) $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(RUN_STAGES)
 
-# The three stages alone, side by side, as `make test` runs them after the primary run.
+# The four stages alone, side by side, as `make test` runs them after the primary run.
 test-stages: setup newest-jars
 	$(RUN_STAGES)
 
@@ -128,7 +131,8 @@ STAGE_LOGS ?= artifacts/stages
 RUN_STAGES = $(PY) -m devtools.parallel_stages --logs $(STAGE_LOGS) \
 	kafka4="$(MAKE) --no-print-directory stage-kafka4" \
 	newest="$(MAKE) --no-print-directory stage-newest" \
-	install-matrix="$(MAKE) --no-print-directory stage-install-matrix"
+	install-matrix="$(MAKE) --no-print-directory stage-install-matrix" \
+	kafka-cluster="$(MAKE) --no-print-directory stage-kafka-cluster"
 
 # The stages' commands without prerequisites (already built when they run); PYTEST_ARGS reaches the
 # sub-make through the environment (or MAKEFLAGS), as it reached them when they ran one after another.
@@ -138,9 +142,16 @@ stage-newest:
 	$(NEWEST_RUN)
 stage-install-matrix:
 	$(PY) -m pytest $(INSTALL_MATRIX_TEST)
+stage-kafka-cluster:
+	$(KAFKA_CLUSTER_RUN)
 
 NEWEST_RUN = AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 $(PY_NEWEST) -m pytest $(NEWEST_TESTS)
+KAFKA_CLUSTER_RUN = $(PY) -m pytest $(KAFKA_CLUSTER_TEST) -m kafka_cluster
 KAFKA4_RUN = AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
+
+# Kafka -> Kafka on a 3-node KRaft cluster with a node SIGKILLed mid-step, and the sink contract's Kafka case there.
+test-kafka-cluster: setup
+	$(KAFKA_CLUSTER_RUN)
 
 # The newest stack: builds .venv-newest from constraints-newest.txt, runs NEWEST_TESTS on it.
 test-newest: system-deps newest-jars

@@ -43,6 +43,9 @@ _LOG4J2 = (
 class LocalKafkaBroker(LocalServer):
     """Start, stop and restart one broker whose data lives in `data_dir`."""
 
+    # The JVM's heap; the nodes of devtools.kafka_cluster take less (three of them share the machine).
+    heap_options: tuple[str, ...] = ("-Xms256m", "-Xmx768m")
+
     def __init__(
         self,
         data_dir: str | Path,
@@ -84,6 +87,10 @@ class LocalKafkaBroker(LocalServer):
         """Extra `kafka-storage format` arguments (the secured broker's SCRAM users)."""
         return []
 
+    def _storage_cluster_id(self) -> str:
+        """The KRaft cluster id the storage is formatted with: a new one; the nodes of a cluster share theirs."""
+        return cluster_id()
+
     def _config(self) -> dict[str, str]:
         config = {
             "process.roles": "broker,controller",
@@ -122,7 +129,7 @@ class LocalKafkaBroker(LocalServer):
             logging_config = self.data_dir / "log4j.properties"
             logging_config.write_text(_LOG4J1)
             logging_option = f"-Dlog4j.configuration=file:{logging_config}"
-        cmd = [java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", logging_option, "-cp", f"{jars}/*", main_class, *args]
+        cmd = [java, *self.heap_options, "-XX:+UseG1GC", logging_option, "-cp", f"{jars}/*", main_class, *args]
         return subprocess.Popen(cmd, **popen)
 
     def start(self, timeout: float = 90.0) -> "LocalKafkaBroker":
@@ -130,7 +137,7 @@ class LocalKafkaBroker(LocalServer):
         properties = self.data_dir / "server.properties"
         properties.write_text("".join(f"{k}={v}\n" for k, v in self._config().items()))
         if not (self.data_dir / "logs" / "meta.properties").exists():
-            fmt = self._java("kafka.tools.StorageTool", *format_arguments(properties, cluster_id()),
+            fmt = self._java("kafka.tools.StorageTool", *format_arguments(properties, self._storage_cluster_id()),
                              *self._format_arguments(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             out, _ = fmt.communicate(timeout=120)

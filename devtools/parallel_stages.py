@@ -3,7 +3,8 @@
     python -m devtools.parallel_stages [--logs DIR] NAME=COMMAND [NAME=COMMAND ...]
 
 `make test` runs the stages after the primary pytest run this way (the Kafka 4 run, the newest
-stack's subset, the install matrix): they share no port (devtools.ports), no temporary folder (each
+stack's subset, the install matrix, the 3-node Kafka cluster's tests): they share no port
+(devtools.ports), no temporary folder (each
 pytest session makes its own), and what they install or fetch is built before they start (the
 Makefile's prerequisites), so running them at once only shortens the run.
 

@@ -4,8 +4,9 @@ Inert unless AIRFLOW_EXACTLY_ONCE_FAULTS names a folder. A file `<point>` in it 
 "<action> <times>"; each time the point is reached with times > 0 the count drops by
 one and the action runs: `kill` (SIGKILL this process, as a dying worker would),
 `stop` (SIGSTOP this process: it stays at the point, frozen, for a test that then kills
-more than the task, e.g. its whole Celery worker, as a lost machine) or `raise` (an
-ordinary task failure).
+more than the task, e.g. its whole Celery worker, as a lost machine), `pause` (SIGSTOP
+too, but once a test sends SIGCONT the process goes on as if nothing happened: for a test
+that breaks a server while the task waits at the point) or `raise` (an ordinary task failure).
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ def fault_point(point: str) -> None:
         log.write(f"{point} {action} pid={os.getpid()}\n")
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    if action == "stop":
+    if action in ("stop", "pause"):
         os.kill(os.getpid(), signal.SIGSTOP)
+    if action == "pause":
+        return
     raise InjectedFault(f"injected fault at {point}")
 
 

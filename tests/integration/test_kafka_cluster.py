@@ -1,0 +1,233 @@
+"""Kafka -> Kafka on a real 3-node cluster (devtools/kafka_cluster.py: KRaft, replication factor 3,
+min.insync.replicas=2), with the transaction coordinator's node or an output partition's leader SIGKILLed while a
+task is in the middle of its step.
+
+Each run is a pipeline's plan, write and notify_complete in a worker process of its own (tests/worker_tasks.py: the
+operators' `execute`, Spark in that process). A fault point armed with `pause` stops the process at the exact step
+(core/faults.py); the test kills a node, then lets the process go on. A step that fails must fail retriably (the
+operators' mapping: not AirflowFailException) and is run again, as Airflow's retry would. Each case ends with every
+input record once in the read_committed output, the batch COMMITTED in the ledger, and no transaction of the pipeline
+left open on any coordinator (ListTransactions on every node). The Kafka case of the sink contract
+(tests/integration/test_sink_contract.py) runs on the cluster too.
+
+Only the cluster stage runs this file (`make stage-kafka-cluster`; the primary run leaves it out): one cluster for the
+stage, not one per test worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
+from airflow_exactly_once.core.faults import arm
+from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+from devtools.kafka_cluster import LocalKafkaCluster
+from tests.helpers import assert_exactly_once, produce
+from tests.integration.test_sink_contract import (  # noqa: F401 - the contract's cases, collected here on the cluster
+    KafkaUnderTest,
+    pipe,
+    test_a_fenced_attempt_never_becomes_visible,
+    test_a_lost_prepare_is_reported_and_the_range_freed,
+    test_abort_removes_the_staged_output,
+    test_output_is_invisible_until_commit_and_commit_is_idempotent,
+)
+from tests.kafka_helpers import read_all
+from tests.worker_tasks import STEPS
+
+pytestmark = pytest.mark.kafka_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDS = 90
+ATTEMPTS = 3  # a step's tries, as a task with retries=2
+
+
+class RetriedStep(UserWarning):
+    """A step failed retriably on the cluster and ran again: shown in the stage's warnings summary."""
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory) -> LocalKafkaCluster:
+    with LocalKafkaCluster(tmp_path_factory.mktemp("kafka-cluster")) as cluster:
+        yield cluster
+
+
+# --------------------------------------------------------------------------- the sink contract on the cluster
+
+
+class ClusterKafkaUnderTest(KafkaUnderTest):
+    """The contract's Kafka adapter with its output topic replicated on all three nodes."""
+
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.kafka = request.getfixturevalue("kafka_cluster")
+        self.topic = f"contract-{uuid.uuid4().hex[:8]}"
+        self.kafka.create_topic(self.topic, partitions=2)
+        self.spec = {"type": "kafka", "topic": self.topic, "bootstrap_servers": self.kafka.bootstrap_servers}
+
+
+@pytest.fixture
+def sink(request, tmp_path) -> ClusterKafkaUnderTest:
+    return ClusterKafkaUnderTest(request, tmp_path)
+
+
+# --------------------------------------------------------------------------- a pipeline in a worker process
+
+
+@dataclass
+class Run:
+    """One pipeline on the cluster, its tasks run by worker processes under one AIRFLOW_HOME."""
+
+    cluster: LocalKafkaCluster
+    pipeline: dict[str, Any]
+    home: Path
+    faults: Path
+    sent: list[str]
+    retried: list[dict[str, Any]] = field(default_factory=list)  # the errors of failed (and retried) steps
+    killed: list[tuple[str, int]] = field(default_factory=list)  # (fault point, node id) of each SIGKILL
+
+    @property
+    def pipeline_id(self) -> str:
+        return self.pipeline["pipeline_id"]
+
+    @property
+    def output(self) -> str:
+        return self.pipeline["sink"]["topic"]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "AIRFLOW_HOME": str(self.home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                FAULTS_ENV: str(self.faults),
+                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+                "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(
+                    {"conn_type": "kafka", "extra": {"bootstrap.servers": self.cluster.bootstrap_servers}})}
+
+    def start(self, steps: tuple[str, ...], batch_id: str | None = None) -> subprocess.Popen:
+        request = {"dag_id": self.pipeline_id, "pipeline": self.pipeline, "run_id": "manual__1",
+                   "steps": list(steps), "batch_id": batch_id}
+        return subprocess.Popen([sys.executable, "-m", "tests.worker_tasks", json.dumps(request)], cwd=REPO,
+                                env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def paused_at(self, point: str, worker: subprocess.Popen, timeout: float = 300.0) -> int:
+        """The pid of the worker process that the `pause` fault stopped at `point`."""
+        fired = self.faults / "fired.log"
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in fired.read_text().splitlines() if fired.exists() else ():
+                name, action, pid = line.split()
+                if name == point and action == "pause":
+                    return int(pid.removeprefix("pid="))
+            if worker.poll() is not None:
+                raise AssertionError(f"the worker ended before reaching {point}: {worker.stderr.read()[-4000:]}")
+            assert time.monotonic() < deadline, f"the worker never reached {point}"
+            time.sleep(0.2)
+
+    def finish(self, worker: subprocess.Popen) -> dict[str, Any]:
+        """The worker's report; a failed step is run again (with the steps after it) while it failed retriably."""
+        out, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err[-4000:]
+        report = json.loads(out.strip().splitlines()[-1])
+        for _ in range(ATTEMPTS - 1):
+            if "error" not in report:
+                break
+            error = report["error"]
+            assert error["type"] != "AirflowFailException", f"{error['step']} failed for good: {error['message']}"
+            self.retried.append(error)
+            warnings.warn(f"{self.pipeline_id}: {error['step']} failed retriably ({error['type']}: "
+                          f"{error['message'][:300]}); run again, as Airflow's retry would", RetriedStep)
+            again = self.start(STEPS[STEPS.index(error["step"]):], report["batch_id"])
+            out, err = again.communicate(timeout=600)
+            assert again.returncode == 0, err[-4000:]
+            report = {**json.loads(out.strip().splitlines()[-1]), "batch_id": report["batch_id"]}
+        assert "error" not in report, f"still failing after {ATTEMPTS} attempts: {report['error']}"
+        return report
+
+    def ledger(self) -> Ledger:
+        return Ledger(f"sqlite:///{self.home / EMBEDDED_LEDGER_FILE}")
+
+    def assert_exact(self, batch_id: str) -> None:
+        """Every record once under read_committed, the batch COMMITTED, no transaction of the pipeline open."""
+        assert self.ledger().get_batch(BatchId.parse(batch_id)).state is BatchState.COMMITTED
+        assert_exactly_once(self.sent, read_all(self.cluster.bootstrap_servers, self.output))
+        assert self.cluster.open_transactions(self.pipeline_id) == {}
+
+
+@pytest.fixture
+def run(kafka_cluster, tmp_path) -> Run:
+    name = f"cluster_{uuid.uuid4().hex[:8]}"
+    source, output = f"{name}-in", f"{name}-out"
+    kafka_cluster.create_topic(source, partitions=3)
+    kafka_cluster.create_topic(output, partitions=2)
+    sent = produce(kafka_cluster.bootstrap_servers, source, RECORDS)
+    pipeline = {"pipeline_id": name, "topics": source, "startup_mode": "earliest",
+                "sink": {"type": "kafka", "topic": output}}
+    (tmp_path / "home").mkdir()
+    return Run(kafka_cluster, pipeline, tmp_path / "home", tmp_path / "faults", sent)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """SIGKILL the node `victim` names while the worker waits at `point`."""
+
+    point: str
+    victim: Callable[[Run], int]
+
+
+def run_with_faults(run: Run, faults: tuple[Fault, ...]) -> dict[str, Any]:
+    """A whole run (plan, write, notify_complete) in one worker that pauses at each fault's point, where the
+    fault's node is SIGKILLed; then the worker goes on, and the node is restarted (at most one node is down at a
+    time: two live replicas are what min.insync.replicas=2 needs). Failed steps are retried (Run.finish)."""
+    for fault in faults:
+        arm(run.faults, fault.point, "pause")
+    worker = run.start(STEPS)
+    for fault in faults:
+        pid = run.paused_at(fault.point, worker)
+        node = fault.victim(run)
+        run.cluster.kill(node)
+        run.killed.append((fault.point, node))
+        os.kill(pid, signal.SIGCONT)
+        run.cluster.restart(node)  # the worker goes on meanwhile, with the node down until here
+    return run.finish(worker)
+
+
+def coordinator_of_open_transaction(run: Run) -> int:
+    """The coordinator node of one of the pipeline's open transactions (the write has pre-committed them)."""
+    open_ids = run.cluster.open_transactions(run.pipeline_id)
+    assert open_ids, "the write should hold its transactions open here"
+    return run.cluster.transaction_coordinator(sorted(open_ids)[0])
+
+
+def leader_of_output(run: Run) -> int:
+    """The leader of the output's partition 0 (every write of the batch has records there: 90 over 2 partitions)."""
+    return run.cluster.partition_leader(run.output, 0)
+
+
+# --------------------------------------------------------------------------- the faults
+# Two runs of two faults each (a worker's start, Spark's included, is most of a run's time).
+
+
+def test_an_output_leader_killed_during_the_write_then_the_coordinator_during_notify_complete(run):
+    report = run_with_faults(run, (Fault("write.before_stage", leader_of_output),
+                                   Fault("notify.before_sink_commit", coordinator_of_open_transaction)))
+    run.assert_exact(report["batch_id"])
+    assert [point for point, _ in run.killed] == ["write.before_stage", "notify.before_sink_commit"]
+
+
+def test_the_coordinator_killed_while_the_write_holds_its_transactions_then_an_output_leader_during_the_commit(run):
+    report = run_with_faults(run, (Fault("write.after_stage", coordinator_of_open_transaction),
+                                   Fault("notify.before_sink_commit", leader_of_output)))
+    run.assert_exact(report["batch_id"])
+    assert [point for point, _ in run.killed] == ["write.after_stage", "notify.before_sink_commit"]
