@@ -9,6 +9,7 @@ and ends what is safe to end, or says why not and how to end it by hand.
 from __future__ import annotations
 
 import logging
+import time
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient
@@ -22,6 +23,11 @@ from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 
 log = logging.getLogger(__name__)
+
+# A broker that died leaves its partitions' leadership for some seconds (the cluster fences it after
+# broker.session.timeout.ms, 9 s by default): the scan asks again within that instead of failing the task.
+SCAN_ATTEMPTS = 4
+SCAN_PAUSE_S = 1.5
 
 
 class HangingSweep:
@@ -43,14 +49,20 @@ class HangingSweep:
             return ""
         known = {} if committable is None else {r.held_transaction.producer_id: r.held_transaction.transactional_id
                                                 for r in committable.transactions}
-        try:
-            found = hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known)
-        except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
-            log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic (DescribeProducers) "
-                        "so that the pipeline finds and ends them itself", topic, type(exc).__name__)
-            return ""
-        except Errors.KafkaError as exc:  # a leader or coordinator not ready yet (a broker restarting): retry
-            raise self.output.failure(settings, exc, f"looking for hanging transactions in {topic!r}") from exc
+        for attempt in range(SCAN_ATTEMPTS):
+            try:
+                found = hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known)
+                break
+            except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
+                log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic "
+                            "(DescribeProducers) so that the pipeline finds and ends them itself", topic,
+                            type(exc).__name__)
+                return ""
+            except Errors.KafkaError as exc:  # a leader not moved yet off a broker that died: ask again, then retry
+                if attempt + 1 == SCAN_ATTEMPTS:
+                    raise self.output.failure(settings, exc, f"looking for hanging transactions in {topic!r}") from exc
+                log.info("looking for hanging transactions in %r: %s; asking again", topic, exc)
+                time.sleep(SCAN_PAUSE_S * (attempt + 1))
         if not found.hanging:
             return ""
         owners = self.owners()
