@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument
-from airflow_exactly_once.core.object_location import storage_variant
+from airflow_exactly_once.sinks.storage_variant import ObjectStorageVariant
 
 
 @dataclass(kw_only=True)
-class DeltaSpec(SinkSpec):
+class DeltaSpec(ObjectStorageVariant, SinkSpec):
     """A key of the spec per field, after the sink type, its folder (for the placement warning) and its two sides."""
 
     type_name = "delta"
@@ -44,17 +44,6 @@ class DeltaSpec(SinkSpec):
                                                              "(e.g. `delta.checkpointInterval`); a property that "
                                                              "turns on a table feature the sink cannot write is "
                                                              "refused at plan time")
-
-    @classmethod
-    def variant(cls, spec: Mapping[str, Any]) -> str | None:
-        """"s3" for an object-storage path (an unsupported scheme is refused, naming the supported ones)."""
-        return storage_variant(spec.get("path"), "the delta sink's path")
-
-    @classmethod
-    def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:
-        """Also the path's scheme, when the DAG is parsed."""
-        super().check_values(spec, rendered=rendered)
-        cls.variant(spec)
 
     @classmethod
     def dead_letter_beside(cls, spec: Mapping[str, Any]) -> dict[str, Any]:
