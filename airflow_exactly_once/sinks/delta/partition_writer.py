@@ -17,6 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.sinks.delta.commits import hive_folder, partition_text
@@ -31,8 +34,6 @@ PART_SIZE = 8 * 1024 * 1024  # a part in memory per writer; S3 needs 5 MiB at le
 
 def value_runs(batch: Any, columns: tuple[str, ...]) -> list[tuple[int, int]]:
     """(start, end) of each run of rows of `batch` with equal values in `columns` (nulls equal to each other)."""
-    import pyarrow.compute as pc
-
     rows = batch.num_rows
     if not columns or rows < 2:
         return [(0, rows)] if rows else []
@@ -116,8 +117,6 @@ class _OpenFile:
     """One Parquet file being written into an open upload."""
 
     def __init__(self, relative: str, values: dict[str, str | None], stream: UploadStream, schema: Any) -> None:
-        import pyarrow.parquet as pq
-
         self.relative, self.values, self.stream = relative, values, stream
         # Delta's timestamps: INT64 microseconds (never INT96, which has no statistics).
         self.parquet = pq.ParquetWriter(stream, schema, coerce_timestamps="us", allow_truncated_timestamps=False)

@@ -1,7 +1,9 @@
 """Delta file statistics (numRecords, minValues, maxValues, nullCount) from a staged file's Parquet footer.
 
-Only the footer is read (its row-group statistics), never the data: this is what lets the commit
-add a batch's files with the statistics Delta's data skipping uses without touching its rows.
+Only the footer is used (its row-group statistics), never the data, and only when the file is staged
+(Spark's files on a local disk: their footers read once; the object-storage writer: the FileMetaData
+pyarrow wrote): the committable carries them, and the commit adds a batch's files with the statistics
+Delta's data skipping uses without reading anything of the batch.
 Columns whose bounds Delta does not compare, or that a footer does not give, get no bounds (Delta
 then never skips on them); null counts are given for every top-level column of primitive type.
 """
