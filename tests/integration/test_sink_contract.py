@@ -39,7 +39,7 @@ from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_pr
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config
-from tests.delta_helpers import delta_rows, delta_staged
+from tests.delta_helpers import delta_rows, delta_staged, delta_staged_s3, s3_options
 from tests.helpers import (create_topic, iceberg_staged, pg_query, read_parquet, read_s3_parquet, s3_open_uploads,
                            staging_leftovers)
 from tests.kafka_helpers import read_all
@@ -209,12 +209,34 @@ class DeltaUnderTest:
         shutil.rmtree(self.root / committable.folder)  # e.g. a cleanup job emptied _aeo_staging
 
 
+class DeltaOnS3UnderTest:
+    """The Delta sink's s3 variant on this worker's S3-compatible server (pyarrow partition writers stage, delta-rs
+    commits), credentials from an `aws` connection. s3proxy ignores If-None-Match, so the spec declares its single
+    writer (sinks.delta.object_folder)."""
+
+    def __init__(self, request, tmp_path: Path) -> None:
+        self.client, self.bucket, conn_id = s3_lake(request, uuid.uuid4().hex[:8])
+        self.options = s3_options(request.getfixturevalue("object_storage"))
+        self.spec = {"type": "delta", "path": f"s3://{self.bucket}/delta", "aws_conn_id": conn_id,
+                     "create_table": True, "single_writer": True}
+
+    def visible(self) -> list[str]:
+        return sorted(delta_rows(f"s3://{self.bucket}/delta", "value", options=self.options))
+
+    def staged(self, pipeline_id: str) -> list[str]:
+        return delta_staged_s3(self.client, self.bucket, "delta", self.options)
+
+    def lose(self, committable) -> None:  # e.g. a lifecycle rule expired _aeo_staging
+        for path in committable.files:
+            self.client.delete_object(Bucket=self.bucket, Key=f"delta/{path}")
+
+
 # [START adapters]
 # By sink type, and "<type>:<variant>" for each variant a declaration names (core.declaration.SinkSpec.variant_classes).
 ADAPTERS: dict[str, type[SinkUnderTest]] = {"parquet": ParquetUnderTest, "parquet:s3": ParquetOnS3UnderTest,
                                             "kafka": KafkaUnderTest, "postgres": PostgresUnderTest,
                                             "iceberg": IcebergUnderTest, "iceberg:s3": IcebergOnS3UnderTest,
-                                            "delta": DeltaUnderTest}
+                                            "delta": DeltaUnderTest, "delta:s3": DeltaOnS3UnderTest}
 # [END adapters]
 # Further adapters of registered sinks on other systems: every scenario runs on each too (id -> adapter).
 VARIANTS: dict[str, type[SinkUnderTest]] = {"iceberg-rest": IcebergRestUnderTest}

@@ -11,12 +11,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.lineage_names import file_dataset
 from airflow_exactly_once.sinks import create_committer, create_writer, spec_type
 from airflow_exactly_once.sinks.delta import commits, runtime
 from airflow_exactly_once.sinks.delta.commits import TableFeatures
+from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
+from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder, delta_storage_options, honours_conditional_put
+from airflow_exactly_once.sinks.delta.partition_writer import value_runs
+from airflow_exactly_once.sinks.delta.s3_sink_writer import S3DeltaSinkWriter
+from airflow_exactly_once.sinks.delta.sink_committer import DeltaSinkCommitter
+from airflow_exactly_once.sinks.delta.sink_writer import DeltaSinkWriter
 from airflow_exactly_once.sinks.delta.stats import file_stats
 from airflow_exactly_once.sinks.delta.target import DeltaTarget
 from airflow_exactly_once.sinks.delta.withdrawn import WithdrawnFolders
+from airflow_exactly_once.storage.s3_client import S3Access
 
 
 def spec(**overrides):
@@ -36,7 +44,9 @@ def test_a_valid_spec_names_the_folder_and_needs_no_spark_package():
 @pytest.mark.parametrize("bad, message", [
     ({"path": None}, "needs a 'path'"),
     ({"path": "relative/t"}, "absolute"),
-    ({"path": "s3://bucket/t"}, "local or mounted"),
+    ({"path": "gs://bucket/t"}, "not supported for object storage; supported: s3://, s3a://"),
+    ({"path": "s3://bucket"}, "a bucket's root"),
+    ({"path": "s3://bucket/t", "single_writer": "yes"}, "single_writer must be True or False"),
     ({"create_table": "yes"}, "True or False"),
     ({"partitioned_by": [1]}, "list of column names"),
     ({"partiton_by": ["day"]}, "did you mean 'partitioned_by'"),
@@ -49,6 +59,63 @@ def test_a_bad_spec_is_refused_with_the_fix(bad, message):
 def test_dead_letters_go_to_a_delta_table_of_their_own_under_the_output():
     assert spec_type(spec()).dead_letter_beside(spec()) == {
         "type": "delta", "path": "/data/lake/events/_dead_letter", "create_table": True}
+    on_s3 = spec(path="s3://lake/events", aws_conn_id="lake", single_writer=True)
+    assert spec_type(on_s3).dead_letter_beside(on_s3) == {
+        "type": "delta", "path": "s3://lake/events/_dead_letter", "create_table": True, "aws_conn_id": "lake",
+        "single_writer": True}
+
+
+def test_an_object_storage_path_picks_the_s3_writer_and_the_same_committer():
+    on_s3 = spec(path="s3a://lake/events/", aws_conn_id="lake")
+    writer, committer = create_writer(on_s3), create_committer(on_s3)
+    assert type(writer) is S3DeltaSinkWriter and type(committer) is DeltaSinkCommitter
+    assert writer.target.root == "s3://lake/events" and isinstance(committer.target.folder, ObjectFolder)
+    assert committer.lineage_dataset() == file_dataset("s3://lake/events")  # as the parquet sink's s3 layout names it
+    assert type(create_writer(spec())) is DeltaSinkWriter
+
+
+def test_delta_rs_storage_options_come_from_the_connection_and_never_waive_safety_unasked():
+    access = S3Access("http://127.0.0.1:9000", None, "key-id", "the-secret")
+    options = delta_storage_options(access, single_writer=False)
+    assert options == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+                       "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false", "AWS_REGION": "us-east-1",
+                       "AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "the-secret"}
+    assert delta_storage_options(access, single_writer=True)["AWS_S3_ALLOW_UNSAFE_RENAME"] == "true"
+    assert delta_storage_options(S3Access(region_name="eu-west-1"), False) == {"AWS_REGION": "eu-west-1"}  # own chain
+
+
+@pytest.mark.parametrize("answer, honoured", [("PreconditionFailed", True), ("412", True), (None, False),
+                                              ("NotImplemented", False), ("501", False)])
+def test_only_a_store_that_refuses_an_overwriting_conditional_put_counts_as_safe(answer, honoured):
+    assert honours_conditional_put(answer) is honoured
+
+
+def test_partition_values_written_as_hive_folders_read_back_as_delta_values():
+    values = {"part": commits.partition_text("x:y/z"), "n": commits.partition_text(7),
+              "flag": commits.partition_text(False), "day": commits.partition_text(datetime.date(2024, 5, 1)),
+              "gone": commits.partition_text(None)}
+    assert values == {"part": "x:y/z", "n": "7", "flag": "false", "day": "2024-05-01", "gone": None}
+    folder = commits.hive_folder(values)
+    assert folder.count("/") == len(values)  # the slash inside a value is escaped
+    assert commits.partition_values(f"{folder}part-0.parquet", list(values)) == values
+
+
+def test_rows_sorted_by_partition_columns_split_into_one_run_per_value():
+    batch = pa.record_batch({"p": ["a", "a", None, None, "b"], "q": [1, 1, 1, 2, 2], "v": list("vwxyz")})
+    assert value_runs(batch, ("p",)) == [(0, 2), (2, 4), (4, 5)]
+    assert value_runs(batch, ("p", "q")) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert value_runs(batch, ()) == [(0, 5)] and value_runs(batch.slice(0, 0), ("p",)) == []
+
+
+def test_a_committable_keeps_each_file_description_and_reads_the_old_format():
+    entry = StagedFile("_aeo_staging/p/batch-000000001-e1/part=a/f.parquet", 10, 2, '{"numRecords":2}',
+                       (("part", "a"),), 1000)
+    staged = StagedFiles.described("s3://lake/t", "_aeo_staging/p/batch-000000001-e1", [entry])
+    again = StagedFiles.from_handles(staged.to_handles())
+    assert again == staged and again.entries == (entry,) and again.records == 2
+    old = StagedFiles.from_handles({"table": "/t", "folder": "f", "files": ["f/a.parquet"], "handles_version": 1})
+    assert old.files == ("f/a.parquet",) and old.entries == ()
+    assert StagedFiles.from_handles(old.to_handles()) == old  # written again: still the paths
 
 
 def test_attempts_stage_in_folders_of_their_own_and_the_batch_is_its_transaction():
@@ -170,6 +237,7 @@ def test_a_marker_keeps_the_first_withdrawal_time_and_only_for_folders_that_exis
     folders = WithdrawnFolders(DeltaTarget(spec(path=str(tmp_path))), "p")
     kept = "_aeo_staging/p/batch-000000001-e1"
     (tmp_path / kept).mkdir(parents=True)
+    (tmp_path / kept / "part-0.parquet").write_bytes(b"PAR1")
     folders.mark([kept, "_aeo_staging/p/batch-000000002-e1"], at_ms=100)
     folders.mark([kept], at_ms=900)  # a retried retraction marks again: the earlier time stays
     assert folders.marked() == {kept: 100}

@@ -62,9 +62,12 @@ def test_delta_v1_stamped_from_its_first_release():
     staged = StagedFiles.from_handles(handles)
     assert (staged.table, staged.folder) == ("/data/lake/orders", "_aeo_staging/orders/batch-000000007-e2")
     assert staged.files[1].endswith("day=2024-05-02/part-00001-5c1e.c000.snappy.parquet")
-    assert staged.to_handles() == {k: v for k, v in handles.items() if k != "records"}
-    with pytest.raises(HandlesVersionError, match="StagedFiles handles in format version 2"):
-        StagedFiles.from_handles({**handles, VERSION_KEY: 2})
+    assert staged.entries == ()  # version 1 kept the paths only: the commit reads their footers
+    assert staged.to_handles() == {**{k: v for k, v in handles.items() if k != "records"}, "entries": [],
+                                   VERSION_KEY: 2}
+    assert StagedFiles.from_handles(staged.to_handles()) == staged  # written again in version 2: the same paths
+    with pytest.raises(HandlesVersionError, match="StagedFiles handles in format version 3"):
+        StagedFiles.from_handles({**handles, VERSION_KEY: 3})
 
 
 def test_kafka_v1():

@@ -13,9 +13,10 @@ Pure logic over plain values (no delta-rs, no Spark), so each rule has a unit te
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 STAGING = "_aeo_staging"
 BATCH = "aeo.batch"
@@ -72,6 +73,24 @@ def partition_values(path_in_attempt: str, columns: Iterable[str]) -> dict[str, 
     if missing:
         raise ValueError(f"staged file {path_in_attempt} has no folder for partition column(s) {missing}")
     return {c: found[c] for c in wanted}
+
+
+def partition_text(value: Any) -> str | None:
+    """A partition column's value as Delta's log holds it (and Spark's Hive folder shows it): None for a null."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
+
+
+def hive_folder(values: Mapping[str, str | None]) -> str:
+    """The Hive-style folders of a file with these partition values ("day=2024-05-01/", nulls as Spark names them),
+    escaped so that `partition_values` reads them back."""
+    return "".join(f"{quote(column, safe=' ')}={HIVE_NULL if text is None else quote(text, safe=' ')}/"
+                   for column, text in values.items())
 
 
 def partition_type_problems(columns: Iterable[str], types: Mapping[str, Any]) -> list[str]:

@@ -13,21 +13,18 @@ withdrawn batch, once the commit that removed its files is older than the table'
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from airflow_exactly_once.core.errors import SinkError, TransactionLostError
+from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.sinks.delta import commits
-from airflow_exactly_once.sinks.delta.committable import StagedFiles
-from airflow_exactly_once.sinks.delta.stats import file_stats
+from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
+from airflow_exactly_once.sinks.delta.folder import LocalFolder
+from airflow_exactly_once.sinks.delta.stats import local_staged_file
 from airflow_exactly_once.sinks.delta.target import DeltaTarget, TableMissing, deltalake
 from airflow_exactly_once.sinks.delta.withdrawn import WithdrawnFolders
 
@@ -57,7 +54,8 @@ class TableCommits:
         return {unquote(row["path"]): row for row in rows if unquote(row["path"]).startswith(prefix)}
 
     def missing_files(self, staged: StagedFiles) -> list[str]:
-        return [f for f in staged.files if not (self.target.root / f).is_file()]
+        present = set(self.target.folder.files(staged.folder)) if staged.files else set()
+        return [f for f in staged.files if f not in present]
 
     # -- the retry frame -----------------------------------------------------------
 
@@ -82,13 +80,21 @@ class TableCommits:
                                        partition_by=table.metadata().partition_columns or None,
                                        commit_properties=properties)
 
-    def _add(self, staged: StagedFiles, relative: str, partitions: list[str]) -> Any:
-        """The add action of one staged file: its size, partition values and footer statistics (no data read)."""
-        path = self.target.root / relative
-        status = path.stat()
-        values = commits.partition_values(relative[len(staged.folder) + 1:], partitions)
-        return deltalake().transaction.AddAction(relative, status.st_size, values, int(status.st_mtime * 1000),
-                                                 True, file_stats(pq.read_metadata(path)))
+    @staticmethod
+    def _add(entry: StagedFile) -> Any:
+        """The add action of one staged file: its size, partition values and statistics, as its writer saw them."""
+        return deltalake().transaction.AddAction(entry.path, entry.size, dict(entry.partition_values),
+                                                 entry.modified_ms, True, entry.stats)
+
+    def _entries(self, staged: StagedFiles, partitions: list[str]) -> tuple[StagedFile, ...]:
+        """The staged files' descriptions: the committable's, or (a committable staged before they were kept, on a
+        local disk) from their footers."""
+        if staged.entries or not staged.files:
+            return staged.entries
+        folder = self.target.folder
+        if not isinstance(folder, LocalFolder):
+            raise SinkError(f"the committable of {staged.folder} lists no file statistics", retriable=False)
+        return tuple(local_staged_file(folder.root, f, staged.folder, partitions) for f in staged.files)
 
     # -- publish -------------------------------------------------------------------
 
@@ -114,7 +120,7 @@ class TableCommits:
                     f"{missing[0]}) and the batch was never published", sink="delta", batch=batch.seq,
                     lost=missing, reason="its staged files were removed")
             partitions = list(table.metadata().partition_columns)
-            adds = [self._add(staged, f, partitions) for f in staged.files]
+            adds = [self._add(entry) for entry in self._entries(staged, partitions)]
             metadata = commits.commit_metadata(batch.pipeline_id, batch.seq, batch.epoch, batch.run_id)
             if replaced is not None:
                 metadata[commits.REPLACES] = commits.batch_key(replaced.pipeline_id, replaced.seq)
@@ -194,7 +200,7 @@ class TableCommits:
         goes at a later commit."""
         try:
             deleted = WithdrawnFolders(self.target, pipeline_id).sweep()
-        except (OSError, SinkError, deltalake().exceptions.DeltaError) as exc:
+        except (OSError, ExactlyOnceError, deltalake().exceptions.DeltaError) as exc:
             log.warning("the files of withdrawn batches in %s stay until a later commit: %s", self.target.root, exc)
             return ""
         return f"; deleted the staged files of {len(deleted)} batch(es) withdrawn before the table's " \
@@ -202,9 +208,10 @@ class TableCommits:
 
     # -- staged folders ------------------------------------------------------------
 
-    def attempt_folders(self, batch: Batch) -> list[Path]:
-        prefix = self.target.root / commits.batch_prefix(batch.pipeline_id, batch.seq)
-        return sorted(prefix.parent.glob(f"{prefix.name}*")) if prefix.parent.is_dir() else []
+    def attempt_folders(self, batch: Batch) -> list[str]:
+        """The folders of `batch`'s write attempts, relative to the table's folder."""
+        parent, _, name = commits.batch_prefix(batch.pipeline_id, batch.seq).rpartition("/")
+        return [f"{parent}/{f}" for f in self.target.folder.subfolders(parent) if f.startswith(name)]
 
     def drop_attempts(self, batch: Batch, only: str | None = None) -> int:
         """Remove staged folders of `batch`'s attempts (`only`: that one), never the folder a commit published."""
@@ -215,9 +222,8 @@ class TableCommits:
         live = None if published is None else commits.attempt_folder(batch.pipeline_id, batch.seq, published)
         dropped = 0
         for folder in self.attempt_folders(batch):
-            relative = os.path.relpath(folder, self.target.root)
-            if relative == live or (only is not None and relative != only):
+            if folder == live or (only is not None and folder != only):
                 continue
-            shutil.rmtree(folder, ignore_errors=True)
+            self.target.folder.delete_tree(folder)
             dropped += 1
         return dropped

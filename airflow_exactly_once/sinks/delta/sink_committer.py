@@ -1,20 +1,22 @@
 """The Delta Lake sink's committer: a two-phase commit on Delta's own log, with delta-rs (no Spark, no JVM).
 
-write (preCommit): Spark's Parquet writer stages the batch in a folder of the table's own
-(`_aeo_staging/<pipeline>/batch-<seq>-e<epoch>/`): no Delta reader reads a file the log does not add.
-The committable lists those files.
+write (preCommit): the batch is staged in a folder of the table's own
+(`_aeo_staging/<pipeline>/batch-<seq>-e<epoch>/`; Spark's Parquet writer on a local disk, a pyarrow
+partition writer per Spark partition on object storage): no Delta reader reads a file the log does
+not add. The committable lists those files with their sizes and footer statistics.
 
-notify_complete (commit): one Delta commit adds the files where they are, with statistics from
-their Parquet footers, and carries the application transaction `aeo:<pipeline>:<seq>`: a batch
-whose transaction the table holds is not published again. Then other attempts' folders go.
+notify_complete (commit): one Delta commit adds the files where they are, with those statistics,
+and carries the application transaction `aeo:<pipeline>:<seq>`: a batch whose transaction the
+table holds is not published again. Then other attempts' folders go (on object storage: every key
+under their prefixes).
 
 abort removes the attempt's folder (every attempt's, without a committable). interval_rerun="replace":
 one commit removes the old batch's files and adds the new ones; `retract` removes them alone. Their folders go
 at a later commit or retraction of the pipeline, once the table's deletedFileRetentionDuration has passed
 (sinks.delta.withdrawn).
 
-Spec: {"type": "delta", "path": "/data/lake/events", "create_table": False, "partitioned_by": [...],
-       "table_properties": {...}}
+Spec: {"type": "delta", "path": "/data/lake/events" | "s3://bucket/lake/events", "aws_conn_id": ...,
+       "create_table": False, "partitioned_by": [...], "table_properties": {...}}
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.committable import StagedFiles
 from airflow_exactly_once.sinks.delta.committer import TableCommits
+from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder
 from airflow_exactly_once.sinks.delta.spec import DeltaSpec
 from airflow_exactly_once.sinks.delta.target import DeltaTarget, TableMissing
 
@@ -48,6 +51,9 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
     def check(self, pipeline_id: str) -> None:
         """The folder a Delta table the sink can write (every feature it has), or free for one it creates."""
         target = self.target
+        if isinstance(target.folder, ObjectFolder):
+            target.folder.make()  # the bucket exists and the credentials work: a named error otherwise
+            target.folder.check_commits()
         if target.exists():
             target.check_writable(target.load())
             return
@@ -55,14 +61,13 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
             raise ConfigurationError(
                 f"{target.root} holds no Delta table (no _delta_log): point 'path' at the table's folder, create it, "
                 "or let the first write create it from the transform's schema with 'create_table': True")
-        foreign = sorted(p.name for p in target.root.iterdir()
-                         if p.name not in (commits.STAGING, "_dead_letter")) if target.root.is_dir() else []
+        foreign = [name for name in target.folder.names() if name not in (commits.STAGING, "_dead_letter")]
         if foreign:
             raise ConfigurationError(
                 f"{target.root} is not a Delta table (no _delta_log) and not empty ({', '.join(foreign[:5])}): give "
                 "the sink an empty or new folder to create the table in, or the folder of an existing Delta table")
         try:
-            target.root.mkdir(parents=True, exist_ok=True)
+            target.folder.make()
         except OSError as exc:
             raise ConfigurationError(f"cannot create the delta sink's folder {target.root}: {exc}") from exc
 

@@ -1,4 +1,5 @@
-"""The Delta Lake sink's writer: Spark's own Parquet writer stages a batch inside the table's folder.
+"""The Delta Lake sink's writer on a local disk: Spark's own Parquet writer stages a batch inside the table's folder
+(on object storage: sinks.delta.s3_sink_writer, which shares the checks made here).
 
 The files go to `_aeo_staging/<pipeline>/batch-<seq>-e<epoch>/` (Hive-style partition folders below
 it), where no Delta reader looks: a Delta reader reads only the files the log adds. No Delta jar is
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -20,7 +20,9 @@ from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.committable import StagedFiles
+from airflow_exactly_once.sinks.delta.folder import LocalFolder
 from airflow_exactly_once.sinks.delta.spec import DeltaSpec
+from airflow_exactly_once.sinks.delta.stats import local_staged_file, null_counts, refuse_nulls
 from airflow_exactly_once.sinks.delta.target import DeltaTarget
 
 log = logging.getLogger(__name__)
@@ -38,31 +40,46 @@ class DeltaSinkWriter(SinkWriter):
         self.target = DeltaTarget(spec)  # the table and delta-rs's access, shared with the committer
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedFiles:
-        """Check the output against the table, then write it staged with Spark's Parquet writer."""
+        """Check the output against the table, then write it staged (removed again when the write fails)."""
         table = self._table(frame)
         fields = self.target.fields(table)
         partitions = list(table.metadata().partition_columns)
         frame = frame.toDF(*self._table_names(fields, frame))  # the table's spelling of each column
         folder = commits.attempt_folder(batch.pipeline_id, batch.seq, batch.epoch)
-        staging = self.target.root / folder
+        try:
+            return self._write(frame, folder, fields, partitions, run_writers)
+        except Exception as exc:
+            self._remove(folder)
+            if isinstance(exc, ExactlyOnceError):
+                raise
+            raise_explained(self._explain(exc), exc)
+
+    def _remove(self, folder: str) -> None:
+        """What a failed write staged; what cannot be removed now goes with the batch's abort."""
+        try:
+            self.target.folder.delete_tree(folder)
+        except (OSError, ExactlyOnceError) as exc:
+            log.warning("the staged folder %s of a failed write stays until the batch's abort: %s", folder, exc)
+
+    def _write(self, frame: Any, folder: str, fields: list[dict[str, Any]], partitions: list[str],
+               run_writers: RunWriters) -> StagedFiles:
+        """Spark's own Parquet writer into the attempt's folder on a local disk."""
+        local = self.target.folder
+        if not isinstance(local, LocalFolder):
+            raise ConfigurationError(f"{self.target.root} is on object storage: the delta sink's s3 variant writes it")
         spark = frame.sparkSession
         key, value = TIMESTAMP_TYPE
         previous = spark.conf.get(key, None)
         spark.conf.set(key, value)
         try:
             writer = frame.write.mode("overwrite")
-            (writer.partitionBy(*partitions) if partitions else writer).parquet(str(staging))
-            return self._staged(folder, fields)
-        except Exception as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(exc, ExactlyOnceError):
-                raise
-            raise_explained(self._explain(exc), exc)
+            (writer.partitionBy(*partitions) if partitions else writer).parquet(str(local.path(folder)))
         finally:
             if previous is None:
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, previous)
+        return self._staged(local, folder, fields, partitions)
 
     def _table(self, frame: Any) -> Any:
         """The table (delta-rs's view, no Spark job), created from the output's schema if asked; checked against
@@ -97,32 +114,26 @@ class DeltaSinkWriter(SinkWriter):
         names = {f["name"].lower(): f["name"] for f in fields}
         return [names[c.lower()] for c in frame.columns]
 
-    def _staged(self, folder: str, fields: list[dict[str, Any]]) -> StagedFiles:
-        """The attempt's non-empty data files (from their footers), checked against the table's NOT NULL columns."""
-        staging = self.target.root / folder
-        files: list[str] = []
-        records = 0
+    def _staged(self, local: LocalFolder, folder: str, fields: list[dict[str, Any]],
+                partitions: list[str]) -> StagedFiles:
+        """The attempt's non-empty data files, described from their footers, checked against the table's NOT NULL
+        columns."""
+        staging = local.path(folder)
+        entries = []
         nulls: dict[str, int] = {}
-        required = set(commits.not_null_columns(fields))
+        required = commits.not_null_columns(fields)
         for path in sorted(staging.rglob("*.parquet")):
             if any(part.startswith((".", "_")) for part in path.relative_to(staging).parts):
                 continue
             footer = pq.read_metadata(path)
             if footer.num_rows == 0:
                 continue
-            files.append(str(path.relative_to(self.target.root)))
-            records += footer.num_rows
-            for group in range(footer.num_row_groups):
-                for index in range(footer.row_group(group).num_columns):
-                    chunk = footer.row_group(group).column(index)
-                    if chunk.path_in_schema in required and chunk.statistics is not None:
-                        nulls[chunk.path_in_schema] = nulls.get(chunk.path_in_schema, 0) + chunk.statistics.null_count
-        broken = {c: n for c, n in nulls.items() if n}
-        if broken:
-            raise ConfigurationError(f"the transform's output has nulls in NOT NULL columns of the Delta table "
-                                     f"{self.target.root}: {broken} (records with a null there); filter them out or "
-                                     "fill them in the transform")
-        return StagedFiles(str(self.target.root), folder, tuple(files), records)
+            entries.append(local_staged_file(local.root, str(path.relative_to(local.root)), folder, partitions,
+                                             footer))
+            for column, count in null_counts(footer, required).items():
+                nulls[column] = nulls.get(column, 0) + count
+        refuse_nulls(nulls, self.target.root)
+        return StagedFiles.described(self.target.root, folder, entries)
 
     def _explain(self, exc: Exception) -> Exception:
         text = str(exc)
@@ -130,3 +141,4 @@ class DeltaSinkWriter(SinkWriter):
             return ConfigurationError(f"Spark cannot stage the batch in the Delta table {self.target.root}: "
                                       f"{text[:600]}")
         return exc
+

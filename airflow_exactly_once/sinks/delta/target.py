@@ -1,5 +1,6 @@
-"""The Delta table a sink spec names, as the sink's writer and committer both need it: its folder, delta-rs's
-access to it, and the checks of what the sink can write there (sinks.delta.commits decides, this reads)."""
+"""The Delta table a sink spec names, as the sink's writer and committer both need it: its folder (local, or on
+object storage), delta-rs's access to it, and the checks of what the sink can write there (sinks.delta.commits
+decides, this reads)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError, SinkError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
+from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
 from airflow_exactly_once.core.sink import column_names
 from airflow_exactly_once.sinks.delta import commits
+from airflow_exactly_once.sinks.delta.folder import LocalFolder, TableFolder
+from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder
+from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 
 
 class TableMissing(SinkError):
@@ -27,25 +32,33 @@ def deltalake() -> Any:
     return module
 
 
-def _local_folder(value: Any) -> Path:
+def table_folder(spec: dict[str, Any]) -> TableFolder:
+    """The folder the spec's `path` names: a local one, or a prefix on object storage (s3://, s3a://)."""
+    value = spec.get("path")
     if not isinstance(value, str) or not value:
         raise ConfigurationError("the delta sink needs a 'path': the table's folder, e.g. "
-                                 "{'type': 'delta', 'path': '/data/lake/events'}")
+                                 "{'type': 'delta', 'path': '/data/lake/events'} or 's3://lake/events'")
+    if is_object_storage(value):
+        location = parse_object_location(value, "the delta sink's path")
+        if not location.prefix:
+            raise ConfigurationError(f"the delta sink's path {value!r} is a bucket's root; give the table a folder "
+                                     "of its own, e.g. s3://<bucket>/lake/events")
+        single_writer = spec.get("single_writer", False)
+        if not isinstance(single_writer, bool):
+            raise ConfigurationError("the delta sink's single_writer must be True or False")
+        return ObjectFolder(location, SinkBucket(spec, location, "the delta sink"), single_writer)
     local = value.removeprefix("file://")
-    if "://" in local:
-        raise ConfigurationError(f"the delta sink's path {value!r}: this release writes Delta tables on local or "
-                                 "mounted file systems only; mount the storage, or use the iceberg sink for object "
-                                 "storage")
     if not os.path.isabs(local):
         raise ConfigurationError(f"the delta sink's path {value!r} must be absolute (tasks run in other directories)")
-    return Path(local.rstrip("/") or "/")
+    return LocalFolder(Path(local.rstrip("/") or "/"))
 
 
 class DeltaTarget:
     """One spec's table: checked here once for the writer and the committer."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        self.root = _local_folder(spec.get("path"))
+        self.folder = table_folder(spec)
+        self.root = self.folder.where  # the table's folder, as messages name it
         self.create_table = spec.get("create_table", False)
         if not isinstance(self.create_table, bool):
             raise ConfigurationError("the delta sink's create_table must be True or False")
@@ -54,7 +67,7 @@ class DeltaTarget:
 
     def lineage_dataset(self) -> DatasetName:
         """The table's folder, as OpenLineage's Spark integration names a Delta table by its location."""
-        return file_dataset(str(self.root))
+        return file_dataset(self.folder.where)
 
     # -- reading the table ---------------------------------------------------------
 
@@ -62,7 +75,7 @@ class DeltaTarget:
         """The table's newest version (delta-rs); TableMissing when the folder holds no Delta table."""
         module = deltalake()
         try:
-            return module.DeltaTable(str(self.root))
+            return module.DeltaTable(self.folder.uri, storage_options=self.folder.storage_options())
         except module.exceptions.TableNotFoundError as exc:
             raise TableMissing(f"{self.root} holds no Delta table (no _delta_log with a commit)",
                                retriable=False) from exc
@@ -70,7 +83,7 @@ class DeltaTarget:
             raise SinkError(f"cannot read the Delta table {self.root}: {exc}", retriable=True) from exc
 
     def exists(self) -> bool:
-        return (self.root / "_delta_log").is_dir() and any((self.root / "_delta_log").glob("*.json"))
+        return self.folder.has_log()
 
     @staticmethod
     def fields(table: Any) -> list[dict[str, Any]]:
@@ -120,9 +133,10 @@ class DeltaTarget:
         if wrong:
             raise ConfigurationError(f"the delta sink partitions by string, integer, boolean or date columns only, "
                                      f"not {', '.join(wrong)}: partition by a derived date or string column")
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.folder.make()
         try:
-            return module.DeltaTable.create(str(self.root), schema=module.Schema.from_json(schema_json),
+            return module.DeltaTable.create(self.folder.uri, schema=module.Schema.from_json(schema_json),
+                                            storage_options=self.folder.storage_options(),
                                             mode="ignore", partition_by=list(self.partitioned_by) or None,
                                             configuration=self.table_properties or None)
         except module.exceptions.DeltaError as exc:

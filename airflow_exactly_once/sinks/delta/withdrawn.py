@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import time
 from typing import Any, Iterable
 from urllib.parse import unquote
@@ -41,22 +39,22 @@ class WithdrawnFolders:
         """Record that a commit removed every file of `folders` (relative to the table) at or before `at_ms`; a
         folder marked before keeps its earlier time."""
         at = now_ms() if at_ms is None else at_ms
+        store = self.target.folder
         for folder in sorted(set(folders)):
-            marker = self.target.root / commits.withdrawn_marker(self.pipeline_id, folder)
-            if marker.exists() or not (self.target.root / folder).is_dir():
+            marker = commits.withdrawn_marker(self.pipeline_id, folder)
+            if store.read_text(marker) is not None or not store.files(folder):
                 continue
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            partial = marker.with_name(f".{marker.name}.{os.getpid()}")
-            partial.write_text(json.dumps({"folder": folder, "withdrawn_at_ms": at}))
-            os.replace(partial, marker)
+            store.write_text(marker, json.dumps({"folder": folder, "withdrawn_at_ms": at}))
 
     def marked(self) -> dict[str, int]:
         """Every marked folder of the pipeline, with when it was withdrawn."""
-        folder = self.target.root / commits.STAGING / self.pipeline_id / commits.WITHDRAWN
+        store = self.target.folder
         found: dict[str, int] = {}
-        for marker in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        for marker in store.files(f"{commits.STAGING}/{self.pipeline_id}/{commits.WITHDRAWN}"):
+            if not marker.endswith(".json") or marker.rsplit("/", 1)[-1].startswith("."):
+                continue
             try:
-                data = json.loads(marker.read_text())
+                data = json.loads(store.read_text(marker) or "")
                 found[str(data["folder"])] = int(data["withdrawn_at_ms"])
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring the unreadable marker %s (%s); its folder stays", marker, exc)
@@ -82,6 +80,6 @@ class WithdrawnFolders:
         expired = commits.expired_withdrawals(marked, self.live_folders(table), now_ms() if at_ms is None else at_ms,
                                               retention)
         for folder in expired:
-            shutil.rmtree(self.target.root / folder, ignore_errors=True)
-            (self.target.root / commits.withdrawn_marker(self.pipeline_id, folder)).unlink(missing_ok=True)
+            self.target.folder.delete_tree(folder)
+            self.target.folder.delete(commits.withdrawn_marker(self.pipeline_id, folder))
         return expired

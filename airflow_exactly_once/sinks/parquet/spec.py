@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument, is_template
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.object_location import storage_variant
+from airflow_exactly_once.sinks.storage_variant import ObjectStorageVariant
 
 # S3's multipart limits: every part but the last holds at least 5 MiB; a part at most 5 GiB.
 PART_SIZE_MB_RANGE = (5, 5120)
@@ -15,7 +15,7 @@ PART_SIZE_MB_RANGE = (5, 5120)
 
 # [START sink_classes]
 @dataclass(kw_only=True)
-class ParquetSpec(SinkSpec):
+class ParquetSpec(ObjectStorageVariant, SinkSpec):
     type_name = "parquet"
     writer_class = "airflow_exactly_once.sinks.parquet.sink_writer:ParquetSinkWriter"
     committer_class = "airflow_exactly_once.sinks.parquet.sink_committer:ParquetSinkCommitter"
@@ -38,15 +38,9 @@ class ParquetSpec(SinkSpec):
                                     "at most three parts in memory (one filling, two uploading)")
 
     @classmethod
-    def variant(cls, spec: Mapping[str, Any]) -> str | None:
-        """"s3" for an object-storage path (an unsupported scheme is refused, naming the supported ones)."""
-        return storage_variant(spec.get("path"), "the parquet sink's path")
-
-    @classmethod
     def check_values(cls, spec: Mapping[str, Any], *, rendered: bool = True) -> None:
-        """Also the path's scheme and the part size, when the DAG is parsed."""
+        """Also the path's scheme (ObjectStorageVariant) and the part size, when the DAG is parsed."""
         super().check_values(spec, rendered=rendered)
-        cls.variant(spec)
         if spec.get("part_size_mb") not in (None, "") and not is_template(spec.get("part_size_mb")):
             part_size_bytes(spec)
 

@@ -18,7 +18,7 @@ from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.object_location import parse_object_location
 from airflow_exactly_once.core.sink_committer import SinkCommitter
-from airflow_exactly_once.sinks.parquet.s3.bucket import SinkBucket
+from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedUploads
 from airflow_exactly_once.sinks.parquet.s3.layout import ObjectLayout
 from airflow_exactly_once.sinks.parquet.s3.uploads import BatchUploads
@@ -35,7 +35,7 @@ class S3ParquetSinkCommitter(SinkCommitter[StagedUploads]):
         super().__init__(spec)
         self.location = parse_object_location(spec["path"], "the parquet sink's path")
         self.layout = ObjectLayout(self.location)
-        self.uploads = BatchUploads(SinkBucket(spec, self.location), self.layout)
+        self.uploads = BatchUploads(SinkBucket(spec, self.location, "the parquet sink"), self.layout)
 
     def lineage_dataset(self) -> DatasetName:
         return file_dataset(self.location.url())

@@ -8,7 +8,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.object_location import parse_object_location
 from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
-from airflow_exactly_once.sinks.parquet.s3.bucket import SinkBucket
+from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedUploads
 from airflow_exactly_once.sinks.parquet.s3.layout import ObjectLayout
 from airflow_exactly_once.sinks.parquet.s3.uploads import BatchUploads
@@ -26,7 +26,7 @@ class S3ParquetSinkWriter(SinkWriter):
         super().__init__(spec)
         location = parse_object_location(spec["path"], "the parquet sink's path")
         self.layout = ObjectLayout(location)
-        self.bucket = SinkBucket(spec, location)
+        self.bucket = SinkBucket(spec, location, "the parquet sink")
         self.uploads = BatchUploads(self.bucket, self.layout)
 
     def stage(self, frame: Any, batch: Batch, run_writers: RunWriters) -> StagedUploads:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_exactly_once.sinks.parquet.s3.bucket import SinkBucket
+from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedFile
 from airflow_exactly_once.sinks.parquet.s3.layout import ObjectLayout
 from airflow_exactly_once.storage import multipart

@@ -1,5 +1,6 @@
-"""The sink's bucket as a client sees it: the S3 client made from the spec's `aws_conn_id` (resolved where a task
-runs; the spec holds only the connection's id), and every call's error said in terms of what to change."""
+"""A sink's bucket as a client sees it: the S3 client made from the spec's `aws_conn_id` (resolved where a task
+runs; the spec holds only the connection's id), and every call's error said in terms of what to change. Shared by
+the sinks that keep files on object storage (the Parquet sink's s3 layout, the Delta sink's tables)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ T = TypeVar("T")
 class SinkBucket:
     """One spec's bucket: `call(doing, fn)` runs `fn(client)` and explains what goes wrong."""
 
-    def __init__(self, spec: dict[str, Any], location: ObjectLocation) -> None:
-        self.spec, self.location = spec, location
+    def __init__(self, spec: dict[str, Any], location: ObjectLocation, user: str) -> None:
+        self.spec, self.location, self.user = spec, location, user  # user: the sink, as errors name it
         self._access: S3Access | None = None
         self._client: Any = None
 
@@ -31,7 +32,7 @@ class SinkBucket:
     @property
     def access(self) -> S3Access:
         if self._access is None:
-            self._access = connection_access(self.spec.get("aws_conn_id"), "the parquet sink")
+            self._access = connection_access(self.spec.get("aws_conn_id"), self.user)
         return self._access
 
     @property
