@@ -27,7 +27,7 @@ from airflow_exactly_once.sinks.delta.committable import StagedFile
 from airflow_exactly_once.sinks.delta.stats import described, null_counts, refuse_nulls
 from airflow_exactly_once.storage import multipart
 from airflow_exactly_once.storage.multipart import UploadStream
-from airflow_exactly_once.storage.s3_client import S3Access, explained
+from airflow_exactly_once.storage.s3_client import S3Access, explained, shared_client
 
 PART_SIZE = 8 * 1024 * 1024  # a part in memory per writer; S3 needs 5 MiB at least
 
@@ -69,7 +69,7 @@ class DeltaPartitionWriter(PartitionWriter):
         if claim is not None:  # an aborted batch's zombie must not leave files behind
             claim.ensure(f"writing Spark partition {partition} to {self.table}")
         try:
-            client = self.access.client()
+            client = shared_client(self.access)
         except Exception as exc:
             raise explained(exc, self.access, self.bucket, f"writing to {self.table}", self.conn_hint) from None
         staged: list[StagedFile] = []
