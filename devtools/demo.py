@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-s3", action="store_true",
                         help="no s3proxy and no run of the Parquet-on-S3 example (dags/kafka_to_parquet_s3.py)")
     args = parser.parse_args(argv)
+    demo_started = time.monotonic()
 
     if args.workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="airflow-exactly-once-demo-"))
@@ -257,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env,
                              database_url=metadata.url(METADATA_DATABASE), triggerer=True).start()
         stack.wait_for_dag(DAG_ID)
-        say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
+        say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}'; every server up {time.monotonic() - demo_started:.0f}s "
+            "after the demo started)")
 
         per_batch = args.max_records_per_partition * args.partitions
         runs = -(-(args.records + args.bad_records) // per_batch) + 1  # one more run than batches: it finds nothing new
