@@ -16,7 +16,6 @@ reader that wants whole batches reads (docs/sinks/parquet.md).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import logging
 import shutil
@@ -32,7 +31,7 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
-from devtools.object_storage import LocalObjectStorage
+from devtools.object_storage import LocalObjectStorage, committed_rows
 from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,18 +136,21 @@ def verify(output: Path, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
 
     # The dataset skips `_dead_letter`, `_manifest` and `_staging` (names starting with "_").
     ids = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(columns=["id"]).column("id")
-    counts = Counter(ids.to_pylist())
     dead_folder = output / "_dead_letter"
     dead_keys = (ds.dataset(str(dead_folder), format="parquet", partitioning="hive").to_table(columns=["key"])
                  .column("key").to_pylist() if dead_folder.exists() else [])
-    dead = Counter(dead_keys)
+    return check_line("exactly-once check", Counter(ids.to_pylist()), Counter(dead_keys), good_in, bad_in)
+
+
+def check_line(title: str, counts: Counter, dead: Counter, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
+    """The verification line of an output (`counts` of ids, `dead` letters by key) and whether it holds the input
+    exactly once."""
     duplicates = sum(max(0, c - good_in[i]) for i, c in counts.items()) + sum(max(0, c - bad_in[k])
                                                                             for k, c in dead.items())
     missing = sum(max(0, c - counts[i]) for i, c in good_in.items()) + sum(max(0, c - dead[k])
                                                                          for k, c in bad_in.items())
-    out, dead_letters = sum(counts.values()), sum(dead.values())
-    line = (f"exactly-once check: in={sum(good_in.values()) + sum(bad_in.values())} out={out} "
-            f"dead_letters={dead_letters} duplicates={duplicates} missing={missing}")
+    line = (f"{title}: in={sum(good_in.values()) + sum(bad_in.values())} out={sum(counts.values())} "
+            f"dead_letters={sum(dead.values())} duplicates={duplicates} missing={missing}")
     return line, counts == good_in and dead == bad_in
 
 
@@ -159,34 +161,13 @@ def start_object_storage(folder: Path) -> LocalObjectStorage:
     return storage
 
 
-def manifest_rows(client: Any, bucket: str, prefix: str, column: str) -> Counter:
-    """`column`'s values in the files that the committed batches' manifest entries under `prefix` list."""
-    import pyarrow.parquet as pq
-
-    found: Counter = Counter()
-    listing = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/_manifest/")
-    for page in listing:
-        for item in page.get("Contents", []):
-            entry = json.loads(client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read())
-            for name in entry["files"]:
-                body = client.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read()
-                found.update(pq.read_table(io.BytesIO(body), columns=[column]).column(column).to_pylist())
-    return found
-
-
 def verify_s3(storage: LocalObjectStorage, prefix: str, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
     """The S3 output, read through its manifests: every good event once, every bad record once as a dead letter."""
     client = storage.client()
-    counts = manifest_rows(client, S3_BUCKET, prefix, "id")
-    dead = manifest_rows(client, S3_BUCKET, f"{prefix}/_dead_letter", "key")
-    duplicates = sum(max(0, c - good_in[i]) for i, c in counts.items()) + sum(max(0, c - bad_in[k])
-                                                                            for k, c in dead.items())
-    missing = sum(max(0, c - counts[i]) for i, c in good_in.items()) + sum(max(0, c - dead[k])
-                                                                         for k, c in bad_in.items())
-    line = (f"exactly-once check (s3://{S3_BUCKET}/{prefix}, read through _manifest/): "
-            f"in={sum(good_in.values()) + sum(bad_in.values())} out={sum(counts.values())} "
-            f"dead_letters={sum(dead.values())} duplicates={duplicates} missing={missing}")
-    return line, counts == good_in and dead == bad_in
+    ids = Counter(row["id"] for row in committed_rows(client, S3_BUCKET, prefix, ["id"]))
+    dead = Counter(row["key"] for row in committed_rows(client, S3_BUCKET, f"{prefix}/_dead_letter", ["key"]))
+    return check_line(f"exactly-once check (s3://{S3_BUCKET}/{prefix}, read through _manifest/)", ids, dead, good_in,
+                      bad_in)
 
 
 def main(argv: list[str] | None = None) -> int:
