@@ -52,10 +52,10 @@ SDIST_MUST_HAVE = ("LICENSE", "NOTICE", "MANIFEST.in", "setup.py", "setup.cfg", 
                    "tests/fixtures/ledger/0.1.0/output/_pipeline")
 
 
-# pyspark's 4.1 line: its newest release with a Kafka connector on Maven Central (4.1.4 has none), and the Iceberg
-# runtime the sink must pick there, written out here rather than read from sinks/iceberg/runtime.py so that a wrong
-# table fails the check.
-PYSPARK_4_1 = "4.1.3"
+# pyspark's 4.1 line: its newest release whose Kafka connector resolves from Maven Central (no connector for 4.1.4,
+# no spark-token-provider-kafka-0-10 for 4.1.2 and 4.1.3), and the Iceberg runtime the sink must pick there, written
+# out here rather than read from sinks/iceberg/runtime.py so that a wrong table fails the check.
+PYSPARK_4_1 = "4.1.1"
 ICEBERG_4_1_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
 
 
