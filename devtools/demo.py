@@ -1,10 +1,16 @@
-"""`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line.
+"""`make demo`: a local Kafka, a real Airflow, the example DAG, a crash, and a verification line; then the same
+input into Parquet on a local S3-compatible server (s3proxy), with its own verification line.
 
-    python -m devtools.demo [--records 3000] [--bad-records 6] [--keep] [--spark-connect]
+    python -m devtools.demo [--records 3000] [--bad-records 6] [--keep] [--spark-connect] [--no-s3]
 
 The input mixes good JSON events with a few bad ones (not JSON, a field of the wrong type); the
 example DAG decodes values strictly and sends bad records to `<output>/_dead_letter`, so the
 verification line counts both: every record lands exactly once, in the output or as a dead letter.
+
+s3proxy starts beside Kafka (in a thread, so the demo's start-up waits for it only if it is slower than Kafka,
+PostgreSQL and Airflow together); the Airflow connection `aws_default` (type `aws`) points at it, and
+dags/kafka_to_parquet_s3.py writes to its bucket `lake`. The S3 check reads only what `_manifest/` lists: what a
+reader that wants whole batches reads (docs/sinks/parquet.md).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +31,13 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV, arm
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
+from devtools.object_storage import LocalObjectStorage, committed_rows
 from devtools.spark_connect import LocalSparkConnectServer
 
 REPO = Path(__file__).resolve().parents[1]
 DAG_ID = "kafka_to_parquet"
+S3_DAG_ID = "kafka_to_parquet_s3"
+S3_BUCKET = "lake"
 TOPIC = "events"
 
 
@@ -126,19 +136,38 @@ def verify(output: Path, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
 
     # The dataset skips `_dead_letter`, `_manifest` and `_staging` (names starting with "_").
     ids = ds.dataset(str(output), format="parquet", partitioning="hive").to_table(columns=["id"]).column("id")
-    counts = Counter(ids.to_pylist())
     dead_folder = output / "_dead_letter"
     dead_keys = (ds.dataset(str(dead_folder), format="parquet", partitioning="hive").to_table(columns=["key"])
                  .column("key").to_pylist() if dead_folder.exists() else [])
-    dead = Counter(dead_keys)
+    return check_line("exactly-once check", Counter(ids.to_pylist()), Counter(dead_keys), good_in, bad_in)
+
+
+def check_line(title: str, counts: Counter, dead: Counter, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
+    """The verification line of an output (`counts` of ids, `dead` letters by key) and whether it holds the input
+    exactly once."""
     duplicates = sum(max(0, c - good_in[i]) for i, c in counts.items()) + sum(max(0, c - bad_in[k])
                                                                             for k, c in dead.items())
     missing = sum(max(0, c - counts[i]) for i, c in good_in.items()) + sum(max(0, c - dead[k])
                                                                          for k, c in bad_in.items())
-    out, dead_letters = sum(counts.values()), sum(dead.values())
-    line = (f"exactly-once check: in={sum(good_in.values()) + sum(bad_in.values())} out={out} "
-            f"dead_letters={dead_letters} duplicates={duplicates} missing={missing}")
+    line = (f"{title}: in={sum(good_in.values()) + sum(bad_in.values())} out={sum(counts.values())} "
+            f"dead_letters={sum(dead.values())} duplicates={duplicates} missing={missing}")
     return line, counts == good_in and dead == bad_in
+
+
+def start_object_storage(folder: Path) -> LocalObjectStorage:
+    """s3proxy with the demo's bucket."""
+    storage = LocalObjectStorage(folder).start()
+    storage.create_bucket(S3_BUCKET)
+    return storage
+
+
+def verify_s3(storage: LocalObjectStorage, prefix: str, good_in: Counter, bad_in: Counter) -> tuple[str, bool]:
+    """The S3 output, read through its manifests: every good event once, every bad record once as a dead letter."""
+    client = storage.client()
+    ids = Counter(row["id"] for row in committed_rows(client, S3_BUCKET, prefix, ["id"]))
+    dead = Counter(row["key"] for row in committed_rows(client, S3_BUCKET, f"{prefix}/_dead_letter", ["key"]))
+    return check_line(f"exactly-once check (s3://{S3_BUCKET}/{prefix}, read through _manifest/)", ids, dead, good_in,
+                      bad_in)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave Kafka and Airflow (and its PostgreSQL) running at the end")
     parser.add_argument("--spark-connect", action="store_true",
                         help="write on a Spark Connect server (started here) instead of a Spark driver per task")
+    parser.add_argument("--no-s3", action="store_true",
+                        help="no s3proxy and no run of the Parquet-on-S3 example (dags/kafka_to_parquet_s3.py)")
     args = parser.parse_args(argv)
+    demo_started = time.monotonic()
 
     if args.workdir is None:
         workdir = Path(tempfile.mkdtemp(prefix="airflow-exactly-once-demo-"))
@@ -166,9 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     faults = workdir / "faults"
     faults.mkdir(parents=True)
 
+    # s3proxy's JVM starts while Kafka's does (the demo waits for it just before Airflow starts)
+    starting_storage: Future | None = None
+    if not args.no_s3:
+        say(f"starting an S3-compatible server (s3proxy) in {workdir / 's3'}")
+        starting_storage = ThreadPoolExecutor(1).submit(start_object_storage, workdir / "s3")
     say(f"starting a Kafka broker (KRaft) in {workdir / 'kafka'}")
     broker = LocalKafkaBroker(workdir / "kafka").start()
-    stack = connect = metadata = None
+    stack = connect = metadata = storage = None
     try:
         if args.spark_connect:
             say("starting a Spark Connect server (local mode, with Spark's Kafka connector)")
@@ -189,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         if connect is not None:  # the example DAG's spark_conn_id: a spark_connect connection
             env["AIRFLOW_CONN_SPARK_CONNECT_DEMO"] = json.dumps(connect.connection())
             env["EXACTLY_ONCE_DEMO_SPARK_CONN_ID"] = "spark_connect_demo"
+        if starting_storage is not None:
+            storage = starting_storage.result()
+            # Airflow's `aws` connection: login = access key id, password = secret key, extra endpoint_url/region
+            env["AIRFLOW_CONN_AWS_DEFAULT"] = json.dumps(storage.connection())
+            env["EXACTLY_ONCE_DEMO_S3_PATH"] = f"s3://{S3_BUCKET}/{S3_DAG_ID}"
+            say(f"s3proxy answers on {storage.endpoint_url} (bucket '{S3_BUCKET}'; Airflow connection 'aws_default')")
         # Airflow's metadata in PostgreSQL (a backfill or clear made in the UI must not meet SQLite's lock)
         say("starting PostgreSQL for Airflow's metadata")
         metadata = metadata_server(workdir / "airflow-metadata")
@@ -196,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         stack = AirflowStack(workdir, sorted((REPO / "dags").glob("*.py")), env,
                              database_url=metadata.url(METADATA_DATABASE), triggerer=True).start()
         stack.wait_for_dag(DAG_ID)
-        say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}')")
+        say(f"Airflow UI: {stack.base_url}  (DAG '{DAG_ID}'; every server up {time.monotonic() - demo_started:.0f}s "
+            "after the demo started)")
 
         per_batch = args.max_records_per_partition * args.partitions
         runs = -(-(args.records + args.bad_records) // per_batch) + 1  # one more run than batches: it finds nothing new
@@ -225,6 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         good_in, bad_in = read_input(broker.bootstrap_servers)
         line, ok = verify(output, good_in, bad_in)
         print(line, flush=True)
+        if storage is None or not ok:
+            return 0 if ok else 1
+        # The same input into Parquet on S3: one run, one batch (its max_records_per_partition takes the topic).
+        started = time.monotonic()
+        state = stack.run(S3_DAG_ID, "demo_s3_run_1")
+        say(f"{S3_DAG_ID} run 1: {state} in {time.monotonic() - started:.0f}s (DAG '{S3_DAG_ID}', "
+            f"objects under s3://{S3_BUCKET}/{S3_DAG_ID}/ at {storage.endpoint_url})")
+        if state != "success":
+            say(f"the S3 run failed; task logs are under {stack.home / 'logs'}")
+            return 1
+        line, ok = verify_s3(storage, S3_DAG_ID, good_in, bad_in)
+        print(line, flush=True)
         return 0 if ok else 1
     finally:
         if not args.keep:
@@ -234,9 +290,21 @@ def main(argv: list[str] | None = None) -> int:
                 metadata.stop()
             if connect is not None:
                 connect.stop()
+            if starting_storage is not None and storage is None:  # failed before it was waited for
+                storage = _started_or_none(starting_storage)
+            if storage is not None:
+                storage.stop()
             broker.stop()
         else:
-            say("--keep: Kafka, Airflow and its PostgreSQL are left running")
+            say("--keep: Kafka, Airflow and its PostgreSQL (and s3proxy) are left running")
+
+
+def _started_or_none(starting: Future) -> LocalObjectStorage | None:
+    """The server a start-up thread made, or None when it failed (its error was not the demo's)."""
+    try:
+        return starting.result()
+    except Exception:  # noqa: BLE001 - the demo is ending on another error already
+        return None
 
 
 if __name__ == "__main__":

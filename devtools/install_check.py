@@ -23,6 +23,9 @@ Checks:
   spark      (--spark) a local Spark session gets the connector by Spark's own resolution, reads
              the Kafka source's schema, builds a small batch's local relation with the same types,
              and runs mapInArrow (pandas and pyarrow on that pyspark)
+  iceberg    (--expect-iceberg-runtime COORDINATES) the Iceberg sink picks exactly that Spark runtime for
+             the installed pyspark; with --spark the same session also loads it (Spark's own resolution
+             from Maven Central) and appends to an Iceberg table and reads it back
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-dags", default="", help="comma-separated DAG ids that must be there")
     parser.add_argument("--extras", default="", help="comma-separated extras installed here")
     parser.add_argument("--spark", action="store_true", help="also start a local Spark session")
+    parser.add_argument("--expect-iceberg-runtime", default="",
+                        help="the Maven coordinates of the Iceberg Spark runtime the sink must pick here")
     parser.add_argument("--report", required=True, help="where to write the JSON report")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="aeo-install-check-") as home:
@@ -85,8 +90,10 @@ def _check(args: argparse.Namespace, home: str) -> int:
     report["cli"] = check_cli(home, problems)
     report["connector"] = check_connector(problems)
     report["extras"] = check_extras(extras, problems)
+    if args.expect_iceberg_runtime:
+        report["iceberg_runtime"] = check_iceberg_runtime(args.expect_iceberg_runtime, problems)
     if args.spark:
-        report["spark"] = check_spark(problems)
+        report["spark"] = check_spark(problems, iceberg_runtime=args.expect_iceberg_runtime or None)
     Path(args.report).write_text(json.dumps(report, indent=1, default=str))
     return 1 if problems else 0
 
@@ -273,8 +280,23 @@ def check_connector(problems: list[str]) -> str:
     return coordinates
 
 
-def check_spark(problems: list[str]) -> dict[str, Any]:
-    """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars)."""
+def check_iceberg_runtime(expected: str, problems: list[str]) -> str:
+    """The Iceberg Spark runtime the sink resolves for the installed pyspark (spark.packages.iceberg_package)."""
+    from airflow_exactly_once.core.errors import ConfigurationError
+    from airflow_exactly_once.spark.packages import iceberg_package
+
+    try:
+        picked = iceberg_package()
+    except ConfigurationError as exc:
+        picked = f"refused: {exc}"
+    if picked != expected:
+        problems.append(f"the Iceberg sink picks {picked} for this pyspark, not {expected}")
+    return picked
+
+
+def check_spark(problems: list[str], iceberg_runtime: str | None = None) -> dict[str, Any]:
+    """A local session with the connector from Spark's own resolution (no SPARK_CONF_DIR, no spark.jars); with
+    `iceberg_runtime`, that package too, and an append to a table of Iceberg's Hadoop catalog read back."""
     from airflow_exactly_once.spark.in_process_session import build_spark_session
     from airflow_exactly_once.spark.records import KAFKA_COLUMNS
     from airflow_exactly_once.spark.write_job import local_frame
@@ -282,8 +304,12 @@ def check_spark(problems: list[str]) -> dict[str, Any]:
     os.environ.pop("SPARK_CONF_DIR", None)
     os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
     started = time.monotonic()
-    spark = build_spark_session("install-check", master="local[1]")
+    spark = build_spark_session("install-check", master="local[1]", packages=[iceberg_runtime] if iceberg_runtime
+                                else ())
+    iceberg_rows = None
     try:
+        if iceberg_runtime:
+            iceberg_rows = _iceberg_append(spark)
         source = (spark.read.format("kafka").option("kafka.bootstrap.servers", "127.0.0.1:9")
                   .option("subscribe", "install-check").load())
         columns = source.columns
@@ -312,7 +338,23 @@ def check_spark(problems: list[str]) -> dict[str, Any]:
                         "(2, 7, 1700000000123)")
     if total != 2 * sum(range(1000)):
         problems.append(f"mapInArrow summed to {total}, not {2 * sum(range(1000))}")
-    return {"kafka_columns": columns, "local_relation_types": local_types, "map_in_arrow_sum": total, "seconds": round(time.monotonic() - started, 1)}
+    if iceberg_runtime and iceberg_rows != [(0, 3), (1, 3)]:
+        problems.append(f"two appends of 3 rows to an Iceberg table with {iceberg_runtime} read back as {iceberg_rows}, "
+                        "not [(0, 3), (1, 3)] (rows per append)")
+    return {"kafka_columns": columns, "local_relation_types": local_types, "map_in_arrow_sum": total,
+            "iceberg_rows_per_append": iceberg_rows, "seconds": round(time.monotonic() - started, 1)}
+
+
+def _iceberg_append(spark: Any) -> list[tuple[int, int]]:
+    """Two appends to a new table of Iceberg's Hadoop catalog (a temporary folder); rows per append, read back."""
+    warehouse = tempfile.mkdtemp(prefix="aeo-install-check-iceberg-")
+    spark.conf.set("spark.sql.catalog.check", "org.apache.iceberg.spark.SparkCatalog")
+    spark.conf.set("spark.sql.catalog.check.type", "hadoop")
+    spark.conf.set("spark.sql.catalog.check.warehouse", warehouse)
+    spark.range(3).selectExpr("0 AS append", "id").writeTo("check.db.rows").using("iceberg").create()
+    spark.range(3).selectExpr("1 AS append", "id").writeTo("check.db.rows").append()
+    counted = spark.table("check.db.rows").groupBy("append").count().orderBy("append").collect()
+    return [(row[0], row[1]) for row in counted]
 
 
 if __name__ == "__main__":

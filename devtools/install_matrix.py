@@ -5,16 +5,20 @@ Airflow and pyspark that setup.cfg allows, in fresh virtualenvs, as a platform t
 
 1. `python -m build`: an sdist and a wheel; the wheel must hold only the package (with its Ivy
    settings and the example DAGs) and the sdist what its tests need.
-2. One fresh virtualenv per stack, under a temporary folder, both at once (pip's cache is shared):
-     floor   apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit], [postgres], [s3],
-             [schema-registry] and [openlineage] extras (the Spark provider 5.x beside pyspark 3.5, no
-             pyspark-client);
-     newest  the pins of constraints-newest.txt (newest Airflow 3.x, newest pyspark 4.x with a
-             connector on Maven Central), no extras.
+2. One fresh virtualenv per stack, under a temporary folder, all at once (pip's cache is shared):
+     floor      apache-airflow and pyspark at setup.cfg's floors, with the [spark-submit], [postgres], [s3],
+                [schema-registry] and [openlineage] extras (the Spark provider 5.x beside pyspark 3.5, no
+                pyspark-client);
+     newest     the pins of constraints-newest.txt (newest Airflow 3.x, newest pyspark 4.x with a
+                connector on Maven Central), no extras;
+     spark-4.1  the newest Airflow beside pyspark 4.1 (PYSPARK_4_1), with the [iceberg] extra: the one line
+                no other stack (nor the primary .venv, pyspark 4.0) installs, and the one Iceberg publishes
+                a runtime for only from 1.11.0 on.
    pip resolves them with nothing pinned but those two; the time of each install is printed.
 3. In each, devtools/install_check.py (see there): every module imports, no deprecation from our
    code, the example DAGs parse, Airflow lists the provider, the CLIs answer, and a local Spark
-   session gets the Kafka connector by Spark's own resolution and runs mapInArrow.
+   session gets the Kafka connector by Spark's own resolution and runs mapInArrow; on spark-4.1 the
+   Iceberg sink picks ICEBERG_4_1_RUNTIME and the same session appends to an Iceberg table with it.
 Exit status 1, with the reasons, when anything fails.
 """
 
@@ -48,12 +52,20 @@ SDIST_MUST_HAVE = ("LICENSE", "NOTICE", "MANIFEST.in", "setup.py", "setup.cfg", 
                    "tests/fixtures/ledger/0.1.0/output/_pipeline")
 
 
+# pyspark's 4.1 line: its newest release whose Kafka connector resolves from Maven Central (no connector for 4.1.4,
+# no spark-token-provider-kafka-0-10 for 4.1.2 and 4.1.3), and the Iceberg runtime the sink must pick there, written
+# out here rather than read from sinks/iceberg/runtime.py so that a wrong table fails the check.
+PYSPARK_4_1 = "4.1.1"
+ICEBERG_4_1_RUNTIME = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.11.0"
+
+
 @dataclass
 class Stack:
     name: str
     airflow: str
     pyspark: str
     extras: tuple[str, ...] = ()
+    iceberg_runtime: str = ""  # what the Iceberg sink must pick here; checked (and written with) when set
     install_seconds: float = 0.0
     check_seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
@@ -95,7 +107,8 @@ def stacks() -> list[Stack]:
     newest = pinned_versions(REPO / "constraints-newest.txt")
     return [Stack("floor", floor["apache-airflow"], floor["pyspark"],
                   ("spark-submit", "postgres", "schema-registry", "openlineage", "s3")),
-            Stack("newest", newest["apache-airflow"], newest["pyspark"])]
+            Stack("newest", newest["apache-airflow"], newest["pyspark"]),
+            Stack("spark-4.1", newest["apache-airflow"], PYSPARK_4_1, ("iceberg",), ICEBERG_4_1_RUNTIME)]
 
 
 # Left out of the copy that is built: version control, virtualenvs, build and run leftovers.
@@ -191,7 +204,8 @@ def install_and_check(stack: Stack, wheel: Path, work: Path) -> Stack:
     expected = ",".join(sorted(_dag_ids(REPO / "dags")))
     check = subprocess.run(
         [str(python), str(CHECK_SCRIPT), "--dags", str(dags), "--expect-dags", expected,
-         "--extras", ",".join(stack.extras), "--spark", "--report", str(report)],
+         "--extras", ",".join(stack.extras), "--spark", "--report", str(report),
+         *(["--expect-iceberg-runtime", stack.iceberg_runtime] if stack.iceberg_runtime else [])],
         capture_output=True, text=True, cwd=work, timeout=1800,
         env=clean_env(AIRFLOW_HOME=str(work / f"{stack.name}-airflow-home")))
     stack.check_seconds = time.monotonic() - started
@@ -225,13 +239,16 @@ def main(argv: list[str] | None = None) -> int:
         matrix = stacks()
         with ThreadPoolExecutor(len(matrix)) as pool:
             done = list(pool.map(lambda s: install_and_check(s, wheel, work), matrix))
-        print(f"{'stack':8} {'airflow':8} {'pyspark':8} {'extras':50} {'install':>8} {'checks':>8}  result")
+        print(f"{'stack':10} {'airflow':8} {'pyspark':8} {'extras':50} {'install':>8} {'checks':>8}  result")
         for s in done:
-            print(f"{s.name:8} {s.airflow:8} {s.pyspark:8} {','.join(s.extras) or '-':50} "
+            print(f"{s.name:10} {s.airflow:8} {s.pyspark:8} {','.join(s.extras) or '-':50} "
                   f"{s.install_seconds:7.0f}s {s.check_seconds:7.0f}s  {'OK' if not s.problems else 'FAILED'}")
             versions = s.report.get("versions", {})
             if versions:
-                print("         " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+                print("           " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+            if s.report.get("iceberg_runtime"):
+                print(f"           Iceberg runtime picked: {s.report['iceberg_runtime']}; rows per append written "
+                      f"with it: {s.report.get('spark', {}).get('iceberg_rows_per_append')}")
             problems.extend(f"[{s.name}] {p}" for p in s.problems)
         for problem in problems:
             print(f"PROBLEM: {problem}")

@@ -15,8 +15,11 @@ one key pair; not for production.
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from devtools.maven import Artifact, fetch_jars
 from devtools.ports import reserve_port
@@ -116,3 +119,17 @@ class LocalObjectStorage(LocalServer):
 
     def __repr__(self) -> str:
         return f"LocalObjectStorage({self.endpoint_url}, {self.data_dir})"
+
+
+def committed_rows(client: Any, bucket: str, prefix: str, columns: list[str] | None = None) -> list[dict]:
+    """The rows of a Parquet sink's output at s3://bucket/prefix as a reader that wants whole batches reads them: the
+    files its `_manifest/` entries list (docs/sinks/parquet.md), nothing else."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/_manifest/"):
+        for item in page.get("Contents", []):
+            for name in json.loads(client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read())["files"]:
+                body = client.get_object(Bucket=bucket, Key=f"{prefix}/{name}")["Body"].read()
+                rows += pq.read_table(io.BytesIO(body), columns=columns).to_pylist()
+    return rows

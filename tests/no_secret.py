@@ -12,7 +12,12 @@ import uuid
 
 PLACES = ("kafka-conn-sasl-password", "kafka-config-ssl-key-password", "sink-url-password",
           "dead-letter-url-password", "iceberg-catalog-url-password", "iceberg-catalog-s3-secret-access-key",
-          "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key", "registry-conn-password")
+          "ledger-conn-password", "spark-connect-token", "spark-conf-s3a-secret-key", "registry-conn-password",
+          # the `aws` connection of a Parquet sink on object storage: its password and extra aws_session_token
+          "aws-conn-secret-access-key", "aws-conn-session-token",
+          # an Iceberg REST catalog's connection: the OAuth2 client secret (its password), and the bearer token the
+          # catalog's gateway hands out for it (never given by the user: every request of both clients carries it)
+          "rest-conn-client-secret", "rest-catalog-token")
 # Variable names without "secret", "password", "token", ...: Airflow masks none of their values by itself.
 SINK_URL_VAR, DEAD_LETTER_URL_VAR, CATALOG_URL_VAR, CATALOG_S3_VAR, KAFKA_CONFIG_VAR = (
     "eo_nst_sink_url", "eo_nst_dead_letter_url", "eo_nst_catalog_url", "eo_nst_catalog_s3", "eo_nst_kafka_tls")

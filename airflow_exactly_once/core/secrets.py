@@ -19,10 +19,21 @@ REDACTED = "***"
 # ((?i)secret|password|token|access[.]key) that also takes `access-key` (Iceberg's S3 properties), and
 # `credential` and an `Authorization` header (Iceberg's REST catalog: `credential`, `header.Authorization`).
 SECRET_KEY_PATTERN = r"(?i)secret|password|token|access[.-]key|credential|authorization"
+# The Spark session setting whose pattern Spark redacts settings by where it shows them per query (a SQL execution's
+# changed settings on the UI's SQL tab, plans' options); Spark's default, "(?i)url", plus spark.redaction.regex, lets
+# a catalog's `credential` and `header.Authorization` through.
+SPARK_OPTIONS_REDACTION = "spark.sql.redaction.options.regex"
 # scheme://user:password@host — the password part (group 2) of a URL with user info.
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s'\"]*:)([^@/?#\s'\"]+)(@)")
 # A Spark Connect URL's token parameter: sc://host:15002/;token=...
 _URL_TOKEN = re.compile(r"(;token=)([^;\s'\"]+)", re.IGNORECASE)
+
+
+def widened_options_redaction(current: str | None) -> str | None:
+    """Spark's options-redaction pattern `current` widened to SECRET_KEY_PATTERN (None: it has it already), so that
+    Spark's UI shows `***` for every setting this package takes for a secret."""
+    current = current or "(?i)url"
+    return None if SECRET_KEY_PATTERN in current else f"{current}|{SECRET_KEY_PATTERN}"
 
 
 def url_password(value: Any) -> str | None:

@@ -12,7 +12,11 @@ environment when the file is parsed.
   a PostgreSQL dead-letter table, both given as a `url` with a password;
 * `ice` (a PostgreSQL ledger through connection `eo_nst_ledger`, which has a password): the same
   records (their bytes) into Iceberg, whose PostgreSQL catalog is given as a `url` with a password and a
-  secret property.
+  secret property;
+* `s3`: the same records into Parquet on object storage (the test's s3proxy), through the `aws` connection
+  `eo_nst_aws` (its password, the secret access key, and a session token in its extra);
+* `rest`: the same records into Iceberg through a REST catalog, reached through connection `eo_nst_rest`
+  (login and password: the OAuth2 client credential, exchanged by both clients for the gateway's token).
 
 Both writes run on the Spark Connect server named by the run's `spark_conn_id`: the session's warm
 server, or a connection with a token that points at a port nobody listens on (the failing run).
@@ -39,6 +43,8 @@ from tests.no_secret import (
 KAFKA_CONN_ID = "eo_nst_kafka"
 LEDGER_CONN_ID = "eo_nst_ledger"
 REGISTRY_CONN_ID = "eo_nst_registry"
+AWS_CONN_ID = "eo_nst_aws"
+REST_CONN_ID = "eo_nst_rest"
 
 COMMON = dict(
     topics="{{ params.topic }}",
@@ -58,7 +64,7 @@ with DAG(
     max_active_runs=1,
     render_template_as_native_obj=True,
     params={"prefix": "nst", "topic": "sec-in-nst", "table": "nst", "warehouse": "/tmp/eo-nst-lake",
-            "max_records": 100, "spark_conn_id": ""},
+            "bucket": "eo-nst", "max_records": 100, "spark_conn_id": ""},
     default_args={"retries": 0},  # the failing run fails at once; its error is the one the test searches
 ) as dag:
     exactly_once_batch(
@@ -82,6 +88,22 @@ with DAG(
                           "properties": {"s3.secret-access-key": "{{ var.value.%s }}" % CATALOG_S3_VAR}},
               "create_table": True},
         ledger_conn_id=LEDGER_CONN_ID,
+        transform="eo_test_transforms:rows",
+        **COMMON,
+    )
+    exactly_once_batch(
+        group_id="s3",
+        pipeline_id="{{ params.prefix }}-s3",
+        sink={"type": "parquet", "path": "s3://{{ params.bucket }}/{{ params.prefix }}", "aws_conn_id": AWS_CONN_ID},
+        transform="eo_test_transforms:rows",
+        **COMMON,
+    )
+    exactly_once_batch(
+        group_id="rest",
+        pipeline_id="{{ params.prefix }}-rest",
+        # its own catalog name: the warm Spark Connect server may keep `ice`'s catalog (named iceberg) loaded
+        sink={"type": "iceberg", "table": "db.{{ params.table }}", "create_table": True,
+              "catalog": {"type": "rest", "name": "nst_rest", "conn_id": REST_CONN_ID}},
         transform="eo_test_transforms:rows",
         **COMMON,
     )

@@ -26,7 +26,7 @@ def iceberg_runtime_exists() -> bool:
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAGS = ("kafka_to_kafka", "kafka_to_parquet", "kafka_to_parquet_hourly", "kafka_to_parquet_on_arrival",
-                "kafka_to_parquet_on_spark", "kafka_to_postgres")
+                "kafka_to_parquet_on_spark", "kafka_to_parquet_s3", "kafka_to_postgres")
 
 
 def test_install_checks_pass_in_the_test_environment(tmp_path):

@@ -159,17 +159,22 @@ def test_extras_and_what_they_install():
 def test_the_install_matrix_stacks_and_their_extras():
     from devtools.install_matrix import stacks
 
-    floor, newest = stacks()
+    floor, newest, line = stacks()
     rows = {row[0]: row for row in doc_table("docs/install.md", "")}
     oldest = rows["oldest allowed"]
     assert (oldest[1], oldest[2]) == (floor.airflow, floor.pyspark), "docs/install.md: the oldest allowed stack"
     assert_same([n for n in code_names(oldest[4]) if n in setup_cfg()["options.extras_require"]], floor.extras,
                 "the extras of the install matrix's floor stack in docs/install.md")
+    (line_row,) = [row for name, row in rows.items() if "PYSPARK_4_1" in name]
+    assert (line_row[1], line_row[2]) == (line.airflow, line.pyspark), "docs/install.md: the pyspark 4.1 stack"
+    assert line.iceberg_runtime.split(":")[1] in line_row[4], "docs/install.md: the runtime the 4.1 stack checks"
     (matrix,) = [row for row in doc_table("docs/install.md", "command") if row[0].startswith("`make install-matrix`")]
     assert f"Airflow {floor.airflow} + pyspark {floor.pyspark} with the " in matrix[1]
-    assert_same([n for n in code_names(matrix[1]) if n in setup_cfg()["options.extras_require"]], floor.extras,
-                "the install matrix's extras in docs/install.md's `make install-matrix` row")
+    assert_same([n for n in code_names(matrix[1]) if n in setup_cfg()["options.extras_require"]],
+                floor.extras + line.extras, "the install matrix's extras in docs/install.md's `make install-matrix` row")
     assert f"Airflow {newest.airflow} + pyspark {newest.pyspark}, no extras" in matrix[1] and not newest.extras
+    assert f"Airflow {line.airflow} + pyspark {line.pyspark} with the `iceberg` extra" in matrix[1]
+    assert line.extras == ("iceberg",)
 
 
 def test_value_formats():

@@ -9,7 +9,8 @@ from airflow.sdk._shared.secrets_masker import redact
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
-from airflow_exactly_once.core.secrets import REDACTED, redacted_value, scrub, url_password
+from airflow_exactly_once.core.secrets import (REDACTED, SECRET_KEY_PATTERN, redacted_value, scrub, url_password,
+                                              widened_options_redaction)
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.batch import PlanBatchOperator
 from airflow_exactly_once.pipeline_check import checked
@@ -121,3 +122,18 @@ def test_iceberg_catalog_properties_reach_pyiceberg_and_spark_alike():
                                                  "properties": {"s3.endpoint": "http://minio:9000"}}})
     assert catalog.spark_conf()["spark.sql.catalog.iceberg.s3.endpoint"] == "http://minio:9000"
     assert dict(catalog.properties) == {"s3.endpoint": "http://minio:9000"}
+
+
+def test_sparks_options_redaction_is_widened_to_every_secret_key_once():
+    """Spark's default "(?i)url" keeps redacting URLs and now also takes a catalog's credential and Authorization
+    header; a pattern that has the rule already (a second catalog in the same session) is left alone."""
+    import re
+
+    widened = widened_options_redaction(None)
+    assert widened == f"(?i)url|{SECRET_KEY_PATTERN}"
+    for key in ("spark.sql.catalog.c.credential", "spark.sql.catalog.c.header.Authorization", "jdbc.url",
+                "spark.sql.catalog.c.s3.secret-access-key", "spark.sql.catalog.c.token"):
+        assert re.search(widened.replace("(?i)", ""), key, re.I), key  # Java takes the inline flags; Python not
+    assert not re.search(widened.replace("(?i)", ""), "spark.sql.catalog.c.uri", re.I)
+    assert widened_options_redaction(widened) is None
+    assert widened_options_redaction("(?i)mine") == f"(?i)mine|{SECRET_KEY_PATTERN}"

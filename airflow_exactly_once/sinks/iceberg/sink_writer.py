@@ -14,6 +14,7 @@ from typing import Any
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError, raise_explained
 from airflow_exactly_once.core.line_packages import LinePackage, default_scala
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.secrets import SPARK_OPTIONS_REDACTION, widened_options_redaction
 from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
@@ -83,8 +84,7 @@ class IcebergSinkWriter(SinkWriter):
                 raise ConfigurationError(
                     f"this Spark session already has an Iceberg catalog named {catalog.name!r} on {current} "
                     f"(Spark keeps a catalog once loaded); give this sink's catalog another 'name'")
-        for key, value in conf.items():
-            spark.conf.set(key, value)
+        configure_catalog(spark, conf)
 
     def _ensure_table(self, spark: Any, frame: Any) -> Any:
         """The table (pyiceberg's view, no Spark job), created from the frame's schema if asked, WAP enabled."""
@@ -183,3 +183,13 @@ class IcebergSinkWriter(SinkWriter):
         except Exception as exc:  # the next commit or abort of the batch drops it
             log.warning("could not drop the staged snapshot of %s: %s", wap, exc)
 
+
+def configure_catalog(spark: Any, conf: dict[str, str]) -> None:
+    """Set a catalog's session settings, its secrets hidden first: Spark's UI lists every setting a query's session
+    changed (SQL tab) and redacts only keys or values that match its patterns, which a REST catalog's `credential`
+    (`client_id:client_secret`) and `header.Authorization` do not by default."""
+    widened = widened_options_redaction(spark.conf.get(SPARK_OPTIONS_REDACTION, None))
+    if widened is not None:
+        spark.conf.set(SPARK_OPTIONS_REDACTION, widened)
+    for key, value in conf.items():
+        spark.conf.set(key, value)
