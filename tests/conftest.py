@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
+from airflow_exactly_once.spark.in_process_session import drop_stale_connect_mode
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.kafka_secured import Grant, SecuredKafkaBroker, pipeline_grants
@@ -265,6 +266,15 @@ def redis_broker(tmp_path_factory) -> LocalRedis:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_stale_spark_connect_mark():
+    """A test that wrote through Spark Connect in this process leaves pyspark's Connect mark set (pyspark never
+    clears it), and every later classic DataFrame call of the worker would take Connect's path (mapInArrow: "No
+    active or default Spark session"): each test starts without it, as each Airflow task does."""
+    drop_stale_connect_mode()
+    yield
 
 
 @pytest.fixture(scope="session")
