@@ -1,14 +1,14 @@
-"""The Delta sink's partition writer on object storage: one Spark partition, on an executor, written by pyarrow
-into the attempt's staging prefix (no Spark S3A, no Hadoop jars in the user's Spark).
+"""The Delta sink's partition writer on object storage: one Spark partition, on an executor, written by pyarrow into
+the attempt's staging prefix (no Spark S3A, no Hadoop jars in the user's Spark).
 
-Each file goes up as a multipart upload (storage.multipart.UploadStream: at most three parts in memory, two of
-them uploading) that the writer completes itself: staged files are invisible to Delta readers anyway (the log
-does not add them), and a completed object is what delta-rs's commit points at. A partitioned table's
-partition sorts its rows by the partition columns first (sortWithinPartitions, no shuffle), so the writer
-holds one file open at a time and starts the next when the values change: one file per partition value per Spark partition, in Hive-style
-folders, the partition columns left out of the file as Spark leaves them out. The commit message of each
-file carries what its add action needs (size, rows, Delta statistics from the FileMetaData pyarrow wrote, the
-partition values): notify_complete reads none of the batch's objects.
+Each file goes up as a multipart upload (storage.multipart.UploadStream: at most three parts in memory, two of them
+uploading) that the writer completes itself: staged files are invisible to Delta readers anyway (the log does not
+add them), and a completed object is what delta-rs's commit points at. A partitioned table's partition sorts its
+rows by the partition columns first (sortWithinPartitions, no shuffle), so the writer holds one file open at a time
+and starts the next when the values change: one file per partition value per Spark partition, in Hive-style folders,
+the partition columns left out of the file as Spark leaves them out. The commit message of each file carries what
+its add action needs (size, rows, Delta statistics from the FileMetaData pyarrow wrote, the partition values):
+notify_complete reads none of the batch's objects.
 """
 
 from __future__ import annotations
