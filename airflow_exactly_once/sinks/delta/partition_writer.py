@@ -29,7 +29,7 @@ from airflow_exactly_once.storage import multipart
 from airflow_exactly_once.storage.multipart import UploadStream
 from airflow_exactly_once.storage.s3_client import S3Access, explained, shared_client
 
-PART_SIZE = 8 * 1024 * 1024  # a part in memory per writer; S3 needs 5 MiB at least
+PART_SIZE = 8 * 1024 * 1024  # per part (a writer holds at most three); S3 needs 5 MiB at least
 
 
 def value_runs(batch: Any, columns: tuple[str, ...]) -> list[tuple[int, int]]:
