@@ -5,7 +5,8 @@ after its bootstrap timeout, "Unable to bootstrap" (the broker's SASL error resp
 together with the closed connection, and kafka-python drops both). So when a client only says
 it could not connect, `diagnose` asks the servers itself, within a few seconds:
 
-1. TCP: does anything listen at each bootstrap server? (refused, unreachable: a retry may help)
+1. TCP: does anything listen at the bootstrap servers? Each is tried until one accepts (refused,
+   unreachable: a retry may help; the error names every server that did not answer)
 2. TLS, when security.protocol is SSL or SASL_SSL: does the handshake pass with the settings'
    CA, host name check and client certificate? A plaintext port answers a TLS handshake with
    garbage or silence; for PLAINTEXT settings, a TLS port closes the connection on a Kafka request.
@@ -80,10 +81,15 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
 
 
 def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> Diagnosis:
-    """Connect to the bootstrap servers as the settings say, and tell what stops a client."""
+    """Connect to the bootstrap servers as the settings say, and tell what stops a client.
+
+    Each server is tried in turn until one accepts a connection (a client bootstraps from any of them, so one
+    dead server is not the answer); what the others said is named too.
+    """
     protocol = settings.security_protocol
+    servers = [s.strip() for s in settings.bootstrap_servers.split(",") if s.strip()]
     unreachable: list[str] = []
-    for server in [s.strip() for s in settings.bootstrap_servers.split(",") if s.strip()][:3]:
+    for server in servers:
         host, _, port = server.rpartition(":")
         host = host.strip("[]")
         try:
@@ -97,9 +103,11 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
         login = "not needed"
         if error is None and protocol.startswith("SASL"):
             error, login = _check_login(settings, timeout_s)
+        others = f" (not reached: {'; '.join(unreachable)})" if unreachable else ""
         if error is not None:
-            return Diagnosis(error, f"{server}: {error}")
-        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake (SASL login: {login})")
+            return Diagnosis(error, f"{server}: {error}{others}")
+        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake (SASL login: {login})"
+                               f"{others}")
     return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers", reachable=False)
 
 

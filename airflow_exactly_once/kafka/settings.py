@@ -419,10 +419,12 @@ class KafkaSettings:
 
     def explain(self, failure: BaseException | str, *, topics: tuple[str, ...] | list[str] = (),
                 topic_operations: str = "READ and DESCRIBE", transactional_id: str | None = None,
-                transactional_id_prefix: str | None = None) -> ConfigurationError | None:
+                transactional_id_prefix: str | None = None, topic_pattern: str | None = None
+                ) -> ConfigurationError | None:
         """A ConfigurationError naming the setting or ACL to change when `failure` (an exception or its
         text, from any client) is a refused login, an untrusted certificate or a denied operation;
-        None for anything else. `topics` and the rest say what the failed step was doing.
+        None for anything else. `topics` and the rest say what the failed step was doing; `topic_pattern`
+        names the topics when the step knows only the pipeline's pattern.
         """
         text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
         servers = self.bootstrap_servers
@@ -473,12 +475,12 @@ class KafkaSettings:
             said = _said(text, words)
             if said:
                 denied = self._denied(resource, tuple(topics), topic_operations, transactional_id,
-                                      transactional_id_prefix)
+                                      transactional_id_prefix, topic_pattern)
                 return ConfigurationError(f"{denied}. The client said: {said}")
         return None
 
     def _denied(self, resource: str, topics, topic_operations: str, transactional_id: str | None,
-                prefix: str | None) -> str:
+                prefix: str | None, topic_pattern: str | None = None) -> str:
         who = f"{self.principal} of {self.origin}"
         principal = f"User:{self._principal_name()}" if self._principal_name() else "<the client's principal>"
         if resource == "transactional_id":
@@ -489,8 +491,14 @@ class KafkaSettings:
                     f"{principal} --operation Write --operation Describe --transactional-id {name} "
                     "--resource-pattern-type prefixed), or connect as a user that has them")
         if resource == "topic":
-            named = ", ".join(topics) if topics else "<topic>"
             operations = " ".join(f"--operation {op.capitalize()}" for op in topic_operations.split(" and "))
+            if not topics and topic_pattern:  # Kafka's ACLs name topics literally or by prefix, never by pattern
+                return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} {topic_operations} the "
+                        f"topics matching topic_pattern {topic_pattern!r}: grant {topic_operations} on each of them "
+                        f"(kafka-acls --add --allow-principal {principal} {operations} --topic <each matching topic>, "
+                        "or --topic <their common prefix> --resource-pattern-type prefixed), or connect as a user "
+                        "that has them")
+            named = ", ".join(topics) if topics else "<topic>"
             return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} {topic_operations} topic(s) "
                     f"{named}: grant {topic_operations} on them (kafka-acls --add --allow-principal {principal} "
                     f"{operations} --topic {topics[0] if topics else '<topic>'}), or connect as a user that has them")

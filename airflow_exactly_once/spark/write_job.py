@@ -462,7 +462,8 @@ def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
     # Spark's Java client names its problem (SaslAuthenticationException, PKIX path building failed,
     # TopicAuthorizationException): the settings say which of them to change.
     settings = KafkaSettings.of(config)
-    explained = settings.explain(text, topics=config.topics, topic_operations="READ and DESCRIBE")
+    explained = settings.explain(text, topics=config.topics, topic_operations="READ and DESCRIBE",
+                                 topic_pattern=config.topic_pattern)
     if explained is not None:
         return explained
     if "OffsetOutOfRange" in text or "Cannot fetch offset" in text or "data loss" in text.lower():

@@ -220,3 +220,42 @@ def test_the_write_on_spark_connect_reads_and_writes_through_oauthbearer(secured
     assert SECRET not in json.dumps(report, default=str)
     assert "COMMITTED" in pipe.commit(batch_id)
     assert_exactly_once([v.upper() for v in sent], read_all(secured_kafka.client_config(), output))
+
+
+def test_the_write_through_spark_submit_reads_and_writes_through_oauthbearer(secured_kafka, names, tmp_path,
+                                                                             monkeypatch, caplog, capfd):
+    """The third launcher: spark-submit with `--master local[1]` (client mode, the cheapest real submission: one
+    JVM of its own, no standalone cluster), the job reading the ledger and the secret from its environment. Its
+    Kafka source and the sink's producers log in with their own tokens; the secret is not on the command line, in
+    spark-submit's output (the task's log), in the ledger or in what the task returns."""
+    from airflow_exactly_once.hooks.spark_submit import WriteJobSubmitHook
+    from airflow_exactly_once.spark.launch.submit import SparkSubmitWrite
+
+    commands: list[list[str]] = []
+
+    class RecordingHook(WriteJobSubmitHook):
+        def _build_spark_submit_command(self, application: str) -> list[str]:
+            commands.append(super()._build_spark_submit_command(application))
+            return commands[-1]
+
+    caplog.set_level(logging.INFO)
+    name, _, output = names
+    pipe, sent = sent_through_oauth(secured_kafka, monkeypatch, tmp_path, names, 40, {"type": "kafka", "topic": output},
+                                    local_read_max_records=0)
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL_ONE", json.dumps(
+        {"conn_type": "spark", "host": "local[1]", "extra": {"deploy-mode": "client"}}))
+    batch_id = pipe.plan("run-1").batch.id
+    launcher = SparkSubmitWrite(pipe.coordinator, "spark_local_one", {"spark.ui.enabled": "false"}, None,
+                                logging.getLogger("tests.spark_submit"), RecordingHook)
+    launcher.start(batch_id)
+    report = launcher.wait()
+
+    assert report["action"] == "prepared" and report["output_records"] == 40, report
+    assert len(commands) == 1 and "local[1]" in commands[0], commands
+    assert "COMMITTED" in pipe.commit(batch_id)
+    assert_exactly_once(sent, read_all(secured_kafka.client_config(), output))
+    task_log = "\n".join(capfd.readouterr())  # the hook logs spark-submit's output through Airflow's logging
+    assert "Running Spark version" in task_log  # the job's own output, not only the hook's
+    stores = [*files(tmp_path, "tmp_path"), ("spark-submit command", " ".join(commands[0])),
+              ("task log", task_log), ("logs", caplog.text), ("returned", json.dumps(report, default=str))]
+    assert find_secrets({"oauth-client-secret": SECRET}, stores) == []

@@ -145,6 +145,20 @@ def test_denied_operations_name_the_grant():
     assert "DescribeConfigs" in str(settings.explain("ClusterAuthorizationFailedError"))
 
 
+def test_a_denied_read_of_a_topic_pattern_pipelines_write_names_the_pattern():
+    """The write knows the pipeline's topic_pattern, not its topics: the hint names the pattern, not `<topic>`."""
+    from airflow_exactly_once.spark.write_job import _explain_spark_failure
+    from tests.harness import pipeline_config
+
+    config = pipeline_config("p", [], {"type": "parquet", "path": "/tmp/unused"}, topic_pattern=r"orders\..*",
+                             kafka_config=SCRAM)
+    said = "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access topics: [orders.eu]"
+    error = str(_explain_spark_failure(RuntimeError(said), config))
+    assert "READ and DESCRIBE the topics matching topic_pattern 'orders\\\\..*'" in error
+    assert "--operation Read --operation Describe --topic <each matching topic>" in error
+    assert "<topic>" not in error
+
+
 def test_failures_that_are_no_settings_problem_are_left_to_the_caller():
     settings = KafkaSettings.from_mapping(SCRAM)
     assert settings.explain("KafkaTimeoutError: Unable to bootstrap from b1:9093") is None

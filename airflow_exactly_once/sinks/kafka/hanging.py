@@ -134,14 +134,15 @@ def coordinator_views(admin: KafkaAdminClient, producer_ids: Iterable[int],
     """Per producer id: what its coordinator says, and the partitions it lists in the transaction.
 
     `known_ids` maps producer ids to the transactional ids the caller recorded; the others are looked
-    up with ListTransactions filtered by producer id (on every broker). A producer id no coordinator
+    up with ListTransactions filtered by producer id (on every broker the cluster lists now). A producer id no coordinator
     lists, or a transactional id its coordinator no longer knows, gets an empty view.
     """
     wanted = sorted(set(producer_ids))
     ids = {pid: known_ids[pid] for pid in wanted if pid in known_ids}
     unlisted = [pid for pid in wanted if pid not in ids]
     if unlisted:
-        for rows in admin.list_transactions(producer_id_filters=unlisted).values():
+        listed = admin.list_transactions(broker_ids=probe.live_broker_ids(admin), producer_id_filters=unlisted)
+        for rows in listed.values():
             ids.update({row.producer_id: row.transactional_id for row in rows if row.producer_id in unlisted})
     described = probe.describe_transactions(admin, sorted(set(ids.values())))
     views: dict[int, tuple[CoordinatorView, set[TopicPartitionKey]]] = {}

@@ -9,7 +9,6 @@ and ends what is safe to end, or says why not and how to end it by hand.
 from __future__ import annotations
 
 import logging
-import time
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient
@@ -20,14 +19,10 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, probe
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 
 log = logging.getLogger(__name__)
-
-# A broker that died leaves its partitions' leadership for some seconds (the cluster fences it after
-# broker.session.timeout.ms, 9 s by default): the scan asks again within that instead of failing the task.
-SCAN_ATTEMPTS = 4
-SCAN_PAUSE_S = 1.5
 
 
 class HangingSweep:
@@ -49,20 +44,24 @@ class HangingSweep:
             return ""
         known = {} if committable is None else {r.held_transaction.producer_id: r.held_transaction.transactional_id
                                                 for r in committable.transactions}
-        for attempt in range(SCAN_ATTEMPTS):
-            try:
-                found = hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known)
-                break
-            except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
-                log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic "
-                            "(DescribeProducers) so that the pipeline finds and ends them itself", topic,
-                            type(exc).__name__)
-                return ""
-            except Errors.KafkaError as exc:  # a leader not moved yet off a broker that died: ask again, then retry
-                if attempt + 1 == SCAN_ATTEMPTS:
-                    raise self.output.failure(settings, exc, f"looking for hanging transactions in {topic!r}") from exc
-                log.info("looking for hanging transactions in %r: %s; asking again", topic, exc)
-                time.sleep(SCAN_PAUSE_S * (attempt + 1))
+        live = LiveCluster(settings, admin)
+        try:
+            return self._end(settings, live, known)
+        finally:
+            live.close()
+
+    def _end(self, settings: KafkaSettings, live: LiveCluster, known: dict[int, str]) -> str:
+        topic = self.output.topic
+        try:  # a node that died under the scan: asked again through a fresh client that sees the live brokers
+            found = live.ask(f"looking for hanging transactions in {topic!r}", lambda admin: hanging.scan(
+                admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known))
+        except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
+            log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic "
+                        "(DescribeProducers) so that the pipeline finds and ends them itself", topic,
+                        type(exc).__name__)
+            return ""
+        except Errors.KafkaError as exc:  # the cluster still does not answer: the task's retry asks again
+            raise self.output.failure(settings, exc, f"looking for hanging transactions in {topic!r}") from exc
         if not found.hanging:
             return ""
         owners = self.owners()
@@ -76,7 +75,7 @@ class HangingSweep:
         refused = {h: why for h, why in reasons.items() if why is not None}
         servers = settings.bootstrap_servers
         try:
-            ended = hanging.abort(admin, safe)
+            ended = hanging.abort(live.admin, safe)
         except Errors.ClusterAuthorizationFailedError as exc:
             raise ConfigurationError(
                 f"{len(safe)} hanging transaction(s) of this pipeline hold the output {topic!r} back "

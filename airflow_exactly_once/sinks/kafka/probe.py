@@ -41,6 +41,12 @@ def admin_client(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
         admin.close()
 
 
+def live_broker_ids(admin: KafkaAdminClient) -> list[int]:
+    """The brokers the cluster lists now (a Metadata request, not the client's cache, which keeps a dead node
+    until metadata.max.age.ms): a node the controller fenced is left out, its coordinators moved to the others."""
+    return sorted(int(b["broker_id"]) for b in admin.describe_cluster()["brokers"])
+
+
 def broker_max_transaction_timeout_ms(admin: KafkaAdminClient) -> int:
     """The smallest transaction.max.timeout.ms of all brokers (any of them may coordinate a txn)."""
     brokers = [str(b["broker_id"]) for b in admin.describe_cluster()["brokers"]]
@@ -147,7 +153,7 @@ def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str,
     """Every transactional id the coordinators know that fully matches `id_pattern`, with its state
     (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet."""
     pattern = re.compile(id_pattern)
-    listed = admin.list_transactions()
+    listed = admin.list_transactions(broker_ids=live_broker_ids(admin))
     return {t.transactional_id: t.state.value for rows in listed.values() for t in rows
             if pattern.fullmatch(t.transactional_id)}
 

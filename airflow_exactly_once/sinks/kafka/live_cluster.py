@@ -1,0 +1,91 @@
+"""Asking a Kafka cluster while one of its nodes may have just died.
+
+kafka-python's admin client routes by what it cached: the brokers of its bootstrap metadata (ListTransactions
+goes to each of them) and the coordinator FindCoordinator once named (DescribeTransactions). After a node is
+SIGKILLed both keep pointing at the dead node until `metadata.max.age.ms`, so asking again through the same
+client fails the same way. Here a question that failed because a node did not answer (or no longer leads or
+coordinates) is asked again, after a pause, through a fresh admin client bootstrapped from the bootstrap servers:
+fresh metadata (the controller drops a node from it once it fences it, after `broker.session.timeout.ms`), no
+cached coordinators, and leaders looked up again. Errors that say something about the question itself (no ACL,
+an unknown topic) are raised at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, TypeVar
+
+import kafka.errors as Errors
+from kafka import KafkaAdminClient
+
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.sinks.kafka import probe
+
+log = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer")
+
+# Long enough for the cluster to fence a dead node (Kafka's default broker.session.timeout.ms is 9 s) and for the
+# coordinators that take its transaction-state partitions over to load them; short next to a transaction timeout.
+PATIENCE_S = 30.0
+FIRST_PAUSE_S = 0.5
+LONGEST_PAUSE_S = 4.0
+
+
+def node_unreachable(exc: BaseException) -> bool:
+    """Did `exc` come from a node that is down, moving its leaderships or still loading (asking again helps)?"""
+    if isinstance(exc, Errors.UnknownBrokerIdError):  # fresh metadata names a node the client has not cached
+        return True
+    if isinstance(exc, Errors.UnknownTopicOrPartitionError):  # a deleted topic: retrying changes nothing
+        return False
+    return isinstance(exc, Errors.KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+class LiveCluster:
+    """One caller's admin client, replaced by a fresh one from the bootstrap servers when a node did not answer.
+
+    The caller's client is never closed here; the fresh ones are, by `close`.
+    """
+
+    def __init__(self, settings: KafkaSettings, admin: KafkaAdminClient, patience_s: float = PATIENCE_S,
+                 new_admin: Callable[[KafkaSettings], KafkaAdminClient] = probe.new_admin_client) -> None:
+        self.settings = settings
+        self.admin = admin
+        self.patience_s = patience_s
+        self._new_admin = new_admin
+        self._own: KafkaAdminClient | None = None
+
+    def ask(self, what: str, question: Callable[[KafkaAdminClient], Answer]) -> Answer:
+        """`question`'s answer; asked again through a fresh client while nodes do not answer, up to `patience_s`.
+
+        Raises the last error when the cluster still does not answer after that, and any other error at once.
+        """
+        deadline = time.monotonic() + self.patience_s
+        pause = FIRST_PAUSE_S
+        while True:
+            try:
+                return question(self.admin)
+            except Errors.KafkaError as exc:
+                if not node_unreachable(exc) or time.monotonic() + pause > deadline:
+                    raise
+                log.info("%s: %s (%s); asking again in %.1f s through a fresh admin client", what,
+                         type(exc).__name__, exc, pause)
+            time.sleep(pause)
+            pause = min(2 * pause, LONGEST_PAUSE_S)
+            self._renew()
+
+    def _renew(self) -> None:
+        """A fresh client; when no bootstrap server answers now, the next question fails and is asked again."""
+        try:
+            fresh = self._new_admin(self.settings)
+        except Errors.KafkaError as exc:
+            log.info("no fresh admin client of %s yet: %s", self.settings.bootstrap_servers, exc)
+            return
+        self.close()
+        self._own = self.admin = fresh
+
+    def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
+            self._own = None

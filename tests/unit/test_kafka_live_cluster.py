@@ -1,0 +1,106 @@
+"""LiveCluster asks again through a fresh admin client when a node did not answer (pure logic, fake clients)."""
+
+from __future__ import annotations
+
+import kafka.errors as Errors
+import pytest
+
+from airflow_exactly_once.kafka.settings import KafkaSettings
+from airflow_exactly_once.sinks.kafka import live_cluster
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster, node_unreachable
+
+
+class FakeAdmin:
+    """An admin client whose cached metadata still routes to a dead node (`dead`) or not."""
+
+    def __init__(self, name: str, dead: bool) -> None:
+        self.name, self.dead, self.closed = name, dead, False
+
+    def list_open(self) -> str:
+        if self.dead:
+            raise Errors.KafkaConnectionError("Connection refused (node 2, cached)")
+        return f"answered by {self.name}"
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture(autouse=True)
+def no_pauses(monkeypatch):
+    monkeypatch.setattr(live_cluster.time, "sleep", lambda _s: None)
+
+
+def settings() -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers="127.0.0.1:1,127.0.0.1:2")
+
+
+def test_a_dead_node_in_the_cached_metadata_is_asked_around_through_a_fresh_client():
+    stale = FakeAdmin("stale", dead=True)
+    made: list[FakeAdmin] = []
+
+    def fresh(_settings):
+        made.append(FakeAdmin(f"fresh-{len(made)}", dead=len(made) == 0))  # the first one still sees the node
+        return made[-1]
+
+    live = LiveCluster(settings(), stale, new_admin=fresh)
+    assert live.ask("listing", lambda admin: admin.list_open()) == "answered by fresh-1"
+    assert [a.closed for a in made] == [True, False]  # the fresh one that failed was closed when replaced
+    live.close()
+    assert made[1].closed and not stale.closed  # the caller's client is the caller's to close
+
+
+def test_an_error_about_the_question_itself_is_raised_at_once():
+    calls = []
+
+    def refused(_admin):
+        calls.append(1)
+        raise Errors.TopicAuthorizationFailedError("no READ on the topic")
+
+    live = LiveCluster(settings(), FakeAdmin("a", dead=False), new_admin=lambda _s: pytest.fail("not renewed"))
+    with pytest.raises(Errors.TopicAuthorizationFailedError):
+        live.ask("listing", refused)
+    assert calls == [1]
+
+
+def test_a_cluster_that_never_answers_raises_the_last_error_after_the_patience(monkeypatch):
+    made: list[FakeAdmin] = []
+
+    def fresh(_settings):
+        made.append(FakeAdmin("fresh", dead=True))
+        return made[-1]
+
+    clock = iter(range(0, 10_000, 5))  # every look at the clock: 5 s later
+    live = LiveCluster(settings(), FakeAdmin("stale", dead=True), patience_s=30.0, new_admin=fresh)
+    monkeypatch.setattr(live_cluster.time, "monotonic", lambda: float(next(clock)))
+    with pytest.raises(Errors.KafkaConnectionError):
+        live.ask("listing", lambda admin: admin.list_open())
+    assert 1 <= len(made) <= 6  # asked again within the patience, then gave up
+
+
+def test_a_bootstrap_that_fails_keeps_asking_with_the_client_it_has():
+    answers = iter([Errors.KafkaTimeoutError("bootstrap"), FakeAdmin("fresh", dead=False)])
+
+    def fresh(_settings):
+        made = next(answers)
+        if isinstance(made, Exception):
+            raise made
+        return made
+
+    live = LiveCluster(settings(), FakeAdmin("stale", dead=True), new_admin=fresh)
+    assert live.ask("listing", lambda admin: admin.list_open()) == "answered by fresh"
+
+
+@pytest.mark.parametrize(("error", "again"), [
+    (Errors.KafkaConnectionError(), True),
+    (Errors.NodeNotReadyError(), True),
+    (Errors.NotCoordinatorError(), True),
+    (Errors.CoordinatorLoadInProgressError(), True),
+    (Errors.NotLeaderForPartitionError(), True),
+    (Errors.UnknownBrokerIdError(), True),
+    (Errors.UnknownTopicOrPartitionError(), False),
+    (Errors.TopicAuthorizationFailedError(), False),
+    (Errors.ClusterAuthorizationFailedError(), False),
+    (ValueError(), False),
+])
+def test_which_errors_mean_a_node_did_not_answer(error, again):
+    assert node_unreachable(error) is again
