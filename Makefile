@@ -180,7 +180,7 @@ test-unit: python-deps
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # Benchmarks print figures beside what a user would pick instead; run them alone (docs/benchmarks.md).
-# `make benchmark` runs every one of them, one after the other (about an hour); each target below runs one.
+# `make benchmark` runs every one of them, one after the other (about an hour and a half); each target below runs one.
 benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_parquet_object_storage.py
@@ -194,6 +194,7 @@ benchmark: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_big_batch.py
 	PYTHONPATH=. $(PY) benchmarks/bench_scale.py
 	PYTHONPATH=. $(PY) benchmarks/bench_celery_dag_run.py
+	PYTHONPATH=. $(PY) benchmarks/bench_freshness.py
 
 docker-config:
 	@if docker compose version >/dev/null 2>&1; then docker compose -f docker/docker-compose.yml config --quiet; \
