@@ -29,6 +29,7 @@ documented default poll (30 s); --tuned names the shorter settings it uses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -167,7 +168,7 @@ class VisibilityConsumer(threading.Thread):
                     for message in messages:
                         if message.error():
                             raise KafkaException(message.error())
-                        self._note(*parse_value(message.value()), seen)
+                        self._note(*parse_value(message.value() or b""), seen)
             finally:
                 consumer.close()
         except BaseException as exc:  # noqa: BLE001 - reported by the caller's wait
@@ -235,7 +236,7 @@ def exactness(consumer: VisibilityConsumer, produced: int) -> Exactness:
                      duplicated=sum(1 for c in seen if c > 1), unexpected=sum(1 for c in counts[produced:] if c))
 
 
-def percentile(ordered: list[float], share: float) -> float:
+def percentile(ordered: list[int], share: float) -> int:
     """The nearest-rank percentile of sorted values."""
     return ordered[min(len(ordered) - 1, max(0, int(round(share * len(ordered))) - 1))]
 
@@ -268,7 +269,7 @@ def stream_result(name: str, consumer: VisibilityConsumer, producer: SteadyProdu
     latencies = [consumer.latency_ms[i] for i in measured if i in consumer.latency_ms]
     first_produced = consumer.produced_ms.get(producer.first_id, producer.started_at * 1000) / 1000
     span = max(consumer.last_visible - first_produced, 1e-9)
-    low, high = measured[len(measured) // 10], measured[len(measured) * 9 // 10 - 1] if measured else 0
+    low, high = measured[len(measured) // 10], measured[max(0, len(measured) * 9 // 10 - 1)]
 
     def visible_at(i: int) -> float:
         return (consumer.produced_ms[i] + consumer.latency_ms[i]) / 1000
@@ -307,8 +308,9 @@ def memory_mb(pids: dict[str, int]) -> dict[str, float]:
     return {name: round(rss_with_children(pid) / 2**20, 1) for name, pid in pids.items()}
 
 
-def moment(text: str | None) -> float | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
+def moment(text: str) -> float:
+    """Epoch seconds of a REST API timestamp."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def paged(stack: AirflowStack, path: str, key: str) -> list[dict[str, Any]]:
@@ -481,9 +483,10 @@ class DefaultsAirflowStack(AirflowStack):
 
 
 def start_airflow(work: Path, broker: LocalKafkaBroker, connect: LocalSparkConnectServer, settings: DagSettings,
-                  tuned: bool) -> tuple[AirflowStack, Any]:
-    """PostgreSQL for the metadata, then Airflow with the benchmark's DAG installed; (stack, metadata server)."""
+                  tuned: bool, servers: contextlib.ExitStack) -> AirflowStack:
+    """PostgreSQL for the metadata, then Airflow with the benchmark's DAG installed; both stop with `servers`."""
     database = metadata_server(work / "airflow-metadata")
+    servers.callback(database.stop)
     env = {
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka",
                                                   "extra": {"bootstrap.servers": broker.bootstrap_servers}}),
@@ -494,12 +497,8 @@ def start_airflow(work: Path, broker: LocalKafkaBroker, connect: LocalSparkConne
                                  database_url=database.url(METADATA_DATABASE),
                                  tuned={k: v for k, (v, _) in TUNED_AIRFLOW.items()} if tuned else None)
     install_dag(stack.dags_folder, settings)
-    try:
-        stack.start()
-    except BaseException:
-        database.stop()
-        raise
-    return stack, database
+    servers.callback(stack.stop)
+    return stack.start()
 
 
 # -- Spark's: Structured Streaming on the same Connect server --------------------------------------------------
@@ -594,35 +593,26 @@ def main() -> int:
     else:
         print("Airflow's default scheduler and triggerer settings; the backlog trigger at the provider's defaults "
               "(poll 30 s, min_records 1)")
-    broker = LocalKafkaBroker(work / "kafka").start()
-    connect = stack = database = None
     spark = None
-    try:
+    with contextlib.ExitStack() as servers:
+        broker = LocalKafkaBroker(work / "kafka").start()
+        servers.callback(broker.stop)
         connect = LocalSparkConnectServer(work / "spark-connect").start()
+        servers.callback(connect.stop)
         create_topics(broker.bootstrap_servers, [settings.input_topic, settings.output_topic])
-        stack, database = start_airflow(work, broker, connect, settings, args.tuned)
-        pids = {"scheduler": stack.processes["scheduler"].pid, "triggerer": stack.processes["triggerer"].pid,
-                "connect server": connect.process.pid, "broker": broker.process.pid}
-        ours = measure_ours(stack, broker.bootstrap_servers, settings, args.rate, seconds, args.warmup, pids,
-                            args.drain_timeout)
+        with contextlib.ExitStack() as airflow:  # stopped before Spark's turn
+            stack = start_airflow(work, broker, connect, settings, args.tuned, airflow)
+            assert connect.process is not None and broker.process is not None  # both started above
+            pids = {"scheduler": stack.processes["scheduler"].pid, "triggerer": stack.processes["triggerer"].pid,
+                    "connect server": connect.process.pid, "broker": broker.process.pid}
+            ours = measure_ours(stack, broker.bootstrap_servers, settings, args.rate, seconds, args.warmup, pids,
+                                args.drain_timeout)
         print_ours(ours)
-        stack.stop()
-        stack = None
-        database.stop()
-        database = None
         if not args.no_spark:
             create_topics(broker.bootstrap_servers, ["spark_in", "spark_out"])
             spark = measure_spark_streaming(connect.url, broker.bootstrap_servers, "spark_in", "spark_out", args.rate,
                                             seconds, work / "spark-checkpoint", args.warmup, args.drain_timeout)
             print_stream(spark)
-    finally:
-        if stack is not None:
-            stack.stop()
-        if database is not None:
-            database.stop()
-        if connect is not None:
-            connect.stop()
-        broker.stop()
     load_after = os.getloadavg()
     print(f"\nload average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)")
     print_stream(ours.stream)
@@ -631,7 +621,7 @@ def main() -> int:
         print(f"ours / Spark's: p50 {ours.stream.latency_s['p50'] / spark.latency_s['p50']:.1f}x, "
               f"p99 {ours.stream.latency_s['p99'] / spark.latency_s['p99']:.1f}x; output records/s "
               f"{ours.stream.sustained_records_per_s / max(spark.sustained_records_per_s, 1e-9):.2f}x (sustained)")
-    print(json.dumps({"ours": {**asdict(ours)}, "spark": asdict(spark) if spark else None,
+    print(json.dumps({"ours": asdict(ours), "spark": asdict(spark) if spark else None,
                       "load": [load_before, load_after], "tuned": args.tuned, "rate": args.rate,
                       "minutes": args.minutes}, default=str))
     if not ours.stream.exactness.exact:
