@@ -124,7 +124,7 @@ class SteadyProducer(threading.Thread):
                     record_id = self.first_id + self.produced
                     try:
                         producer.produce(self.topic, key=str(record_id).encode(), value=record_value(record_id, stamp),
-                                         partition=record_id % self.partitions)
+                                         partition=record_id % self.partitions, on_delivery=self._delivered)
                     except BufferError:  # the client's queue is full: let it send, then this record again
                         producer.poll(0.05)
                         continue
@@ -136,6 +136,11 @@ class SteadyProducer(threading.Thread):
             self.ended_at = time.time()
         except BaseException as exc:  # noqa: BLE001 - reported by the caller's wait
             self.error = exc
+
+    def _delivered(self, error: Any, _message: Any) -> None:
+        """A record the broker never took would read as one the pipeline lost: the run fails instead."""
+        if error is not None and self.error is None:
+            self.error = KafkaException(error)
 
 
 class VisibilityConsumer(threading.Thread):
