@@ -20,7 +20,7 @@ start and end, the ratios, and the load average. Ours must be exact (every produ
 benchmark exits non-zero otherwise. Spark's query is at least once: its duplicates are printed, not failed.
 
 The headline runs Airflow's scheduler and triggerer at Airflow's defaults and the trigger at the provider's
-documented default poll (30 s); --tuned names the shorter settings it uses.
+documented default poll (triggers.backlog.DEFAULT_POLL_SECONDS); --tuned names the shorter settings it uses.
 
     PYTHONPATH=. python benchmarks/bench_freshness.py --rate 1000 --minutes 10
     PYTHONPATH=. python benchmarks/bench_freshness.py --rate 50 --minutes 1 --no-spark      # a short look
@@ -50,6 +50,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
+from airflow_exactly_once.triggers.backlog import DEFAULT_POLL_SECONDS
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
@@ -69,7 +70,7 @@ TUNED_AIRFLOW = {
     "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": ("0.2", "the scheduler's sleep when a loop found nothing [1 s]"),
     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": ("1", "the scheduler's heartbeat [5 s]"),
 }
-TUNED_POLL_SECONDS = 1.0  # the backlog trigger's poll_interval_seconds [the provider's default: 30 s]
+TUNED_POLL_SECONDS = 1.0  # the backlog trigger's poll_interval_seconds [the provider's default: DEFAULT_POLL_SECONDS]
 
 
 # -- records: an id and the moment it was produced ------------------------------------------------------------
@@ -593,11 +594,12 @@ def main() -> int:
     settings = DagSettings("bench_freshness", "bench_freshness", "fresh_in", "fresh_out", SPARK_CONN_ID, poll)
     print(f"rate {args.rate:g} records/s for {args.minutes:g} min, {PARTITIONS} partitions; work folder {work}")
     if args.tuned:
-        print(f"tuned: the backlog trigger's poll_interval_seconds {TUNED_POLL_SECONDS:g} [provider default 30]; " +
+        print(f"tuned: the backlog trigger's poll_interval_seconds {TUNED_POLL_SECONDS:g} [provider default "
+              f"{DEFAULT_POLL_SECONDS:g}]; " +
               "; ".join(f"{k} = {v} ({what})" for k, (v, what) in TUNED_AIRFLOW.items()))
     else:
         print("Airflow's default scheduler and triggerer settings; the backlog trigger at the provider's defaults "
-              "(poll 30 s, min_records 1)")
+              f"(poll {DEFAULT_POLL_SECONDS:g} s, min_records 1)")
     spark = None
     with contextlib.ExitStack() as servers:
         broker = LocalKafkaBroker(work / "kafka").start()

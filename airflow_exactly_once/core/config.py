@@ -68,7 +68,7 @@ class PipelineConfig:
     max_records_per_partition: int | None = argument(None, "Upper bound of offsets per partition in one batch "
                                                            "(continuation mode); None reads up to the end.")
     local_read_max_records: int = argument(
-        5000, "A batch of at most this many offsets is read by the write's own process (confluent-kafka, "
+        50_000, "A batch of at most this many offsets is read by the write's own process (confluent-kafka, "
               "read_committed) and handed to Spark as a local relation: faster than Spark's Kafka source for small "
               "batches; larger batches, and every batch with 0, use Spark's Kafka source.")
     data_loss_policy: str = argument("fail", "What to do when planned offsets are gone (retention, deleted "
@@ -213,7 +213,7 @@ class PipelineConfig:
         value = self.local_read_max_records
         number = _number(value, int)
         if number is None or number < 0:
-            raise ConfigurationError(f"local_read_max_records={value!r}: give a whole number of offsets, e.g. 5000 "
+            raise ConfigurationError(f"local_read_max_records={value!r}: give a whole number of offsets, e.g. 50000 "
                                      "(0 reads every batch with Spark's Kafka source)")
         self.local_read_max_records = number
 

@@ -3,7 +3,7 @@
 On a warm Spark Connect server, Spark's Kafka source spent most of a small write's time (an admin
 client per query to check the offsets, then a consumer per partition in the tasks) against a query that
 writes the same rows from a local relation (docs/benchmarks.md). A batch of at most `local_read_max_records` offsets (a
-pipeline setting, 5,000 by default) is read here with librdkafka instead, exactly as Spark's source reads
+pipeline setting, 50,000 by default) is read here with librdkafka instead, exactly as Spark's source reads
 it (read_committed, the planned offsets and nothing else, a missing record or partition is data loss),
 and handed to Spark as a local relation. When its records turn out larger than MAX_BYTES, None sends the
 batch to Spark's source after all.

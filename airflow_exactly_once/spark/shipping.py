@@ -6,11 +6,18 @@ So the driver and every executor import exactly the code the DAG was tested with
 a cluster needs no deployment step when the package changes. Third-party libraries that
 code on executors imports (kafka-python, psycopg2 for those sinks) are not zipped: they
 must be installed on the cluster's Python, like pyspark itself.
+
+Beside each module the zip carries the bytecode this Python already compiled for it (its `__pycache__` file, when
+that is current), so that Spark's Python workers, fresh for every Spark Connect session and every submitted job,
+load it instead of compiling the package again: Python's zip importer takes `module.pyc` when its source's
+timestamp and size match, and falls back to `module.py` when they do not or when the worker runs another Python
+(0.55-0.91 s against 0.12-0.44 s to import the 64 modules a Kafka writer needs, load 8; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import struct
 import sysconfig
 import zipfile
 from dataclasses import dataclass
@@ -21,6 +28,7 @@ from airflow_exactly_once.core.errors import ConfigurationError
 PACKAGE = "airflow_exactly_once"
 LAUNCHER_NAME = "airflow_exactly_once_write_job.py"
 ZIP_NAME = "airflow_exactly_once_job.zip"
+CHECKED_HASH = 0b11  # a .pyc header's flags: hash-based, checked against the source (PEP 552)
 
 # spark-submit needs a .py file; the job itself lives in the zipped package.
 LAUNCHER = '''"""spark-submit entry point of the airflow-exactly-once write job (generated at submit time)."""
@@ -74,13 +82,43 @@ def transform_source(transform: str | None) -> Path | None:
     return None if _is_installed(source) else source
 
 
+def current_bytecode(source: Path) -> bytes | None:
+    """The `__pycache__` bytecode this Python compiled from `source` (pip compiles it at install), if it is of the
+    source as it is now: timestamp-checked with the source's modification time and size, or checked against the
+    source's hash (which the zip importer checks again); else None (an unchecked one may be stale)."""
+    try:
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        data = cached.read_bytes()
+        stat = source.stat()
+    except (OSError, NotImplementedError, ValueError):  # no cache written, or no cache tag for this Python
+        return None
+    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+        return None
+    flags, mtime, size = struct.unpack("<III", data[4:16])
+    if flags == CHECKED_HASH:
+        return data
+    if flags != 0 or mtime != int(stat.st_mtime) & 0xFFFFFFFF or size != stat.st_size & 0xFFFFFFFF:
+        return None  # unchecked, or stale: the worker compiles the source
+    return data
+
+
+def _add_module(archive: zipfile.ZipFile, path: Path, arcname: str) -> None:
+    """The module's source, and beside it (`<name>.pyc`) its current bytecode when there is one."""
+    archive.write(path, arcname)
+    bytecode = current_bytecode(path)
+    if bytecode is not None:
+        info = zipfile.ZipInfo.from_file(path, arcname + "c")
+        info.compress_type = zipfile.ZIP_STORED  # deflating it would cost the write task more than it saves
+        archive.writestr(info, bytecode)
+
+
 def _add_tree(archive: zipfile.ZipFile, source: Path, arcname: str) -> None:
     if source.is_file():
-        archive.write(source, arcname)
+        _add_module(archive, source, arcname)
         return
     for path in sorted(source.rglob("*.py")):
         if "__pycache__" not in path.parts:
-            archive.write(path, f"{arcname}/{path.relative_to(source).as_posix()}")
+            _add_module(archive, path, f"{arcname}/{path.relative_to(source).as_posix()}")
 
 
 def build_bundle(folder: str | Path, transform: str | None = None) -> JobBundle:

@@ -4,7 +4,7 @@ whenever records wait (an Asset whose watcher is the backlog trigger), one run a
 Its settings come from SETTINGS_FILE in the DAG folder, which the benchmark (or the smoke test) writes before it
 links this file there: the session's Airflow in the tests runs with an environment fixed when it started, so the
 environment cannot carry them. Without that file the module defines no DAG. Every setting the file leaves out
-keeps the provider's documented default (e.g. the trigger's 30 s poll).
+keeps the provider's documented default (e.g. the trigger's poll).
 """
 
 from __future__ import annotations

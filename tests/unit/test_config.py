@@ -39,7 +39,7 @@ def test_bad_configuration_names_the_setting(overrides, message):
 def test_local_read_max_records_takes_a_rendered_template_and_zero():
     assert config(local_read_max_records="250").local_read_max_records == 250  # a Jinja field renders a string
     assert config(local_read_max_records=0).local_read_max_records == 0
-    assert config().local_read_max_records == 5000
+    assert config().local_read_max_records == 50_000
     assert config(local_read_max_records=0).fingerprint() == config().fingerprint()  # how, not what, it reads
 
 

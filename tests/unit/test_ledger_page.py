@@ -181,6 +181,14 @@ def test_the_backlog_trigger_serializes_to_what_rebuilds_it():
     assert isinstance(again, BaseEventTrigger)
 
 
+def test_the_backlog_triggers_default_poll_is_the_one_its_docs_state():
+    from airflow_exactly_once.triggers.backlog import PipelineBacklogTrigger
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "triggers.md").read_text()
+    [row] = [line for line in docs.splitlines() if line.startswith("| `poll_interval_seconds` |")]
+    assert row.split("|")[2].strip() == f"{PipelineBacklogTrigger(pipeline_id='p', topics='t').poll_interval_seconds:g}"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"min_records": 0}, "min_records=0"),
     ({"max_wait_seconds": -1}, "must be positive"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import re
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from airflow_exactly_once.spark.packages import kafka_package
 from airflow_exactly_once.spark.write_job import EXIT_FOR_GOOD, LEDGER_URL_ENV, SECRETS_ENV
 
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]key"  # Spark's spark.redaction.regex default
-from airflow_exactly_once.spark.shipping import build_bundle, transform_source
+from airflow_exactly_once.spark.shipping import build_bundle, current_bytecode, transform_source
 
 
 @pytest.fixture
@@ -66,12 +67,49 @@ def test_bundle_ships_the_package_and_the_transform_module(tmp_path, monkeypatch
     names = zipfile.ZipFile(bundle.py_files).namelist()
     assert bundle.modules == ("airflow_exactly_once", "my_transforms")
     assert "airflow_exactly_once/spark/write_job.py" in names and "my_transforms.py" in names
-    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
+    assert not any("__pycache__" in n for n in names)
+    assert all(n[:-1] in names for n in names if n.endswith(".pyc"))  # bytecode only beside its source
     # The launcher runs the job's entry point from the zip alone (as spark-submit's Python would).
     run = subprocess.run([sys.executable, str(bundle.launcher), "--help"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(bundle.py_files)}, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "--batch-id" in run.stdout and LEDGER_URL_ENV in run.stdout
+
+
+def _import_from_zip(bundle_zip, module: str, cwd) -> str:
+    """Where a fresh Python that has only the zip on its path loaded `module` from (its __file__)."""
+    run = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__file__)"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(bundle_zip)}, cwd=cwd)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_bundle_carries_current_bytecode_which_the_workers_load_instead_of_compiling(tmp_path, monkeypatch):
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    source = dags / "my_transforms.py"
+    source.write_text("def parse(df):\n    return df\n")
+    py_compile.compile(str(source), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    monkeypatch.syspath_prepend(str(dags))
+
+    bundle = build_bundle(tmp_path / "current", "my_transforms:parse")
+    assert "my_transforms.pyc" in zipfile.ZipFile(bundle.py_files).namelist()
+    assert _import_from_zip(bundle.py_files, "my_transforms", tmp_path).endswith("my_transforms.pyc")
+
+    # Another Python's bytecode (another magic number) in the zip: the worker compiles the source instead.
+    other = tmp_path / "other.zip"
+    with zipfile.ZipFile(bundle.py_files) as given, zipfile.ZipFile(other, "w") as copy:
+        for info in given.infolist():
+            data = given.read(info)
+            copy.writestr(info, b"\x00\x00\r\n" + data[4:] if info.filename == "my_transforms.pyc" else data)
+    assert _import_from_zip(other, "my_transforms", tmp_path).endswith("my_transforms.py")
+
+    # The source changed since it was compiled: its stale bytecode stays home.
+    source.write_text("def parse(df):\n    return df.limit(1)\n")
+    assert current_bytecode(source) is None
+    stale = build_bundle(tmp_path / "stale", "my_transforms:parse")
+    assert "my_transforms.pyc" not in zipfile.ZipFile(stale.py_files).namelist()
+    assert _import_from_zip(stale.py_files, "my_transforms", tmp_path).endswith("my_transforms.py")
 
 
 def test_installed_or_missing_transform_modules(tmp_path):
