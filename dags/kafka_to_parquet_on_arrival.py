@@ -28,7 +28,7 @@ OUTPUT = os.environ.get(
 )
 MIN_RECORDS = int(os.environ.get("EXACTLY_ONCE_ARRIVAL_MIN_RECORDS", "1000"))
 MAX_WAIT_SECONDS = float(os.environ.get("EXACTLY_ONCE_ARRIVAL_MAX_WAIT_SECONDS", "300"))
-POLL_SECONDS = float(os.environ.get("EXACTLY_ONCE_ARRIVAL_POLL_SECONDS", "30"))
+POLL_SECONDS = float(os.environ.get("EXACTLY_ONCE_ARRIVAL_POLL_SECONDS", "5"))
 LEDGER_CONN_ID = os.environ.get("EXACTLY_ONCE_LEDGER_CONN_ID")  # unset: the embedded SQLite ledger
 
 # [START kafka_to_parquet_on_arrival]
