@@ -28,6 +28,10 @@ class SinkWriter(SinkSide, ABC):
     # Whether the write reads a batch in a task per core, several offset ranges (or parts of them) to a task: a
     # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.write_job.read_layout.
     joins_reads: ClassVar[bool] = False
+    # Whether staging changes the Spark session's settings while it runs (Iceberg's spark.wap.id): such a write
+    # gets a Spark Connect session of its own per attempt; the others share their pipeline's session, where another
+    # write of the pipeline may run at the same time (spark.connect_server.pipeline_session).
+    changes_session_conf: ClassVar[bool] = False
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)

@@ -170,6 +170,10 @@ class PairedWriter(Pair[SinkWriter], SinkWriter):
     def joins_reads(self) -> bool:  # type: ignore[override]
         return self.output.joins_reads and self.dead.joins_reads
 
+    @property
+    def changes_session_conf(self) -> bool:  # type: ignore[override]
+        return self.output.changes_session_conf or self.dead.changes_session_conf
+
     def bind(self, config: PipelineConfig, committer: SinkCommitter) -> "PairedWriter":
         """Each writer with its own committer: the paired committer's output and dead-letter parts."""
         if not isinstance(committer, PairedCommitter):

@@ -27,6 +27,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
 from airflow_exactly_once.sinks.kafka import probe
+from airflow_exactly_once.spark.connect_server.session import TAG_DETAIL, close_session, open_session, session_url
 from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
 from airflow_exactly_once.spark.write_job import read_batch
@@ -171,12 +172,21 @@ def test_decoded_records_and_bad_ones_on_spark_connect(kafka, spark_connect, tmp
     assert staging_leftovers(out) == []
 
 
-def test_a_newer_attempt_interrupts_the_older_ones_operations(kafka, spark_connect, tmp_path):
+def test_a_pipelines_writes_share_a_session_and_a_newer_attempt_stops_only_the_older_ones_operations(
+        kafka, spark_connect, tmp_path):
+    """Batch 2 writes in the session batch 1 used (its Python workers are warm); a newer attempt of batch 2
+    interrupts the older attempt's operations by its tag, not another client's job in the same session; a session
+    the server closed is replaced by a new one."""
     name = f"connect-fence-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
-    sent = produce(kafka.bootstrap_servers, name, 400)
+    sent = produce(kafka.bootstrap_servers, name, 20)
     pipe = pipe_for(kafka, tmp_path, name, {"type": "parquet", "path": str(tmp_path / "out")})
-    batch = pipe.plan("run-1").batch
+    first = pipe.plan("run-1").batch
+    ConnectWrite(pipe.coordinator, spark_connect.url, as_text).run(first.id)
+    pipe.commit(first.id)
+    shared = pipe.ledger.get_batch(first.id).details
+    sent += produce(kafka.bootstrap_servers, name, 400, start=20)
+    batch = pipe.plan("run-2").batch
     outcome: dict = {}
 
     def older():
@@ -188,16 +198,43 @@ def test_a_newer_attempt_interrupts_the_older_ones_operations(kafka, spark_conne
     thread = threading.Thread(target=older)
     thread.start()
     deadline = time.monotonic() + 120
-    while SESSION_DETAIL not in pipe.ledger.get_batch(batch.id).details:  # it claimed the batch and is writing
+    while TAG_DETAIL not in pipe.ledger.get_batch(batch.id).details:  # it claimed the batch and is writing
         assert time.monotonic() < deadline and thread.is_alive(), outcome
         time.sleep(0.2)
+    older_details = pipe.ledger.get_batch(batch.id).details
+    assert older_details[SESSION_DETAIL] == shared[SESSION_DETAIL]  # the pipeline's session, reused
+    assert older_details[TAG_DETAIL] != shared[TAG_DETAIL]
+    bystander = open_session(session_url(spark_connect.url, shared[SESSION_DETAIL]))
+    beside: dict = {}
+
+    def other_job():  # another client's job in the same session, with a tag of its own
+        bystander.addTag("bystander")
+        try:
+            beside["rows"] = len(slow_text(bystander.range(40).selectExpr("id AS key", "id AS value")).collect())
+        except Exception as exc:
+            beside["rows"] = exc
+
+    other = threading.Thread(target=other_job)
+    other.start()
     started = time.monotonic()
     newer = ConnectWrite(pipe.new_coordinator(), spark_connect.url, as_text).run(batch.id)
     thread.join(120)
+    other.join(120)
     assert newer["action"] == "prepared"
     assert isinstance(outcome["older"], FencedError), outcome  # interrupted, not finished 400 x 100 ms later
     assert time.monotonic() - started < 35  # the newer attempt's whole write, the older one's stop included
+    assert beside["rows"] == 40, beside  # not interrupted with the older attempt
+    newer_details = pipe.ledger.get_batch(batch.id).details
+    assert newer_details[SESSION_DETAIL] == shared[SESSION_DETAIL]
+    assert newer_details[TAG_DETAIL] not in (older_details[TAG_DETAIL], shared[TAG_DETAIL])
     pipe.commit(batch.id)
+
+    close_session(bystander)  # releases the shared session: the server closes it for good
+    sent += produce(kafka.bootstrap_servers, name, 10, start=420)
+    third = pipe.plan("run-3").batch
+    assert ConnectWrite(pipe.coordinator, spark_connect.url, as_text).run(third.id)["action"] == "prepared"
+    assert pipe.ledger.get_batch(third.id).details[SESSION_DETAIL] != shared[SESSION_DETAIL]  # a new one
+    pipe.commit(third.id)
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
 
 

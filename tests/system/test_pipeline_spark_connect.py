@@ -17,7 +17,7 @@ import pytest
 
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL
+from airflow_exactly_once.spark.connect_server.session import TAG_DETAIL
 from tests.dags.eo_cluster_transforms import HOLD, STARTED, started_attempt
 from tests.harness import airflow_ledger
 from tests.helpers import (assert_exactly_once, assert_ranges_tile, create_topic, produce, staging_leftovers, values_of,
@@ -53,7 +53,7 @@ def test_write_task_killed_mid_write_is_retried_and_interrupts_the_dead_attempt(
     first_attempt = wait_for(lambda: started_attempt(faults), "the server's workers to reach the transform")
     ledger = airflow_ledger(connect_airflow)
     [claimed] = ledger.list_batches(name)
-    first_session = claimed.details[SESSION_DETAIL]
+    first_attempt_tag = claimed.details[TAG_DETAIL]
     [task] = wait_for(lambda: clients_of(spark_connect), "the write task's connection to the server")
     task.send_signal(signal.SIGKILL)  # the job keeps running on the server, held in the transform
 
@@ -65,7 +65,7 @@ def test_write_task_killed_mid_write_is_retried_and_interrupts_the_dead_attempt(
     assert "operation(s) an earlier attempt of batch" in log  # the retry interrupted the orphaned job
     [batch] = ledger.list_batches(name)
     assert batch.seq == claimed.seq and batch.ranges == claimed.ranges and batch.epoch == claimed.epoch + 1
-    assert batch.details[SESSION_DETAIL] != first_session
+    assert batch.details[TAG_DETAIL] != first_attempt_tag  # the retry's own operations, in the pipeline's session
     assert batch.state is BatchState.COMMITTED and batch.output_records == 150
     assert_exactly_once(sent, values_of(output))
     assert staging_leftovers(output) == []

@@ -34,6 +34,7 @@ TIMESTAMP_TYPE = ("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 class DeltaSinkWriter(SinkWriter):
     spec_type = DeltaSpec
     splits_reads = True  # one staged folder, however many Spark partitions wrote it
+    changes_session_conf = True  # Parquet's timestamp type, set for its Spark write and put back after
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 class IcebergSinkWriter(SinkWriter):
     spec_type = IcebergSpec
     splits_reads = True  # one staged snapshot, however many Spark partitions wrote it
+    changes_session_conf = True  # spark.wap.id for the append (Iceberg reads the WAP id from the session)
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__(spec)

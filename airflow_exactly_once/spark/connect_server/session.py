@@ -16,8 +16,10 @@ from airflow_exactly_once.spark.write_job import lacks_kafka_connector
 
 log = logging.getLogger(__name__)
 
-# The batch detail that records the server-side session of the attempt holding the batch.
+# The batch details that record the server-side session of the attempt holding the batch, and, when that session
+# is the pipeline's shared one (spark.connect_server.pipeline_session), the attempt's operation tag in it.
 SESSION_DETAIL = "connect_session"
+TAG_DETAIL = "connect_tag"
 # A lost server is found out within about half a minute (pyspark's default retries last minutes).
 RETRIES, MAX_BACKOFF_MS = 5, 8_000
 
@@ -115,12 +117,32 @@ def open_session(url: str, connect_timeout_s: float = 10.0) -> Any:
     return spark
 
 
-def close_session(spark: Any) -> None:
-    """Release the session on the server and close its channel; a server that is gone already is no error."""
+def close_session(spark: Any, release: bool = True) -> None:
+    """Close the client's channel, and release the session on the server unless other clients share it (`release`
+    False: it stays for the pipeline's next write); a server that is gone already is no error."""
+    if not release:
+        _detach(spark)
+        return
     try:
         spark.stop()
     except Exception as exc:
         log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
+
+
+def _detach(spark: Any) -> None:
+    """What `SparkSession.stop()` does on the client, without its ReleaseSession request (pyspark 3.5 has no
+    switch for that): close the channel, and forget the session as the process's default and active one."""
+    try:
+        spark.client.close()
+    except Exception as exc:  # noqa: BLE001 - a channel that cannot close is closed enough
+        log.info("could not close the channel to the Spark Connect session %s: %s", spark.session_id,
+                 first_line(str(exc)))
+    session_class = type(spark)
+    if getattr(session_class, "_default_session", None) is spark:
+        session_class._default_session = None
+    active: Any = getattr(session_class, "_active_session", None)
+    if active is not None and getattr(active, "session", None) is spark:
+        active.session = None
 
 
 def _keep_release_pool(client: Any) -> None:

@@ -3,8 +3,10 @@
 A write task that dies (SIGKILL, a lost worker) leaves its job running on the server: nothing
 in the task can stop it, and its partition writers may still open transactions or stage files
 after the batch was aborted. `abort`, the recovery in `plan` and a newer write attempt call
-`stop_session_operations` with the server-side session the ledger recorded for the attempt:
-every operation of that session is interrupted, and each is then followed on the server
+`stop_session_operations` with the server-side session the ledger recorded for the attempt and,
+in the pipeline's shared session (spark.connect_server.pipeline_session), the attempt's operation
+tag: every operation of that attempt (of that session, when the attempt had one of its own) is
+interrupted, and each is then followed on the server
 (ReattachExecute) until it reports its end (cancelled, failed or finished). An ended operation's
 tasks can still run for a moment: Spark notices a cancelled task's interruption within 2 s and
 kills its Python worker only `spark.python.task.killTimeout` (2 s) later, and a worker that was
@@ -27,6 +29,7 @@ from typing import Any
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
+    TAG_DETAIL,
     SparkConnectUnavailable,
     first_line,
     open_session,
@@ -52,8 +55,10 @@ class AttemptNotStopped(SparkConnectUnavailable):
     """An earlier attempt's operations could not be stopped, or did not end in time; retriable."""
 
 
-def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_TIMEOUT_S) -> int:
-    """Interrupt every operation of the server-side session `session_id` and wait until each ended.
+def stop_session_operations(url: str, session_id: str, tag: str | None = None,
+                            timeout_s: float = STOP_TIMEOUT_S) -> int:
+    """Interrupt the operations tagged `tag` in the server-side session `session_id` (every operation of the session
+    when `tag` is None: an attempt's own session, then released) and wait until each ended.
 
     Returns how many were still running. A session the server no longer has (ended, or the
     server restarted) runs nothing. Raises AttemptNotStopped, naming the server, when the
@@ -68,7 +73,7 @@ def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_T
                                 f"{server}: {exc}") from exc
     try:
         try:
-            interrupted = old.interruptAll()
+            interrupted = old.interruptAll() if tag is None else old.interruptTag(tag)
         except Exception as exc:
             if _ended(str(exc)):
                 return 0
@@ -80,7 +85,7 @@ def stop_session_operations(url: str, session_id: str, timeout_s: float = STOP_T
             time.sleep(_python_kill_timeout_s(old) + TASK_KILL_MARGIN_S)
         return len(interrupted)
     finally:
-        close_session(old)
+        close_session(old, release=tag is None)  # a shared session stays for the pipeline's next write
 
 
 def stop_batch_attempts(url: str, batch: Batch) -> str:
@@ -88,7 +93,7 @@ def stop_batch_attempts(url: str, batch: Batch) -> str:
     session_id = batch.details.get(SESSION_DETAIL)
     if not session_id:
         return "no write attempt ran on a Spark Connect server"
-    running = stop_session_operations(url, session_id)
+    running = stop_session_operations(url, session_id, batch.details.get(TAG_DETAIL))
     if running:
         log.warning("stopped %d operation(s) that a dead write attempt of batch %s left running on %s", running,
                     batch.seq, server_address(url))

@@ -1,14 +1,16 @@
 """The write step on a Spark Connect server: a warm Spark, no driver to start per batch.
 
-The write task connects (`sc://host:port`), ships this package and the transform's module as
-session artifacts (the server's Python workers run the sinks' partition writers), tags its
-operations, and runs the same `run_write` as the in-process path. What keeps it exactly once
+The write task connects (`sc://host:port`), to its pipeline's shared session when it can
+(spark.connect_server.pipeline_session: the session's Python workers are warm), ships this
+package and the transform's module as session artifacts (the server's Python workers run the
+sinks' partition writers), tags its operations with a tag of the attempt's own, and runs the
+same `run_write` as the in-process path. What keeps it exactly once
 is unchanged (the ledger fences stale attempts, the sink commits from the stored committable);
 what Spark Connect adds is that the job runs on a server that outlives the task, so:
 
 * a newer attempt claiming the batch interrupts the older attempt's operations: through a
   fence watch while the older client lives, and through the older attempt's server-side
-  session (its id is recorded in the batch's details) when the older client died, waiting
+  session and tag (recorded in the batch's details) when the older client died, waiting
   until the server reports them ended (spark.connect_server.stop); `abort` and the recovery in
   `plan` do the same before they clean up the sink;
 * a killed task's operations are interrupted by `on_kill` (`cancel`), or by the server once the client
@@ -27,8 +29,17 @@ from airflow_exactly_once.core.errors import raise_explained
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.task_log import TaskLog
+from airflow_exactly_once.sinks import pipeline_writer
+from airflow_exactly_once.spark.connect_server.pipeline_session import (
+    BUNDLE_DETAIL,
+    attempt_tag,
+    bundle_digest,
+    open_shared_session,
+    reusable_session,
+)
 from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
+    TAG_DETAIL,
     SparkConnectUnavailable,
     close_session,
     explain,
@@ -58,43 +69,64 @@ class ConnectWrite(WriteLauncher):
         self.log = log_ or log
         self.spark: Any = None
         self.tag: str | None = None
+        self.shared = False  # in the pipeline's shared session (not released), or in one of its own
 
     def start(self, batch_id: BatchId) -> None:
         self.batch_id = batch_id
         self.clock = Stopwatch()
-        self.spark = open_session(self.url)
+        self.folder = tempfile.TemporaryDirectory(prefix="exactly-once-connect-")
+        try:
+            name = self.transform if isinstance(self.transform, str) else None
+            self.bundle = build_bundle(self.folder.name, name).py_files
+            self.digest = bundle_digest(self.bundle)
+            self.shared = not pipeline_writer(self.coordinator.config).changes_session_conf
+            if self.shared:
+                self.spark = open_shared_session(
+                    self.url, reusable_session(self.coordinator.ledger, batch_id, self.digest))
+            else:
+                self.spark = open_session(self.url)
+        except BaseException:
+            self.folder.cleanup()
+            raise
         self.clock.session_ready()
-        self.tag = f"aeo-{batch_id.pipeline_id}-{batch_id.seq}"
+        self.tag = attempt_tag(batch_id)
 
     def wait(self) -> WriteReport:
         watch = FenceWatch(self.coordinator.ledger, self.batch_id, on_fenced=lambda _reason: self.cancel())
+        ended = False
         try:
             self.spark.addTag(self.tag)
-            with tempfile.TemporaryDirectory(prefix="exactly-once-connect-") as folder:
-                name = self.transform if isinstance(self.transform, str) else None
-                self.spark.addArtifacts(str(build_bundle(folder, name).py_files), pyfile=True)
+            self.spark.addArtifacts(str(self.bundle), pyfile=True)
             report = run_write(self.spark, self.coordinator, self.batch_id, transform=self.transform,
                                on_claimed=lambda claimed: self._claimed(claimed, watch))
             report["seconds"] = self.clock.seconds()
+            ended = True
             return report
         except Exception as exc:
             raise_explained(watch.explain(explain(exc, self.url)), exc)
         finally:
             watch.stop()
-            close_session(self.spark)
+            if self.shared and not ended:  # a failure or a timeout: what still runs is this attempt's only
+                self.cancel()  # (releasing a session of its own interrupts everything in it)
+            close_session(self.spark, release=not self.shared)
+            self.folder.cleanup()
 
     def _claimed(self, batch: Batch, watch: FenceWatch) -> None:
-        """This attempt holds the batch now: stop what an earlier attempt still runs, record this session."""
-        previous = self.coordinator.ledger.get_batch(batch.id).details.get(SESSION_DETAIL)
-        if previous and previous != self.spark.session_id:
-            self._interrupt(previous, batch.id)
-        self.coordinator.ledger.update_details(batch.id, **{SESSION_DETAIL: self.spark.session_id})
+        """This attempt holds the batch now: stop what an earlier attempt still runs, record this attempt's session
+        and tag."""
+        details = self.coordinator.ledger.get_batch(batch.id).details
+        previous, previous_tag = details.get(SESSION_DETAIL), details.get(TAG_DETAIL)
+        if previous and (previous != self.spark.session_id or previous_tag):
+            self._interrupt(previous, previous_tag, batch.id)
+        recorded = {SESSION_DETAIL: self.spark.session_id, TAG_DETAIL: self.tag if self.shared else None,
+                    BUNDLE_DETAIL: self.digest if self.shared else None}
+        self.coordinator.ledger.update_details(batch.id, **recorded)
         watch.start(batch)
 
-    def _interrupt(self, session_id: str, batch_id: BatchId) -> None:
+    def _interrupt(self, session_id: str, tag: str | None, batch_id: BatchId) -> None:
         """Stop what an earlier attempt of this batch runs on the server (its task may be dead), and wait until it
         ended: its writers must not stage anything beside this attempt's."""
-        running = stop_session_operations(self.url, session_id)
+        running = stop_session_operations(self.url, session_id, tag)
         if running:
             self.log.warning("interrupted %d operation(s) an earlier attempt of batch %s left running on %s",
                              running, batch_id, server_address(self.url))
@@ -107,5 +139,6 @@ class ConnectWrite(WriteLauncher):
             except Exception as exc:
                 self.log.warning("could not interrupt the Spark Connect operations of this attempt: %s", exc)
                 return
-            self.log.warning("interrupted %d Spark Connect operation(s) of this write attempt on %s",
-                             len(interrupted or ()), server_address(self.url))
+            if interrupted:
+                self.log.warning("interrupted %d Spark Connect operation(s) of this write attempt on %s",
+                                 len(interrupted), server_address(self.url))
