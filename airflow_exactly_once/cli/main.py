@@ -56,6 +56,7 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.sinks.kafka import lingering, probe
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.sink_committer import KafkaSinkCommitter
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming
 
@@ -554,8 +555,8 @@ ABORT_REFUSED, ABORT_UNKNOWN = 3, 4  # `transactions abort`: some refused; some 
 
 
 def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> int:
-    found = [(target, lingering.survey(admin, target.naming, target.topics, target.record))
-             for target, admin in _transaction_targets(ledger, args)]
+    found = [(target, lingering.survey(live, target.naming, target.topics, target.record))
+             for target, live in _transaction_targets(ledger, args)]
     rows = [t.as_row() for _, survey in found for t in survey.open] + \
         [h.as_row() for _, survey in found for h in survey.hanging]
     _print(args, rows)
@@ -570,9 +571,9 @@ def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> in
 
 def cmd_transactions_abort(ledger: Ledger | None, args: argparse.Namespace) -> int:
     results: list[lingering.AbortResult] = []
-    for target, admin in _transaction_targets(ledger, args):
-        survey = lingering.survey(admin, target.naming, target.topics, target.record)
-        results += lingering.end(survey, target.settings, admin, target.naming, target.record,
+    for target, live in _transaction_targets(ledger, args):
+        survey = lingering.survey(live, target.naming, target.topics, target.record)
+        results += lingering.end(survey, target.settings, live, target.naming, target.record,
                                  only=args.transactional_id, force=args.force,
                                  producer_config=target.producer_config,
                                  transaction_timeout_ms=target.transaction_timeout_ms)
@@ -599,10 +600,15 @@ class _TransactionTarget:
 
 
 def _transaction_targets(ledger: Ledger | None, args: argparse.Namespace):
-    """Each Kafka output with an admin client (closed after the caller's loop step)."""
+    """Each Kafka output with its cluster (sinks.kafka.live_cluster: a node that just died is asked around;
+    the clients are closed after the caller's loop step)."""
     for target in _targets(ledger, args):
         with probe.admin_client(target.settings) as admin:
-            yield target, admin
+            live = LiveCluster(target.settings, admin)
+            try:
+                yield target, live
+            finally:
+                live.close()
 
 
 def _targets(ledger: Ledger | None, args: argparse.Namespace) -> list[_TransactionTarget]:
