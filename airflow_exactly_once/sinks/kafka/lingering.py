@@ -22,7 +22,9 @@ import enum
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+from kafka import KafkaAdminClient
 
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
@@ -149,15 +151,20 @@ def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: P
     hung, scanned, warnings = [], [], []
     for topic in topics:
         try:
-            found_scan = live.ask(f"looking for hanging transactions in {topic!r}",
-                                  lambda admin, topic=topic: hanging.scan(
-                                      admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {}))
+            found_scan = live.ask(f"looking for hanging transactions in {topic!r}", _scan_of(topic))
         except Exception as exc:  # no READ on the topic, a leader moving: say so, list the rest
             warnings.append(f"cannot look for hanging transactions in {topic!r}: {type(exc).__name__}: {exc}")
             continue
         scanned.append(topic)
         hung += [HangingTxn(h, record.batch_of(h.txn.producer_id, None, naming)) for h in found_scan.hanging]
     return Survey(tuple(opened), tuple(hung), tuple(scanned), tuple(warnings))
+
+
+def _scan_of(topic: str) -> Callable[[KafkaAdminClient], hanging.Scan]:
+    """The question of `topic`'s hanging transactions, for LiveCluster.ask."""
+    def scan(admin: KafkaAdminClient) -> hanging.Scan:
+        return hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {})
+    return scan
 
 
 def end(survey_: Survey, settings: KafkaSettings, live: LiveCluster, naming: IdNaming, record: PipelineRecord,
