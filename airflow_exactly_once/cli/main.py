@@ -578,12 +578,12 @@ def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> in
 def cmd_transactions_abort(ledger: Ledger | None, args: argparse.Namespace) -> int:
     results: list[lingering.AbortResult] = []
     for target, live in _transaction_targets(ledger, args):
-        with _kafka_failure(target.settings, "listing the pipeline's Kafka transactions"):
+        with _kafka_failure(target.settings, "ending the pipeline's Kafka transactions"):
             survey = lingering.survey(live, target.naming, target.topics, target.record)
-        results += lingering.end(survey, target.settings, live, target.naming, target.record,
-                                 only=args.transactional_id, force=args.force,
-                                 producer_config=target.producer_config,
-                                 transaction_timeout_ms=target.transaction_timeout_ms)
+            results += lingering.end(survey, target.settings, live, target.naming, target.record,
+                                     only=args.transactional_id, force=args.force,
+                                     producer_config=target.producer_config,
+                                     transaction_timeout_ms=target.transaction_timeout_ms)
     if args.transactional_id and not results:
         raise ConfigurationError(f"no open or hanging transaction {args.transactional_id!r} among the pipeline's "
                                  "(run `transactions list`)")
