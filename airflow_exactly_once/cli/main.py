@@ -30,17 +30,20 @@ On Airflow >= 3.2 the same commands are `airflow exactly-once ...`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
-from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch, BatchId
@@ -51,11 +54,13 @@ from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import iso, to_epoch_ms
 from airflow_exactly_once.core.topics import topics_of
+from airflow_exactly_once.kafka.access import explain_failure
 from airflow_exactly_once.kafka.consumer_group import mirror_committed_offsets, read_group_offsets
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_committer
 from airflow_exactly_once.sinks.kafka import lingering, probe
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.sink_committer import KafkaSinkCommitter
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming
 
@@ -554,8 +559,10 @@ ABORT_REFUSED, ABORT_UNKNOWN = 3, 4  # `transactions abort`: some refused; some 
 
 
 def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> int:
-    found = [(target, lingering.survey(admin, target.naming, target.topics, target.record))
-             for target, admin in _transaction_targets(ledger, args)]
+    found = []
+    for target, live in _transaction_targets(ledger, args):
+        with _kafka_failure(target.settings, "listing the pipeline's Kafka transactions"):
+            found.append((target, lingering.survey(live, target.naming, target.topics, target.record)))
     rows = [t.as_row() for _, survey in found for t in survey.open] + \
         [h.as_row() for _, survey in found for h in survey.hanging]
     _print(args, rows)
@@ -570,12 +577,13 @@ def cmd_transactions_list(ledger: Ledger | None, args: argparse.Namespace) -> in
 
 def cmd_transactions_abort(ledger: Ledger | None, args: argparse.Namespace) -> int:
     results: list[lingering.AbortResult] = []
-    for target, admin in _transaction_targets(ledger, args):
-        survey = lingering.survey(admin, target.naming, target.topics, target.record)
-        results += lingering.end(survey, target.settings, admin, target.naming, target.record,
-                                 only=args.transactional_id, force=args.force,
-                                 producer_config=target.producer_config,
-                                 transaction_timeout_ms=target.transaction_timeout_ms)
+    for target, live in _transaction_targets(ledger, args):
+        with _kafka_failure(target.settings, "ending the pipeline's Kafka transactions"):
+            survey = lingering.survey(live, target.naming, target.topics, target.record)
+            results += lingering.end(survey, target.settings, live, target.naming, target.record,
+                                     only=args.transactional_id, force=args.force,
+                                     producer_config=target.producer_config,
+                                     transaction_timeout_ms=target.transaction_timeout_ms)
     if args.transactional_id and not results:
         raise ConfigurationError(f"no open or hanging transaction {args.transactional_id!r} among the pipeline's "
                                  "(run `transactions list`)")
@@ -599,10 +607,27 @@ class _TransactionTarget:
 
 
 def _transaction_targets(ledger: Ledger | None, args: argparse.Namespace):
-    """Each Kafka output with an admin client (closed after the caller's loop step)."""
+    """Each Kafka output with its cluster (sinks.kafka.live_cluster: a node that just died is asked around;
+    the clients are closed after the caller's loop step)."""
     for target in _targets(ledger, args):
-        with probe.admin_client(target.settings) as admin:
-            yield target, admin
+        with _kafka_failure(target.settings, "connecting to the pipeline's Kafka"):
+            admin = probe.new_admin_client(target.settings)
+        with contextlib.closing(admin):
+            live = LiveCluster(target.settings, admin)
+            try:
+                yield target, live
+            finally:
+                live.close()
+
+
+@contextlib.contextmanager
+def _kafka_failure(settings: KafkaSettings, doing: str) -> Iterator[None]:
+    """A Kafka client's error as the CLI's (exit 2, not 1 as an uncaught one, which `list` uses for "found some"),
+    saying what to fix: a settings or ACL problem, or which server did not answer (kafka.access)."""
+    try:
+        yield
+    except KafkaError as exc:
+        raise explain_failure(settings, exc, doing, lambda message: SinkError(message, retriable=True)) from exc
 
 
 def _targets(ledger: Ledger | None, args: argparse.Namespace) -> list[_TransactionTarget]:

@@ -5,11 +5,15 @@ after its bootstrap timeout, "Unable to bootstrap" (the broker's SASL error resp
 together with the closed connection, and kafka-python drops both). So when a client only says
 it could not connect, `diagnose` asks the servers itself, within a few seconds:
 
-1. TCP: does anything listen at the bootstrap servers? Each is tried until one accepts (refused,
+1. TCP: does anything listen at the bootstrap servers? Each is tried until one answers (refused,
    unreachable: a retry may help; the error names every server that did not answer)
 2. TLS, when security.protocol is SSL or SASL_SSL: does the handshake pass with the settings'
    CA, host name check and client certificate? A plaintext port answers a TLS handshake with
    garbage or silence; for PLAINTEXT settings, a TLS port closes the connection on a Kafka request.
+   A connection closed without a byte is no proof of a wrong security.protocol, though: a node that
+   died behind a proxy or load balancer (Docker's port mapping, a Kubernetes service) is accepted and
+   closed the same way. So such a server counts as not reached while another server answers; only when
+   every server that accepted closed does the diagnosis blame the settings.
 3. SASL, when security.protocol is SASL_*: one login with librdkafka (confluent-kafka, installed
    with the official Kafka provider), which reports the broker's answer faithfully.
 
@@ -38,17 +42,28 @@ _NO_CONNECTION = ("Unable to bootstrap", "NoBrokersAvailable", "KafkaConnectionE
                   "TimeoutException", "Timed out waiting", "Broker transport failure", "Connection refused",
                   "TransactionCoordinatorUnavailable", "KafkaTimeoutError")
 # A plaintext listener answers a TLS ClientHello with a Kafka-framed reply or closes the connection.
-_NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer", "PACKET_LENGTH", "UNEXPECTED_EOF", "EOF occurred")
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer", "PACKET_LENGTH")
+# ... or closes it without a byte, as a dead node behind a proxy does too.
+_CLOSED = ("UNEXPECTED_EOF", "EOF occurred")
 _LIBRDKAFKA_KEYS = ("bootstrap.servers", "security.protocol", "client.id")
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What the servers said: a settings problem (`error`), or how they could (not) be reached (`detail`)."""
+    """What the servers said: a settings problem (`error`), or how they could (not) be reached (`detail`).
+
+    `not_reached`: the servers that did not answer, each with what happened, while `reachable` says that
+    another one did (a node of the cluster down: a retry goes through the others)."""
 
     error: ConfigurationError | None
     detail: str
     reachable: bool = True
+    not_reached: tuple[str, ...] = ()
+
+
+class _ClosedWithoutAnswer(Exception):
+    """A server accepted the connection and closed it without a byte: a listener of another protocol, or a dead
+    node behind a proxy; only the other servers can tell which."""
 
 
 def is_connection_failure(failure: BaseException | str) -> bool:
@@ -76,6 +91,8 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
             return unavailable(f"{doing} failed: no Kafka broker answered at {settings.bootstrap_servers!r} "
                                f"({diagnosis.detail}): check that the brokers run and that the servers of "
                                f"{settings.origin} are right. The client said: {text[:500]}")
+        if diagnosis.not_reached:  # a node is down: neither the settings nor an ACL is to blame
+            return unavailable(f"{doing} failed: {diagnosis.detail}. The client said: {text[:500]}")
         return unavailable(f"{doing} failed although {diagnosis.detail}; the client said: {text[:500]}")
     return unavailable(f"{doing} failed: {text[:800]}")
 
@@ -83,12 +100,13 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
 def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> Diagnosis:
     """Connect to the bootstrap servers as the settings say, and tell what stops a client.
 
-    Each server is tried in turn until one accepts a connection (a client bootstraps from any of them, so one
-    dead server is not the answer); what the others said is named too.
+    Each server is tried in turn until one answers (a client bootstraps from any of them, so one dead server is
+    not the answer); the ones that did not are named, as a node that is down, with what to do about it.
     """
     protocol = settings.security_protocol
     servers = [s.strip() for s in settings.bootstrap_servers.split(",") if s.strip()]
     unreachable: list[str] = []
+    closed: list[tuple[str, ConfigurationError]] = []  # accepted, then closed without a byte
     for server in servers:
         host, _, port = server.rpartition(":")
         host = host.strip("[]")
@@ -97,18 +115,35 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
         except (OSError, ValueError) as exc:
             unreachable.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
             continue
-        with sock:
-            error = (_check_tls(settings, sock, host, server) if protocol.endswith("SSL")
-                     else _check_plaintext(settings, sock, server))
+        try:
+            with sock:
+                error = (_check_tls(settings, sock, host, server) if protocol.endswith("SSL")
+                         else _check_plaintext(settings, sock, server))
+        except _ClosedWithoutAnswer as exc:
+            closed.append((server, exc.args[0]))
+            continue
         login = "not needed"
         if error is None and protocol.startswith("SASL"):
-            error, login = _check_login(settings, timeout_s)
-        others = f" (not reached: {'; '.join(unreachable)})" if unreachable else ""
+            error, login = _check_login(settings, server, timeout_s)
+        not_reached = (*unreachable, *(f"{s}: closed the connection without answering" for s, _ in closed))
         if error is not None:
-            return Diagnosis(error, f"{server}: {error}{others}")
-        return Diagnosis(None, f"{server} accepts connections and the {protocol} handshake (SASL login: {login})"
-                               f"{others}")
+            others = f" (not reached: {'; '.join(not_reached)})" if not_reached else ""
+            return Diagnosis(error, f"{server}: {error}{others}", not_reached=not_reached)
+        answered = f"{server} accepts connections and the {protocol} handshake (SASL login: {login})"
+        return Diagnosis(None, answered + (_down(settings, not_reached) if not_reached else ""),
+                         not_reached=not_reached)
+    if closed:  # every server that accepted closed at once: their listener speaks another protocol
+        server, error = closed[0]
+        others = "; ".join((*unreachable, *(s for s, _ in closed[1:])))
+        return Diagnosis(error, f"{server}: {error}" + (f" (also: {others})" if others else ""))
     return Diagnosis(None, "; ".join(unreachable) or "no bootstrap servers", reachable=False)
+
+
+def _down(settings: KafkaSettings, not_reached: tuple[str, ...]) -> str:
+    """What a caller's message says of servers that did not answer while another one did."""
+    return (f"; but not reached: {'; '.join(not_reached)}: a node of the cluster is down or cannot be reached from "
+            "here, not an ACL or settings problem: restart that node, or remove it from bootstrap.servers of "
+            f"{settings.origin} if it left the cluster; a retry goes through the nodes that answer")
 
 
 def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: str) -> ConfigurationError | None:
@@ -123,6 +158,12 @@ def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: 
     except ssl.SSLCertVerificationError as exc:
         return settings.explain(f"CERTIFICATE_VERIFY_FAILED: {exc.verify_message or exc}")
     except ssl.SSLError as exc:
+        if any(sign in str(exc) for sign in _CLOSED):
+            raise _ClosedWithoutAnswer(ConfigurationError(
+                f"the Kafka listener at {server} closed the connection during the TLS handshake ({exc}): it "
+                f"probably does not speak TLS, but {settings.origin} says security.protocol="
+                f"{settings.security_protocol}: set security.protocol to the listener's protocol (PLAINTEXT or "
+                "SASL_PLAINTEXT)")) from exc
         if any(sign in str(exc) for sign in _NOT_TLS):
             return ConfigurationError(
                 f"the Kafka listener at {server} does not speak TLS, but {settings.origin} says "
@@ -132,9 +173,9 @@ def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: 
             f"the Kafka brokers at {server} ended the TLS handshake ({exc}): if they require client certificates, "
             f"set ssl.certificate.location and ssl.key.location in {settings.origin}")
     except OSError as exc:  # closed or silent during the handshake
-        return ConfigurationError(
+        raise _ClosedWithoutAnswer(ConfigurationError(
             f"the Kafka listener at {server} did not complete a TLS handshake ({exc}): it probably does not speak "
-            f"TLS; set security.protocol in {settings.origin} to the listener's protocol")
+            f"TLS; set security.protocol in {settings.origin} to the listener's protocol")) from exc
 
 
 def _check_plaintext(settings: KafkaSettings, sock: socket.socket, server: str) -> ConfigurationError | None:
@@ -150,13 +191,20 @@ def _check_plaintext(settings: KafkaSettings, sock: socket.socket, server: str) 
         answer = b""
     if len(answer) >= 8 and struct.unpack(">i", answer[4:8])[0] == 1:
         return None  # a Kafka answer in plaintext
+    if not answer:
+        raise _ClosedWithoutAnswer(_expects_tls(settings, server))
+    return _expects_tls(settings, server)
+
+
+def _expects_tls(settings: KafkaSettings, server: str) -> ConfigurationError:
     return ConfigurationError(
         f"the Kafka listener at {server} closed the connection on a plaintext request: it expects TLS; set "
         f"security.protocol=SSL (or SASL_SSL) and ssl.ca.location in {settings.origin}")
 
 
-def _check_login(settings: KafkaSettings, timeout_s: float) -> tuple[ConfigurationError | None, str]:
-    """One SASL login with librdkafka: the ConfigurationError of a refused one, and what was found."""
+def _check_login(settings: KafkaSettings, server: str, timeout_s: float) -> tuple[ConfigurationError | None, str]:
+    """One SASL login with librdkafka at `server` (one that answered): the ConfigurationError of a refused one, and
+    what was found."""
     try:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
@@ -165,7 +213,8 @@ def _check_login(settings: KafkaSettings, timeout_s: float) -> tuple[Configurati
     errors: list = []
     config: dict[str, Any] = {k: v for k, v in settings.librdkafka().items()
               if k in _LIBRDKAFKA_KEYS or k.startswith(("sasl.", "ssl."))}
-    config.update({"error_cb": errors.append, "log_level": 0, "socket.timeout.ms": int(timeout_s * 1000)})
+    config.update({"bootstrap.servers": server, "error_cb": errors.append, "log_level": 0,
+                   "socket.timeout.ms": int(timeout_s * 1000)})
     try:
         admin = AdminClient(config)
     except (KafkaException, ValueError, TypeError) as exc:

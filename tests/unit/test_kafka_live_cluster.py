@@ -6,7 +6,9 @@ import kafka.errors as Errors
 import pytest
 
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks.kafka import live_cluster
+from airflow_exactly_once.sinks.kafka import hanging, live_cluster, probe
+from airflow_exactly_once.sinks.kafka.batch_transactions import BatchTransactions
+from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster, node_unreachable
 
 
@@ -104,3 +106,29 @@ def test_a_bootstrap_that_fails_keeps_asking_with_the_client_it_has():
 ])
 def test_which_errors_mean_a_node_did_not_answer(error, again):
     assert node_unreachable(error) is again
+
+
+def test_what_holds_a_partition_back_is_asked_around_a_dead_node(monkeypatch):
+    """BatchTransactions.holders (the detail of notify_complete's "cannot tell yet") goes through LiveCluster: the
+    commit's client that still routes to the dead node is replaced, not reported as the answer."""
+    stale, made = FakeAdmin("stale", dead=True), []
+
+    def fresh(_settings):  # the first fresh client's metadata still lists the node: the cluster has not fenced it
+        made.append(FakeAdmin(f"fresh-{len(made)}", dead=len(made) == 0))
+        return made[-1]
+
+    monkeypatch.setattr(probe, "new_admin_client", fresh)
+    held = hanging.OpenTransaction("out", 0, 42, 3, 1, 100)
+
+    def open_transactions(admin, partitions):
+        admin.list_open()  # the stale client raises: ECONNREFUSED at the dead node
+        return [held]
+
+    monkeypatch.setattr(hanging, "open_transactions", open_transactions)
+    monkeypatch.setattr(hanging, "coordinator_views",
+                        lambda admin, pids, known: {42: (hanging.CoordinatorView("p-1-0", "Ongoing", 42, 3), set())})
+    transactions = BatchTransactions(KafkaOutput({"type": "kafka", "topic": "out"}, "EXACTLY_ONCE"), settings(),
+                                     stale, lambda: {42: hanging.Owner(7, False, ())})
+    said = transactions.holders("out", 0, 150)
+    assert said.startswith("held back by ") and "this pipeline's batch 7" in said, said
+    assert [a.closed for a in made] == [True, True] and not stale.closed  # the commit's own client is kept open

@@ -15,7 +15,7 @@ from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.kafka import hanging, lingering
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
 from airflow_exactly_once.sinks.kafka.lingering import _why_not
-from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, prefix_users
+from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, prefix_users, refuse_changed_slots
 from tests.harness import open_ledger
 
 
@@ -119,3 +119,83 @@ def test_the_cli_ends_a_hanging_transaction_without_a_ledger_only_when_forced_an
     aborted = hanging_txn(hanging.Outcome.ABORTED, prepared)
     assert "batch 7 (PREPARED) is pre-committed" in _why_not(aborted, owned, frozenset(), never, force=False)
     assert _why_not(aborted, owned, frozenset(), never, force=True) is None  # the sweep's rule: aborted, not committed
+
+
+# -- a changed transactional_id_slots -------------------------------------------------------------------------
+
+
+def slot_ledger(tmp_path, count: int):
+    """A ledger with `count` PLANNED batches of pipeline "p" (seqs 1..count)."""
+    ledger = open_ledger(tmp_path / "ledger.db")
+    ledger.ensure_pipeline("p", "f", config("p"))
+    return ledger, [ledger.create_batch("p", f"run-{i}", [OffsetRange("t", 0, 10 * i, 10 * i + 10)],
+                                        expected_epoch=ledger.pipeline("p")["epoch"]) for i in range(1, count + 1)]
+
+
+def prepare(ledger, batch: Batch, slot: int | None, slots: int | None) -> None:
+    handles = KafkaCommittable("EXACTLY_ONCE", "b:9092", "out", (), slot, slots).to_handles()
+    ledger.mark_prepared(batch.id, batch.epoch, handles, 0, 0)
+
+
+def bound_committer(ledger, slots: int):
+    pipeline = PipelineConfig(pipeline_id="p", topics=["in"], bootstrap_servers="127.0.0.1:1",
+                              sink={"type": "kafka", "topic": "out", "transactional_id_slots": slots})
+    committer = create_committer(pipeline.sink)
+    history = lambda: [(b, c) for b in ledger.list_batches("p")  # noqa: E731 - as core.protocol binds it
+                       if (c := committer.committable(b.handles)) is not None]
+    return committer.bind(pipeline, history, ledger)
+
+
+def test_the_slot_count_travels_in_the_handles():
+    committable = KafkaCommittable("EXACTLY_ONCE", "b:9092", "out", (), 3, 8)
+    assert committable.write_handles()["id_slots"] == 8
+    assert KafkaCommittable.from_handles(committable.to_handles()) == committable
+
+
+def test_a_slot_count_changed_while_a_prepared_batch_is_open_is_refused_at_plan(tmp_path):
+    ledger, (first, second) = slot_ledger(tmp_path, 2)
+    prepare(ledger, first, 1, 4)
+    ledger.mark_committed(first.id)
+    prepare(ledger, second, 2, 4)  # its transactions are open: ids p-2-*
+    with pytest.raises(ConfigurationError) as refused:
+        bound_committer(ledger, 8).check("p")  # refused before any broker is asked
+    message = str(refused.value)
+    assert "transactional_id_slots=8" in message and "batch 2 (PREPARED; its ids named with 4 slots)" in message
+    assert "go back to transactional_id_slots=4" in message and "Finish or abort the open batch first" in message
+    assert not refused.value.retriable
+    refuse_changed_slots(IdNaming("p", slots=4), "p", ledger, lambda: bound_committer(ledger, 4)._used_namings())
+
+
+def test_a_planned_batch_is_judged_by_the_naming_the_newest_batch_recorded(tmp_path):
+    ledger, (first, second, third) = slot_ledger(tmp_path, 3)
+    prepare(ledger, first, 1, 4)
+    ledger.mark_committed(first.id)
+    prepare(ledger, second, 2, 4)
+    ledger.mark_committed(second.id)  # batch 3 stays PLANNED: its write may have opened p-3-* under 4 slots
+    used = bound_committer(ledger, 8)._used_namings
+    with pytest.raises(ConfigurationError, match=r"batch 3 \(PLANNED; its ids named with 4 slots, as batch 2 "):
+        refuse_changed_slots(IdNaming("p", slots=8), "p", ledger, used)
+    refuse_changed_slots(IdNaming("p", slots=4), "p", ledger, used)
+
+
+def test_a_slot_count_changed_with_no_batch_open_is_harmless(tmp_path):
+    ledger, (first, second) = slot_ledger(tmp_path, 2)
+    prepare(ledger, first, 1, 4)
+    ledger.mark_committed(first.id)
+    ledger.mark_aborted(second.id, "test")  # aborted and released: its ids are fenced
+    refuse_changed_slots(IdNaming("p", slots=8), "p", ledger, lambda: pytest.fail("no open batch: not read"))
+    ledger.mark_aborted(  # an aborted batch whose release is pending still holds its ids
+        ledger.create_batch("p", "run-3", [OffsetRange("t", 0, 30, 40)], expected_epoch=ledger.pipeline("p")["epoch"]
+                            ).id, "test", release_pending=True)
+    with pytest.raises(ConfigurationError, match=r"batch 3 \(ABORTED"):
+        refuse_changed_slots(IdNaming("p", slots=8), "p", ledger, bound_committer(ledger, 8)._used_namings)
+
+
+def test_handles_without_the_slot_count_show_a_change_only_by_a_slot_that_disagrees(tmp_path):
+    ledger, (first, _, third) = slot_ledger(tmp_path, 3)
+    prepare(ledger, first, None, None)  # per-batch ids (the first releases): the upgrade to pooling stays allowed
+    prepare(ledger, third, 3, None)  # a release that recorded the slot only: 3 of 4 slots
+    used = bound_committer(ledger, 4)._used_namings
+    refuse_changed_slots(IdNaming("p", slots=5), "p", ledger, used)  # 3 mod 5 = 3: no sign of a change
+    with pytest.raises(ConfigurationError, match=r"batch 3 \(PREPARED; its ids named with slot 3 for batch 3\)"):
+        refuse_changed_slots(IdNaming("p", slots=2), "p", ledger, used)  # 3 mod 2 = 1: named otherwise

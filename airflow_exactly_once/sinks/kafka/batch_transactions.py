@@ -18,6 +18,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, probe
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, end_transactions
 
@@ -101,13 +102,20 @@ class BatchTransactions:
         return COMMITTED if visible else ABORTED
 
     def holders(self, topic: str, partition: int, offset: int) -> str:
-        """Which open transactions hold a partition's last stable offset at or below `offset`, and whose."""
+        """Which open transactions hold a partition's last stable offset at or below `offset`, and whose.
+
+        Asked through LiveCluster: a node that died under the commit is asked around, not reported as the cause."""
+        def ask(admin: KafkaAdminClient) -> tuple[list[hanging.OpenTransaction], dict]:
+            held = [t for t in hanging.open_transactions(admin, [(topic, partition)]) if t.start_offset <= offset]
+            return held, hanging.coordinator_views(admin, {t.producer_id for t in held}, {})
+
+        live = LiveCluster(self.settings, self.admin)
         try:
-            with probe.admin_client(self.settings) as admin:
-                held = [t for t in hanging.open_transactions(admin, [(topic, partition)]) if t.start_offset <= offset]
-                views = hanging.coordinator_views(admin, {t.producer_id for t in held}, {})
+            held, views = live.ask(f"asking what holds {topic}[{partition}] back", ask)
         except Exception as exc:  # noqa: BLE001 - only the message's detail: the wait's own error stands
             return f"which transaction holds it back cannot be asked ({type(exc).__name__}: {exc})"
+        finally:
+            live.close()
         if not held:
             return "no transaction holds it back any more"
         owners = self.owners()

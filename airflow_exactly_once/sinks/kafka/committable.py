@@ -4,9 +4,10 @@ One `PartitionReport` per Spark partition (the commit message): how many records
 the first acknowledged offset per output partition (the evidence that decides "committed or
 aborted" once the broker has forgotten a transaction), and, under EXACTLY_ONCE, the open
 transaction's handle. `KafkaCommittable` is the batch's reports plus where they went and the
-slot of its pooled transactional ids (None: ids named per batch); its JSON form is the ledger's
-handles (format version 1: the first release's, now stamped; `id_slot` is an optional key that
-releases before pooling ignore, so it needs no new version).
+slot of its pooled transactional ids (None: ids named per batch) and the slot count they were named
+with; its JSON form is the ledger's handles (format version 1: the first release's, now stamped;
+`id_slot` and `id_slots` are optional keys that releases before pooling ignore, so they need no new
+version).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class KafkaCommittable(Committable):
     topic: str
     reports: tuple[PartitionReport, ...] = field(default=())
     id_slot: int | None = None
+    id_slots: int | None = None  # the slot count the ids were named with (a later count is refused while open)
 
     @property
     def records(self) -> int:
@@ -77,6 +79,8 @@ class KafkaCommittable(Committable):
                             "topic": self.topic, "writers": [r.to_dict() for r in self.reports]}
         if self.id_slot is not None:
             handles["id_slot"] = self.id_slot
+        if self.id_slots is not None:
+            handles["id_slots"] = self.id_slots
         return handles
 
     @classmethod
@@ -85,4 +89,5 @@ class KafkaCommittable(Committable):
                    str(handles.get("topic", "")),
                    tuple(sorted((PartitionReport.from_dict(w) for w in handles.get("writers", ())),
                                 key=lambda r: r.partition)),
-                   None if handles.get("id_slot") is None else int(handles["id_slot"]))
+                   None if handles.get("id_slot") is None else int(handles["id_slot"]),
+                   None if handles.get("id_slots") is None else int(handles["id_slots"]))

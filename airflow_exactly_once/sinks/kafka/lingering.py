@@ -8,7 +8,8 @@ committable recorded, else the PLANNED batch whose ids it is), and the output to
 transactions (sinks.kafka.hanging, KIP-664's find-hanging). Ending them uses the protocol's own
 machinery: fencing (InitProducerId, librdkafka.fence) for a transaction its coordinator holds
 open, abort markers for a hanging one, under the hanging sweep's safety rules
-(hanging.why_not_abort). A transaction of a PREPARED batch is the batch's pre-committed output:
+(hanging.why_not_abort). Every question goes through sinks.kafka.live_cluster, so a node that died a moment ago
+costs a pause, not an error. A transaction of a PREPARED batch is the batch's pre-committed output:
 aborting it loses the batch (recovery then finds it lost and processes the range again), so it
 is refused unless forced.
 
@@ -21,7 +22,7 @@ import enum
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kafka import KafkaAdminClient
 
@@ -29,6 +30,7 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, librdkafka, probe
+from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming
 
 _HELD_OPEN = ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence")
@@ -129,11 +131,12 @@ class AbortResult:
                 "detail": self.detail}
 
 
-def survey(admin: KafkaAdminClient, naming: IdNaming, topics: Iterable[str], record: PipelineRecord) -> Survey:
+def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: PipelineRecord) -> Survey:
     """The pipeline's open transactions (by its id pattern) and the hanging ones of `topics`."""
-    listed = probe.matching_transactions(admin, naming.pipeline_pattern())
+    listed = live.ask(f"listing the transactions of ids {naming.prefix}-*",
+                      lambda admin: probe.matching_transactions(admin, naming.pipeline_pattern()))
     held = sorted(t for t, state in listed.items() if state in _HELD_OPEN)
-    described = probe.describe_transactions(admin, held)
+    described = live.ask("describing the open transactions", lambda admin: probe.describe_transactions(admin, held))
     now_ms = time.time() * 1000
     opened = []
     for tid in held:
@@ -148,7 +151,7 @@ def survey(admin: KafkaAdminClient, naming: IdNaming, topics: Iterable[str], rec
     hung, scanned, warnings = [], [], []
     for topic in topics:
         try:
-            found_scan = hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {})
+            found_scan = live.ask(f"looking for hanging transactions in {topic!r}", _scan_of(topic))
         except Exception as exc:  # no READ on the topic, a leader moving: say so, list the rest
             warnings.append(f"cannot look for hanging transactions in {topic!r}: {type(exc).__name__}: {exc}")
             continue
@@ -157,7 +160,14 @@ def survey(admin: KafkaAdminClient, naming: IdNaming, topics: Iterable[str], rec
     return Survey(tuple(opened), tuple(hung), tuple(scanned), tuple(warnings))
 
 
-def end(survey_: Survey, settings: KafkaSettings, admin: KafkaAdminClient, naming: IdNaming, record: PipelineRecord,
+def _scan_of(topic: str) -> Callable[[KafkaAdminClient], hanging.Scan]:
+    """The question of `topic`'s hanging transactions, for LiveCluster.ask."""
+    def scan(admin: KafkaAdminClient) -> hanging.Scan:
+        return hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {})
+    return scan
+
+
+def end(survey_: Survey, settings: KafkaSettings, live: LiveCluster, naming: IdNaming, record: PipelineRecord,
         *, only: str | None, force: bool, producer_config: dict[str, Any] | None = None,
         transaction_timeout_ms: int = 60_000) -> list[AbortResult]:
     """End the surveyed transactions (only the id `only`, if given); what happened to each."""
@@ -171,7 +181,7 @@ def end(survey_: Survey, settings: KafkaSettings, admin: KafkaAdminClient, namin
                                        "plan's recovery commits it; aborting it loses the batch (it is then "
                                        "processed again). Add --force to abort anyway"))
             continue
-        results.append(_fence(settings, admin, txn, producer_config or {}, transaction_timeout_ms))
+        results.append(_fence(settings, live, txn, producer_config or {}, transaction_timeout_ms))
     visible_cache: dict[tuple[str, int, int], bool | None] = {}
 
     def visible(topic: str, partition: int, offset: int) -> bool | None:
@@ -192,7 +202,7 @@ def end(survey_: Survey, settings: KafkaSettings, admin: KafkaAdminClient, namin
                                        f"{h.found.txn.abort_command(settings.bootstrap_servers)}"))
             continue
         try:
-            hanging.abort(admin, [h.found])
+            hanging.abort(live.admin, [h.found])
             results.append(AbortResult(tid, "abort marker", Outcome.ENDED, h.found.txn.describe()))
         except Exception as exc:  # no answer, or a refusal: the marker may or may not be written
             results.append(AbortResult(tid, "abort marker", Outcome.UNKNOWN,
@@ -218,7 +228,7 @@ def _why_not(h: HangingTxn, record: PipelineRecord, open_keys: frozenset[tuple[i
     return None
 
 
-def _fence(settings: KafkaSettings, admin: KafkaAdminClient, txn: OpenTxn, producer_config: dict[str, Any],
+def _fence(settings: KafkaSettings, live: LiveCluster, txn: OpenTxn, producer_config: dict[str, Any],
            transaction_timeout_ms: int) -> AbortResult:
     """InitProducerId on the id: its coordinator aborts the open transaction and bumps the epoch; then look."""
     try:
@@ -227,7 +237,14 @@ def _fence(settings: KafkaSettings, admin: KafkaAdminClient, txn: OpenTxn, produ
         return AbortResult(txn.transactional_id, "fence", Outcome.UNKNOWN,
                            f"{type(exc).__name__}: {exc}; the transaction may or may not be aborted, run "
                            "`transactions list` again")
-    after = probe.describe_transactions(admin, [txn.transactional_id]).get(txn.transactional_id)
+    try:
+        after = live.ask(f"describing {txn.transactional_id!r} after fencing it",
+                         lambda admin: probe.describe_transactions(admin, [txn.transactional_id])
+                         ).get(txn.transactional_id)
+    except Exception as exc:  # fenced, but whether it ended cannot be seen now
+        return AbortResult(txn.transactional_id, "fence", Outcome.UNKNOWN,
+                           f"fenced, but its coordinator did not say whether it ended ({type(exc).__name__}: {exc}); "
+                           "run `transactions list` again")
     if after is None or after.state.value in ("Empty", "CompleteAbort") or after.producer_epoch > txn.epoch:
         return AbortResult(txn.transactional_id, "fence", Outcome.ENDED,
                            f"aborted producer id {txn.producer_id} epoch {txn.epoch}"

@@ -30,7 +30,7 @@ from airflow_exactly_once.sinks.kafka.hanging_sweep import HangingSweep
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
 from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
 from airflow_exactly_once.sinks.kafka.wire_format import check_given_schemas
-from airflow_exactly_once.sinks.kafka.transactional_ids import prefix_users
+from airflow_exactly_once.sinks.kafka.transactional_ids import UsedNaming, prefix_users, refuse_changed_slots
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
 
     def check(self, pipeline_id: str) -> None:
         self._check_prefix(pipeline_id)
+        if self.guarantee == "EXACTLY_ONCE":
+            refuse_changed_slots(self.output.naming, pipeline_id, self.ledger, self._used_namings)
         topic = self.output.topic
         if self.pipeline is not None and self.pipeline.reads_topic(topic):
             raise ConfigurationError(f"the kafka sink topic {topic!r} is also an input topic: every batch would "
@@ -78,6 +80,12 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
             raise self.output.failure(settings, exc, f"checking the kafka sink on {settings.bootstrap_servers}") \
                 from exc
         check_given_schemas(self.spec, self.pipeline)
+
+    def _used_namings(self) -> dict[int, UsedNaming]:
+        """How the ledger's batches of this output named their transactional ids, by seq."""
+        return {batch.seq: UsedNaming(batch.seq, committable.id_slot, committable.id_slots)
+                for batch, committable in (self.history() if self.history is not None else [])
+                if isinstance(committable, KafkaCommittable) and committable.guarantee == "EXACTLY_ONCE"}
 
     def _check_prefix(self, pipeline_id: str) -> None:
         """Refuse a transactional id prefix another pipeline of the ledger uses: their ids would fence each other."""

@@ -79,9 +79,10 @@ class KafkaSinkWriter(SinkWriter):
             if explained is None:
                 raise
             raise explained from exc
+        pooled = self.guarantee == "EXACTLY_ONCE" and naming.pooled
         return KafkaCommittable(self.guarantee, settings.bootstrap_servers, output.topic,
                                 tuple(sorted(reports, key=lambda r: r.partition)),
-                                naming.slot(batch.seq) if self.guarantee == "EXACTLY_ONCE" else None)
+                                naming.slot(batch.seq) if pooled else None, naming.slots if pooled else None)
 
     @staticmethod
     def _key_value(frame: Any) -> Any:

@@ -36,7 +36,8 @@ class KafkaSpec(SinkSpec):
                                       choices=("pooled", "per_batch"))
     transactional_id_slots: int = argument(4, "Slots of the pooled ids: batch n uses slot n mod slots, and waits "
                                               "while an earlier batch of its slot is still open; keep it above the "
-                                              "number of batches open at once (interval mode: `max_active_runs`)")
+                                              "number of batches open at once (interval mode: `max_active_runs`); "
+                                              "change it only while no batch is open (else `plan` refuses it)")
     kafka_config: dict[str, Any] | None = argument(None, "Client settings of the output cluster (security, "
                                                          "timeouts), in the `kafka` connection's spelling "
                                                          "([connections.md](../connections.md)); its passwords and "

@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.model import Batch
@@ -139,6 +139,70 @@ class IdNaming:
                 f"(slot {slot} of {self.slots}) that {shown} may still hold open; it writes once "
                 f"that batch is committed or aborted (retry this task). If this happens often, more batches are "
                 f"open at once than slots: raise transactional_id_slots above max_active_runs", retriable=True)
+
+
+@dataclass(frozen=True)
+class UsedNaming:
+    """How a batch's handles say its ids were named: `slot` None for per-batch ids; `slots` None when they do not
+    record the slot count (handles of releases before it was recorded)."""
+
+    seq: int
+    slot: int | None
+    slots: int | None
+
+    def differs_from(self, naming: IdNaming) -> bool:
+        """Were the batch's pooled ids named with another slot count than `naming`'s? Per-batch ids are not: the
+        upgrade to pooling keeps them safe by design (module docstring)."""
+        if not naming.pooled or self.slot is None:
+            return False
+        if self.slots is not None:
+            return self.slots != naming.slots
+        return self.slot != naming.slot(self.seq)  # the count unrecorded: only a slot that disagrees shows it
+
+    def described(self) -> str:
+        return f"{self.slots} slots" if self.slots is not None else f"slot {self.slot} for batch {self.seq}"
+
+
+def refuse_changed_slots(naming: IdNaming, pipeline_id: str, ledger: LedgerReader | None,
+                         used: Callable[[], dict[int, UsedNaming]]) -> None:
+    """Refuse (at plan) a transactional_id_slots that differs from the one a still-open batch's ids were named with.
+
+    With no batch open a new count is harmless: every id of the old count has ended. With one open
+    (PLANNED, PREPARED, or ABORTED with its release pending), the new count names its ids otherwise:
+    its release would fence the wrong ids and leave its own open until they time out, and the slot
+    rule, comparing seqs by the new count, could let a new batch initialise (and so abort) its open
+    transactions. A batch with handles is judged by what they record; a PLANNED one has none yet, so
+    by the newest batch's that does (the naming its write most likely used). `used`: by seq, from the
+    ledger's history, read only when a batch is open.
+    """
+    if ledger is None or not naming.pooled:
+        return
+    still_open = {b.seq: b for b in [*ledger.list_batches(pipeline_id, OPEN_STATES),
+                                     *ledger.pending_releases(pipeline_id)]}
+    if not still_open:
+        return
+    recorded = used()
+    newest = max((u for u in recorded.values() if u.slot is not None), key=lambda u: u.seq, default=None)
+    unsafe: list[tuple[Batch, UsedNaming, bool]] = []  # the batch, the naming judged, whether its own handles say it
+    for seq, batch in sorted(still_open.items()):
+        judged = recorded.get(seq, newest)
+        if judged is not None and judged.differs_from(naming):
+            unsafe.append((batch, judged, seq in recorded))
+    if not unsafe:
+        return
+    shown = ", ".join(f"batch {b.seq} ({b.state.value}; its ids named with {u.described()}"
+                      + ("" if own else f", as batch {u.seq} recorded: its write has recorded nothing yet") + ")"
+                      for b, u, own in unsafe)
+    old = next((u.slots for _, u, _ in unsafe if u.slots is not None), None)
+    back = f"transactional_id_slots={old}" if old is not None else "the transactional_id_slots they were written with"
+    raise ConfigurationError(
+        f"kafka sink: transactional_id_slots={naming.slots} differs from the count the still open {shown} of "
+        f"pipeline {pipeline_id!r} used. The new count names an open batch's transactional ids otherwise: its "
+        "release would miss its open transactions, and a new batch could reuse (and so abort) them. Finish or "
+        f"abort the open batch first: go back to {back} and let a run commit or abort it (a plan recovers a "
+        "PREPARED batch and aborts another run's PLANNED one), then change the count while no batch is open "
+        f"(`airflow-exactly-once batches {pipeline_id} --state PLANNED --state PREPARED` shows them); "
+        "docs/sinks/kafka.md, Transactional ids", retriable=False)
 
 
 def naming_of(spec: dict[str, Any], prefix: str) -> IdNaming:
