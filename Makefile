@@ -35,7 +35,7 @@ KAFKA4_TESTS := tests/integration/test_kafka_transactions.py \
 	tests/integration/test_sink_contract.py
 
 .PHONY: setup system-deps python-deps newest-deps jars registry newest-jars demo test test-unit test-kafka4 test-newest \
-	test-stages stage-kafka4 stage-newest stage-install-matrix stage-kafka-cluster test-kafka-cluster install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-iceberg-s3 benchmark-ledger benchmark-scale benchmark-freshness docker-config \
+	test-stages stage-kafka4 stage-newest stage-install-matrix stage-kafka-cluster test-kafka-cluster install-matrix typecheck benchmark benchmark-parquet-s3 benchmark-iceberg-s3 benchmark-ledger benchmark-scale benchmark-freshness benchmark-freshness-rate docker-config \
 	docs clean
 
 setup: system-deps python-deps jars registry
@@ -243,6 +243,13 @@ RATE ?= 1000
 MINUTES ?= 10
 benchmark-freshness: setup
 	PYTHONPATH=. $(PY) benchmarks/bench_freshness.py --rate $(RATE) --minutes $(MINUTES) $(ARGS)
+
+# The rate each sustains: ours and Spark's streaming query step through RATES records/s, STEP_MINUTES each, until a
+# step's output falls behind or its latency grows (a backlog); prints every step and the highest sustained rate.
+RATES ?= 1000,2000,5000,10000,20000,50000
+STEP_MINUTES ?= 2
+benchmark-freshness-rate: setup
+	PYTHONPATH=. $(PY) benchmarks/bench_freshness_rate.py --rates $(RATES) --step-minutes $(STEP_MINUTES) $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup
