@@ -257,15 +257,14 @@ $(VENV)/.benchmarks-installed: $(VENV)/.installed setup.cfg constraints.txt
 # go to docs/images/ (docs/benchmarks.md). Run it alone on the machine.
 benchmark-freshness-hour: setup benchmark-deps
 	PYTHONPATH=. $(PY) benchmarks/bench_freshness.py --rate 1000 --minutes 60 --no-spark --retention-batches 100 \
-	  --drift-checks --name freshness-hour --plot docs/images --series docs/images/freshness-hour-series.json $(ARGS)
+	  --drift-checks --name freshness-hour --plot docs/images $(ARGS)
 
 # Faults during a sustained run: 12 minutes at 1,000 records/s, the Spark Connect server, the scheduler and the broker
 # each SIGKILLed once (at 3, 6 and 9 minutes) and restarted; fails unless exact and freshness is back under 10 s
 # (p99 over 20 s, held 30 s) within 60 s of each return. Figures and series to docs/images/.
 benchmark-freshness-faults: setup benchmark-deps
 	PYTHONPATH=. $(PY) benchmarks/bench_freshness.py --rate 1000 --minutes 12 --no-spark \
-	  --faults connect,scheduler,broker --name freshness-faults --plot docs/images \
-	  --series docs/images/freshness-faults-series.json $(ARGS)
+	  --faults connect,scheduler,broker --name freshness-faults --plot docs/images $(ARGS)
 
 # Rows/s into PostgreSQL: the exactly-once sink vs Spark's own JDBC writer (1,000,000 rows).
 benchmark-postgres: setup

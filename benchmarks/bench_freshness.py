@@ -53,8 +53,8 @@ from airflow_exactly_once.core.retention import AUTO_PRUNE_MIN
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from airflow_exactly_once.triggers.backlog import DEFAULT_POLL_SECONDS
-from benchmarks.freshness_faults import (COMPONENTS, AirflowComponent, Fault, FaultInjector, ServerComponent,
-                                         sigkill_session)
+from benchmarks.freshness_faults import (COMPONENTS, AirflowComponent, Fault, FaultInjector, Restartable,
+                                         ServerComponent, sigkill_session)
 from benchmarks.freshness_plots import PlotLibraryMissing, draw, pyplot
 from benchmarks.freshness_sampler import Sampler, memory_mb
 from benchmarks.freshness_series import (GOAL_P99_SECONDS, RECOVERY_HOLD_SECONDS, RECOVERY_WINDOW_SECONDS,
@@ -184,11 +184,12 @@ class VisibilityConsumer(threading.Thread):
                     messages = consumer.consume(1000, 0.2)
                     seen = time.time()
                     for message in messages:
-                        if message.error():
-                            if message.error().code() in BROKER_AWAY or message.error().retriable():
+                        error = message.error()
+                        if error is not None:
+                            if error.code() in BROKER_AWAY or error.retriable():
                                 self.broker_away += 1
                                 continue
-                            raise KafkaException(message.error())
+                            raise KafkaException(error)
                         self._note(*parse_value(message.value() or b""), seen)
             finally:
                 consumer.close()
@@ -593,7 +594,7 @@ class DefaultsAirflowStack(AirflowStack):
 
 
 def start_airflow(work: Path, broker: LocalKafkaBroker, connect: LocalSparkConnectServer, settings: DagSettings,
-                  tuned: bool, servers: contextlib.ExitStack) -> AirflowStack:
+                  tuned: bool, servers: contextlib.ExitStack) -> DefaultsAirflowStack:
     """PostgreSQL for the metadata, then Airflow with the benchmark's DAG installed; both stop with `servers`."""
     database = metadata_server(work / "airflow-metadata")
     servers.callback(database.stop)
@@ -609,7 +610,8 @@ def start_airflow(work: Path, broker: LocalKafkaBroker, connect: LocalSparkConne
     install_dag(stack.dags_folder, settings)
     compile_for_tasks(stack.dags_folder)
     servers.callback(stack.stop)
-    return stack.start()
+    stack.start()
+    return stack
 
 
 def compile_for_tasks(dags_folder: Path) -> None:
@@ -798,8 +800,8 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--drain-timeout", type=float, default=600, help="s for the last records to become visible")
     parser.add_argument("--name", default="freshness", help="names the series and figure files: NAME-series.json, "
                                                              "NAME-latency.png, NAME-memory.png")
-    parser.add_argument("--series", type=Path, help="where the time series JSON goes [the work folder's "
-                                                    "NAME-series.json]")
+    parser.add_argument("--series", type=Path, help="where the time series JSON goes [NAME-series.json in the "
+                                                    "--plot folder, else in the run's work folder]")
     parser.add_argument("--plot", type=Path, metavar="DIR", help="draw the series into DIR (needs matplotlib: "
                                                                  "pip install airflow-exactly-once[benchmarks])")
     parser.add_argument("--retention-batches", type=int, help="the pipeline's retention_batches (by count alone)")
@@ -863,7 +865,7 @@ def main() -> int:
                         "broker": broker.process.pid if broker.process else None}
 
             sampler = Sampler(pids, f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}", settings.pipeline_id)
-            components = {"connect": ServerComponent("connect", connect), "broker": ServerComponent("broker", broker),
+            components: dict[str, Restartable] = {"connect": ServerComponent("connect", connect), "broker": ServerComponent("broker", broker),
                           "scheduler": AirflowComponent("scheduler", stack)}
             injector = FaultInjector([components[name] for name in args.faults], seconds)
             watchers: list[Watcher] = [sampler, *([injector] if args.faults else [])]
@@ -875,7 +877,7 @@ def main() -> int:
         print_ours(ours)
         note_recoveries(faults, ours.visibility)
         series = build_series(ours, samples, faults, args)
-        series_file = args.series or work / f"{args.name}-series.json"
+        series_file = args.series or (args.plot or work) / f"{args.name}-series.json"  # beside the figures
         series_file.parent.mkdir(parents=True, exist_ok=True)
         series_file.write_text(json.dumps(series))
         print(f"series: {series_file}")

@@ -51,9 +51,10 @@ def latency_figure(series: dict[str, Any], path: Path) -> None:
     plt = pyplot()
     figure, (latency, tasks) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=(3, 2))
     points = [p for p in series["latency"] if p.get("count")]
-    for key, style in (("p50", "-"), ("p99", "-")):
-        latency.plot([(p["t"] + series["window_s"] / 2) / 60 for p in points], [p[key] for p in points], style, label=f"{key} per "
-                     f"{series['window_s']:g} s window", linewidth=1)
+    middles = [(p["t"] + series["window_s"] / 2) / 60 for p in points]  # each window at its middle
+    for key in ("p50", "p99"):
+        latency.plot(middles, [p[key] for p in points], label=f"{key} per {series['window_s']:g} s window",
+                     linewidth=1)
     latency.axhline(series["goal_s"], color="grey", linestyle="--", label=f"goal: p99 {series['goal_s']:g} s")
     _mark_faults(latency, series)
     latency.set_ylabel("produced to visible, s")

@@ -3,12 +3,14 @@ windowing, the flatness rules, the ledger bound and the recovery time, on made-u
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 
 from benchmarks.bench_freshness import OursResult, drift_checks, failed_tasks, fault_checks, percentile
 from benchmarks.freshness_faults import Fault, FaultInjector, fault_offsets
+from benchmarks.freshness_plots import PlotLibraryMissing, pyplot
 from benchmarks.freshness_series import (Visibility, latency_windows, ledger_bound, memory_flatness, memory_windows,
                                          recovery_seconds, task_flatness, task_windows, under_goal)
 
@@ -188,3 +190,13 @@ def test_a_component_that_does_not_come_back_fails_the_run():
     with pytest.raises(RuntimeError, match="scheduler did not come back"):
         injector.check()
     assert injector.faults[0].killed is not None and injector.faults[0].returned is None
+
+
+# -- the figures -------------------------------------------------------------------------------------------------
+
+
+def test_without_matplotlib_the_figures_say_which_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(PlotLibraryMissing, match=r"pip install airflow-exactly-once\[benchmarks\]") as raised:
+        pyplot()
+    assert raised.value.retriable is False and "make benchmark-freshness-hour" in str(raised.value)
