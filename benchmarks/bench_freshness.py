@@ -42,7 +42,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from kafka.admin import KafkaAdminClient, NewTopic
@@ -60,6 +60,7 @@ from benchmarks.freshness_sampler import Sampler, memory_mb
 from benchmarks.freshness_series import (GOAL_P99_SECONDS, RECOVERY_HOLD_SECONDS, RECOVERY_WINDOW_SECONDS,
                                          WINDOW_SECONDS, Comparison, Visibility, latency_windows, ledger_bound,
                                          memory_flatness, recovery_seconds, task_flatness)
+from benchmarks.freshness_watcher import Watcher
 from devtools.airflow_stack import METADATA_DATABASE, AirflowStack, metadata_server
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import spark_conf_dir
@@ -479,17 +480,6 @@ class OursResult:
         """What the final JSON line carries (not the per-record and per-run series: --series writes those)."""
         return {"stream": asdict(self.stream), "breakdown": self.breakdown, "batch_records": self.batch_records,
                 "memory_start": self.memory_start, "memory_end": self.memory_end}
-
-
-class Watcher(Protocol):
-    """Runs beside the measured phase (the sampler, the faults): started with the producer's start time."""
-
-    def begin(self, started_at: float) -> None: ...
-
-    def check(self) -> None:
-        """Raise if it failed."""
-
-    def stop(self) -> None: ...
 
 
 Pids = Callable[[], dict[str, "int | None"]]

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from benchmarks.freshness_watcher import Watcher
 from devtools.processes import LocalServer
 
 COMPONENTS = ("connect", "scheduler", "broker")
@@ -91,41 +91,24 @@ class Fault:
         return None if self.killed is None or self.returned is None else self.returned - self.killed
 
 
-class FaultInjector(threading.Thread):
+class FaultInjector(Watcher):
     """Kills each component at its offset from `started_at` (epoch s, the producer's start) and restarts it."""
 
+    what = "a fault's kill or restart"
+    stop_timeout = 300.0  # a restart under way finishes first
+
     def __init__(self, components: Sequence[Restartable], seconds: float) -> None:
-        super().__init__(name="faults", daemon=True)
+        super().__init__("faults")
         self.components = list(components)
         self.faults = [Fault(c.name, at) for c, at in zip(self.components, fault_offsets(len(components), seconds))]
-        self.started_at = 0.0
-        self.error: BaseException | None = None
-        self._stop_asked = threading.Event()
 
-    def begin(self, started_at: float) -> None:
-        self.started_at = started_at
-        self.start()
-
-    def run(self) -> None:
-        try:
-            for component, fault in zip(self.components, self.faults):
-                if self._stop_asked.wait(max(0.0, self.started_at + fault.at - time.time())):
-                    return
-                component.kill()
-                fault.killed = time.time() - self.started_at
-                print(f"fault: {component.name} SIGKILLed at {fault.killed:.0f} s", flush=True)
-                component.start()
-                fault.returned = time.time() - self.started_at
-                print(f"fault: {component.name} back at {fault.returned:.0f} s (down {fault.down_s:.1f} s)",
-                      flush=True)
-        except BaseException as exc:  # noqa: BLE001 - reported by check()
-            self.error = exc
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"a fault's restart failed: {self.error!r}") from self.error
-
-    def stop(self) -> None:
-        self._stop_asked.set()
-        if self.is_alive():
-            self.join(300)
+    def watch(self) -> None:
+        for component, fault in zip(self.components, self.faults):
+            if self.pause(self.started_at + fault.at - time.time()):
+                return
+            component.kill()
+            fault.killed = time.time() - self.started_at
+            print(f"fault: {component.name} SIGKILLed at {fault.killed:.0f} s", flush=True)
+            component.start()
+            fault.returned = time.time() - self.started_at
+            print(f"fault: {component.name} back at {fault.returned:.0f} s (down {fault.down_s:.1f} s)", flush=True)

@@ -3,7 +3,6 @@ each long-lived process and the number of batches in the pipeline's ledger."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
@@ -11,6 +10,7 @@ import psutil
 
 from airflow_exactly_once.core.ledger import Ledger
 from benchmarks.freshness_series import WINDOW_SECONDS
+from benchmarks.freshness_watcher import Watcher
 
 
 def rss_with_children(pid: int) -> int:
@@ -46,39 +46,22 @@ def ledger_batch_count(ledger_url: str, pipeline_id: str) -> int | None:
         ledger.engine.dispose()
 
 
-class Sampler(threading.Thread):
+class Sampler(Watcher):
     """Every `interval` seconds from `begin`: the memory of the processes `pids()` names now (a restarted one has a
     new pid) and the ledger's batch count, each with its time in seconds from the start."""
 
+    what = "the sampler"
+
     def __init__(self, pids: Callable[[], dict[str, int | None]], ledger_url: str, pipeline_id: str,
                  interval: float = WINDOW_SECONDS) -> None:
-        super().__init__(name="sampler", daemon=True)
+        super().__init__("sampler")
         self.pids, self.ledger_url, self.pipeline_id, self.interval = pids, ledger_url, pipeline_id, interval
         self.samples: list[dict[str, Any]] = []
-        self.started_at = 0.0
-        self.error: BaseException | None = None
-        self._stop_asked = threading.Event()
 
-    def begin(self, started_at: float) -> None:
-        self.started_at = started_at
-        self.start()
-
-    def run(self) -> None:
-        try:
-            while True:
-                at = time.time()
-                self.samples.append({"t": round(at - self.started_at, 1), "memory_mb": memory_mb(self.pids()),
-                                     "ledger_batches": ledger_batch_count(self.ledger_url, self.pipeline_id)})
-                if self._stop_asked.wait(max(0.0, at + self.interval - time.time())):
-                    return
-        except BaseException as exc:  # noqa: BLE001 - reported by check()
-            self.error = exc
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the sampler failed: {self.error!r}") from self.error
-
-    def stop(self) -> None:
-        self._stop_asked.set()
-        if self.is_alive():
-            self.join(60)
+    def watch(self) -> None:
+        while True:
+            at = time.time()
+            self.samples.append({"t": round(at - self.started_at, 1), "memory_mb": memory_mb(self.pids()),
+                                 "ledger_batches": ledger_batch_count(self.ledger_url, self.pipeline_id)})
+            if self.pause(at + self.interval - time.time()):
+                return
