@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,16 +51,16 @@ def latency_figure(series: dict[str, Any], path: Path) -> None:
     """p50 and p99 of produced-to-visible per window with the goal line; below, each run's task durations."""
     plt = pyplot()
     figure, (latency, tasks) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=(3, 2))
-    points = [p for p in series["latency"] if p.get("count")]
+    points = series["latency"]
     middles = [(p["t"] + series["window_s"] / 2) / 60 for p in points]  # each window at its middle
-    for key in ("p50", "p99"):
-        latency.plot(middles, [p[key] for p in points], label=f"{key} per {series['window_s']:g} s window",
-                     linewidth=1)
+    for key in ("p50", "p99"):  # a window with nothing visible is a gap in the line (NaN), not a slope across it
+        latency.plot(middles, [p.get(key, math.nan) for p in points], ".-", markersize=3, linewidth=1,
+                     label=f"{key} per {series['window_s']:g} s window (gaps: nothing became visible)")
     latency.axhline(series["goal_s"], color="grey", linestyle="--", label=f"goal: p99 {series['goal_s']:g} s")
     _mark_faults(latency, series)
     latency.set_ylabel("produced to visible, s")
     latency.set_ylim(bottom=0)
-    latency.legend(loc="upper left", fontsize=8)
+    latency.legend(loc="best", fontsize=8)
     latency.set_title(f"Freshness at {series['rate']:g} records/s for {series['minutes']:g} min")
     for task, colour in TASK_COLOURS.items():
         runs = [r for r in series["runs"] if r.get(task) is not None]
@@ -69,7 +70,7 @@ def latency_figure(series: dict[str, Any], path: Path) -> None:
     tasks.set_ylabel("task duration, s")
     tasks.set_xlabel("minutes since the producer started (runs at their start)")
     tasks.set_ylim(bottom=0)
-    tasks.legend(loc="upper left", fontsize=8)
+    tasks.legend(loc="best", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -87,7 +88,7 @@ def memory_figure(series: dict[str, Any], path: Path) -> None:
     axes.set_ylabel("resident memory with children, MB")
     axes.set_xlabel("minutes since the producer started")
     axes.set_ylim(bottom=0)
-    axes.legend(loc="upper left", fontsize=8)
+    axes.legend(loc="best", fontsize=8)
     axes.set_title("Memory of the long-lived processes")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
