@@ -4,7 +4,8 @@ whenever records wait (an Asset whose watcher is the backlog trigger), one run a
 Its settings come from SETTINGS_FILE in the DAG folder, which the benchmark (or the smoke test) writes before it
 links this file there: the session's Airflow in the tests runs with an environment fixed when it started, so the
 environment cannot carry them. Without that file the module defines no DAG. Every setting the file leaves out
-keeps the provider's documented default (e.g. the trigger's poll).
+keeps the provider's documented default (e.g. the trigger's poll); `retention_batches`, when given, bounds the
+ledger by count alone (retention_days None), so that the hour run's ledger stays at that many batches.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ if settings_path.exists():
     pipeline_id = settings["pipeline_id"]
     trigger_settings = {"poll_interval_seconds": settings["poll_interval_seconds"]} \
         if settings.get("poll_interval_seconds") is not None else {}
+    retention = {"retention_batches": settings["retention_batches"], "retention_days": None} \
+        if settings.get("retention_batches") is not None else {}
     backlog = PipelineBacklogTrigger(pipeline_id=pipeline_id, topics=[settings["input_topic"]],
                                      kafka_conn_id="kafka_default", **trigger_settings)
 
@@ -52,4 +55,5 @@ if settings_path.exists():
             write_kwargs={"execution_timeout": timedelta(minutes=8)},
             notify_kwargs={"execution_timeout": timedelta(minutes=1), "retries": 3},
             spark_conn_id=settings.get("spark_conn_id"),
+            **retention,
         )

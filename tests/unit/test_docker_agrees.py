@@ -194,8 +194,8 @@ def test_the_image_installs_every_extra_a_mounted_dag_needs(readings):
 
 def test_the_image_installs_every_runtime_extra():
     """The docker/ stack is where a user tries every feature: lineage too, which the OpenLineage provider turns on
-    by being installed (no DAG names it)."""
-    assert image_extras() == set(setup_extras()) - {"test"}
+    by being installed (no DAG names it). Not the repository's own tooling: `test`, and `benchmarks` (the figures)."""
+    assert image_extras() == set(setup_extras()) - {"test", "benchmarks"}
 
 
 def test_every_connection_a_mounted_dag_names_is_defined_with_its_type(readings):

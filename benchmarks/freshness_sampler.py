@@ -1,0 +1,67 @@
+"""Samples, every few seconds of a freshness run, what must stay flat for an hour (issue 51): the resident memory of
+each long-lived process and the number of batches in the pipeline's ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import psutil
+
+from airflow_exactly_once.core.ledger import Ledger
+from benchmarks.freshness_series import WINDOW_SECONDS
+from benchmarks.freshness_watcher import Watcher
+
+
+def rss_with_children(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (0 when it is gone)."""
+    try:
+        process = psutil.Process(pid)
+        family = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for member in family:
+        try:
+            total += member.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def memory_mb(pids: dict[str, int | None]) -> dict[str, float]:
+    """Resident MB (with children) per named process; 0 for one that is down (pid None)."""
+    return {name: round(rss_with_children(pid) / 2**20, 1) if pid else 0.0 for name, pid in pids.items()}
+
+
+def ledger_batch_count(ledger_url: str, pipeline_id: str) -> int | None:
+    """Batches of the pipeline in the ledger, in any state (what retention bounds); None when the ledger could not be
+    read this time (a SQLite ledger locked by a commit, not created yet): a gap in the series, not a failed run."""
+    ledger = Ledger.read_only(ledger_url)
+    try:
+        return sum(ledger.count_batches(pipeline_id, with_interval=tied) for tied in (False, True))
+    except Exception:  # noqa: BLE001 - any read failure is a missing point
+        return None
+    finally:
+        ledger.engine.dispose()
+
+
+class Sampler(Watcher):
+    """Every `interval` seconds from `begin`: the memory of the processes `pids()` names now (a restarted one has a
+    new pid) and the ledger's batch count, each with its time in seconds from the start."""
+
+    what = "the sampler"
+
+    def __init__(self, pids: Callable[[], dict[str, int | None]], ledger_url: str, pipeline_id: str,
+                 interval: float = WINDOW_SECONDS) -> None:
+        super().__init__("sampler")
+        self.pids, self.ledger_url, self.pipeline_id, self.interval = pids, ledger_url, pipeline_id, interval
+        self.samples: list[dict[str, Any]] = []
+
+    def watch(self) -> None:
+        while True:
+            at = time.time()
+            self.samples.append({"t": round(at - self.started_at, 1), "memory_mb": memory_mb(self.pids()),
+                                 "ledger_batches": ledger_batch_count(self.ledger_url, self.pipeline_id)})
+            if self.pause(at + self.interval - time.time()):
+                return
