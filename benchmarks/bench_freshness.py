@@ -33,6 +33,8 @@ import compileall
 import contextlib
 import json
 import os
+import signal
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -550,16 +552,32 @@ class DefaultsAirflowStack(AirflowStack):
         super().__init__(*args, **kwargs)
         self.tuned = tuned or {}
         self._components_lock = threading.Lock()  # the faults' thread changes `processes` while others check them
+        self._orphans: list[subprocess.Popen] = []  # a killed scheduler's session: its workers may still run
+
+    def stop(self) -> None:
+        super().stop()
+        for process in self._orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def _check_alive(self) -> None:
         with self._components_lock:
             super()._check_alive()
 
     def kill_component(self, name: str) -> None:
-        """SIGKILL one component with its session (the scheduler with the LocalExecutor's workers and their tasks)."""
+        """SIGKILL one component. The scheduler alone, as `kill -9` or the OOM killer would: the LocalExecutor's
+        workers it started finish the task they run (it reports to the api-server) and exit. Killed with them, as a
+        lost machine would, the task instance stays `running` until the restarted scheduler's orphan check
+        (`[scheduler] orphaned_tasks_check_interval`, 300 s by default) resets it. Other components with their
+        session."""
         with self._components_lock:
             process = self.processes.pop(name)
-        sigkill_session(process)
+        if name != "scheduler":
+            sigkill_session(process)
+            return
+        process.kill()
+        process.wait()
+        self._orphans.append(process)  # its workers' session, stopped with the stack
 
     def restart_component(self, name: str, timeout: float = 180.0) -> None:
         """Start a killed component again, as the stack started it; returns once its log says it started."""
