@@ -6,8 +6,11 @@ Every message names the server as `sc://host:port`, never the token or user of t
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import socket
+import threading
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, raise_explained
@@ -22,6 +25,7 @@ SESSION_DETAIL = "connect_session"
 TAG_DETAIL = "connect_tag"
 # A lost server is found out within about half a minute (pyspark's default retries last minutes).
 RETRIES, MAX_BACKOFF_MS = 5, 8_000
+RELEASE_DRAIN_S = 10.0  # how long closing a client waits for pyspark's queued releases of finished operations
 
 
 class SparkConnectUnavailable(ExactlyOnceError):
@@ -120,6 +124,7 @@ def open_session(url: str, connect_timeout_s: float = 10.0) -> Any:
 def close_session(spark: Any, release: bool = True) -> None:
     """Close the client's channel, and release the session on the server unless other clients share it (`release`
     False: it stays for the pipeline's next write); a server that is gone already is no error."""
+    drain_releases()
     if not release:
         _detach(spark)
         return
@@ -127,6 +132,36 @@ def close_session(spark: Any, release: bool = True) -> None:
         spark.stop()
     except Exception as exc:
         log.info("could not release the Spark Connect session %s: %s", spark.session_id, first_line(str(exc)))
+
+
+def drain_releases(timeout_s: float = RELEASE_DRAIN_S) -> None:
+    """Wait until pyspark has sent the ReleaseExecute requests it queued for finished operations.
+
+    pyspark releases an operation asynchronously, from a process-wide thread pool, after its last response.
+    A channel closed (or a session released) before that request went out leaves the operation on the
+    server: it logs it at INFO when it drops it (released session, or abandoned and expired), its whole
+    plan included, and a write's plan carries its pickled partition writer with the secrets it needs
+    (docs/secrets.md). One blocked task per pool thread can only all run once every earlier task ended.
+    """
+    from pyspark.sql.connect.client.reattach import ExecutePlanResponseReattachableIterator
+
+    pool = getattr(ExecutePlanResponseReattachableIterator, "_release_thread_pool_instance", None)
+    if pool is None:
+        return
+    workers = getattr(pool, "_max_workers", None) or os.cpu_count() or 8
+    gate = threading.Barrier(workers + 1, timeout=timeout_s)
+
+    def hold() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            gate.wait()
+
+    try:
+        for _ in range(workers):
+            pool.submit(hold)
+        gate.wait()
+    except (RuntimeError, threading.BrokenBarrierError) as exc:  # the pool shut down, or a release hangs
+        gate.abort()
+        log.info("pyspark's queued ReleaseExecute requests did not all finish in %g s: %s", timeout_s, exc)
 
 
 def _detach(spark: Any) -> None:

@@ -15,7 +15,7 @@ read from the server, plus 3 s). Only then is the
 sink cleaned up.
 
 pyspark has no public call that waits for an interrupted operation, so the follow-up uses its
-client's gRPC stub and request types; `_follow` is the one place that does, with its own tests
+client's gRPC stub and request types; `_follow` and `_release` are the places that do, with its own tests
 against a real server (tests/integration/test_spark_connect.py).
 """
 
@@ -81,6 +81,7 @@ def stop_session_operations(url: str, session_id: str, tag: str | None = None,
                                     f"server at {server}: {first_line(str(exc))}") from exc
         for operation in interrupted:
             _follow(old.client, session_id, operation, deadline, server)
+            _release(old.client, session_id, operation)
         if interrupted:  # an ended operation's tasks may still run until Spark kills their Python workers
             time.sleep(_python_kill_timeout_s(old) + TASK_KILL_MARGIN_S)
         return len(interrupted)
@@ -144,6 +145,20 @@ def _follow(client: Any, session_id: str, operation: str, deadline: float, serve
                 return True  # cancelled, failed, or no longer on the server
             raise AttemptNotStopped(f"cannot follow operation {operation} on the Spark Connect server at {server}: "
                                     f"{exc.code().name} {first_line(details)}") from exc
+
+
+def _release(client: Any, session_id: str, operation: str) -> None:
+    """Release an ended operation of a dead client: left on the server, it would be logged with its plan (a write's
+    pickled partition writer, secrets inside) when the server drops it as abandoned (docs/secrets.md)."""
+    from pyspark.sql.connect.proto import base_pb2
+
+    request = base_pb2.ReleaseExecuteRequest(session_id=session_id, operation_id=operation,
+                                             user_context=base_pb2.UserContext(user_id=client._user_id or ""),
+                                             release_all=base_pb2.ReleaseExecuteRequest.ReleaseAll())
+    try:
+        client._stub.ReleaseExecute(request, metadata=client._builder.metadata(), timeout=FOLLOW_QUIET_S)
+    except Exception as exc:  # noqa: BLE001 - gone already, or the server will drop it later
+        log.info("could not release operation %s of an earlier write attempt: %s", operation, first_line(str(exc)))
 
 
 def _python_kill_timeout_s(spark: Any) -> float:
