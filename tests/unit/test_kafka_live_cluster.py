@@ -132,3 +132,31 @@ def test_what_holds_a_partition_back_is_asked_around_a_dead_node(monkeypatch):
     said = transactions.holders("out", 0, 150)
     assert said.startswith("held back by ") and "this pipeline's batch 7" in said, said
     assert [a.closed for a in made] == [True, True] and not stale.closed  # the commit's own client is kept open
+
+
+class TransactionLogAdmin:
+    """Lists one coordinator's transactions; the transaction log's partition 1 led by `leader_of_1`."""
+
+    def __init__(self, leader_of_1: int) -> None:
+        self.leader_of_1 = leader_of_1
+
+    def describe_cluster(self) -> dict:
+        return {"brokers": [{"broker_id": 1}, {"broker_id": 3}]}  # node 2 died a moment ago
+
+    def list_transactions(self, broker_ids: list[int]) -> dict:
+        row = type("Row", (), {"transactional_id": "p-1-0", "state": type("S", (), {"value": "Ongoing"})()})()
+        return {1: [row]}
+
+    def describe_topics(self, topics: list[str]) -> list[dict]:
+        assert topics == [probe.TRANSACTION_LOG]
+        return [{"error_code": 0, "partitions": [{"partition_index": 0, "leader_id": 1},
+                                                  {"partition_index": 1, "leader_id": self.leader_of_1}]}]
+
+
+def test_transactions_are_not_listed_while_a_partition_of_the_transaction_log_has_no_live_leader():
+    """A dead node's coordinators list nothing until their partitions moved: a partial list would read as 'nothing
+    open' to the abort that fences what it finds; LiveCluster asks again (the error is retriable)."""
+    with pytest.raises(Errors.CoordinatorNotAvailableError, match=r"\[1\] of __transaction_state") as unled:
+        probe.matching_transactions(TransactionLogAdmin(leader_of_1=2), r"p-\d+-\d+")
+    assert node_unreachable(unled.value)
+    assert probe.matching_transactions(TransactionLogAdmin(leader_of_1=3), r"p-\d+-\d+") == {"p-1-0": "Ongoing"}

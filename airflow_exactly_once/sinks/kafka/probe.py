@@ -25,6 +25,7 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
+TRANSACTION_LOG = "__transaction_state"  # Kafka's internal topic of the transaction coordinators' state
 
 def new_admin_client(settings: KafkaSettings) -> KafkaAdminClient:
     """An admin client of the output cluster (bootstrapped: raises when no broker answers in time)."""
@@ -151,11 +152,33 @@ def transaction_start_offsets(admin: KafkaAdminClient, producer_id: int,
 
 def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str, str]:
     """Every transactional id the coordinators know that fully matches `id_pattern`, with its state
-    (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet."""
+    (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet.
+
+    Raises CoordinatorNotAvailableError (retriable) while a partition of the transaction log has no live leader:
+    no broker lists its transactions then (a node died a moment ago), and a list without them would read as
+    "nothing open" to the abort that fences what it finds and to `transactions list`.
+    """
     pattern = re.compile(id_pattern)
-    listed = admin.list_transactions(broker_ids=live_broker_ids(admin))
+    live = live_broker_ids(admin)
+    listed = admin.list_transactions(broker_ids=live)
+    unled = transaction_log_unled(admin, live)
+    if unled:
+        raise Errors.CoordinatorNotAvailableError(
+            f"partition(s) {unled} of {TRANSACTION_LOG} have no live leader yet: their transactions cannot be listed")
     return {t.transactional_id: t.state.value for rows in listed.values() for t in rows
             if pattern.fullmatch(t.transactional_id)}
+
+
+def transaction_log_unled(admin: KafkaAdminClient, live: list[int]) -> list[int]:
+    """The partitions of Kafka's transaction log whose leader is not among the `live` brokers (none before any
+    transactional producer made the log)."""
+    try:
+        [described] = admin.describe_topics([TRANSACTION_LOG])
+    except Errors.UnknownTopicOrPartitionError:
+        return []
+    if Errors.for_code(described.get("error_code", 0)) is Errors.UnknownTopicOrPartitionError:
+        return []
+    return sorted(p["partition_index"] for p in described.get("partitions", []) if p.get("leader_id", -1) not in live)
 
 
 def record_visible(settings: KafkaSettings, topic: str, partition: int, offset: int,
