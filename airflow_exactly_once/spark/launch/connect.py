@@ -79,7 +79,9 @@ class ConnectWrite(WriteLauncher):
             name = self.transform if isinstance(self.transform, str) else None
             self.bundle = build_bundle(self.folder.name, name).py_files
             self.digest = bundle_digest(self.bundle)
-            self.shared = not pipeline_writer(self.coordinator.config).changes_session_conf
+            config = self.coordinator.config
+            self.writer = pipeline_writer(config).bind(config, self.coordinator.sink)
+            self.shared = not self.writer.changes_session_conf
             if self.shared:
                 self.spark = open_shared_session(
                     self.url, reusable_session(self.coordinator.ledger, batch_id, self.digest))
@@ -98,7 +100,7 @@ class ConnectWrite(WriteLauncher):
             self.spark.addTag(self.tag)
             self.spark.addArtifacts(str(self.bundle), pyfile=True)
             report = run_write(self.spark, self.coordinator, self.batch_id, transform=self.transform,
-                               on_claimed=lambda claimed: self._claimed(claimed, watch))
+                               on_claimed=lambda claimed: self._claimed(claimed, watch), writer=self.writer)
             report["seconds"] = self.clock.seconds()
             ended = True
             return report
