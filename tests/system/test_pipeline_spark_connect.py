@@ -97,8 +97,8 @@ def test_server_restarted_while_a_batch_is_prepared(kafka, connect_airflow, spar
 
 def test_a_write_timed_out_or_marked_failed_leaves_no_job_on_the_server(kafka, connect_airflow, spark_connect, faults,
                                                                        tmp_path, unique):
-    """Both ways Airflow ends a running write. execution_timeout: the timeout ends the write's wait and its session
-    is released, which interrupts its operations. The run marked failed (the UI, the API): the write's supervisor
+    """Both ways Airflow ends a running write. execution_timeout: the timeout ends the write's wait, which interrupts
+    its tagged operations in the pipeline's session. The run marked failed (the UI, the API): the write's supervisor
     sends SIGTERM and the write operator's on_kill interrupts the attempt's operations. Either way the job, held in
     the transform for up to two minutes otherwise, is gone before the abort or the next run's recovery looks (they
     stop 0 operations), and the next run writes the same range exactly once."""

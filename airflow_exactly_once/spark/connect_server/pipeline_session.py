@@ -2,9 +2,8 @@
 
 A server-side session costs its writes more than its own setup: Spark starts Python workers per session
 (their environment names the session's artifacts), so a write in a new session waits for a Python daemon
-and workers to start and import the package, about 1.9 s on a warm server, and the server keeps each
-session's daemon after the session is released (its memory grew 786 -> 8,352 MB over 82 writes of a
-10-minute run). A write therefore attaches to the session the pipeline's previous batch used
+and workers to start and import the package, and the server keeps each session's daemon after the session
+is released (docs/benchmarks.md, "Measurements behind choices"). A write therefore attaches to the session the pipeline's previous batch used
 (`session_id` in the connection string), when that batch shipped the same bundle (the same digest of this
 package and the transform's module: a worker that imported other code must not run this one), and
 starts a new one otherwise, or when the server says the session was closed (released, or idle longer than
