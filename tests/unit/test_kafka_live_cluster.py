@@ -160,3 +160,30 @@ def test_transactions_are_not_listed_while_a_partition_of_the_transaction_log_ha
         probe.matching_transactions(TransactionLogAdmin(leader_of_1=2), r"p-\d+-\d+")
     assert node_unreachable(unled.value)
     assert probe.matching_transactions(TransactionLogAdmin(leader_of_1=3), r"p-\d+-\d+") == {"p-1-0": "Ongoing"}
+
+
+class LaggingBrokerAdmin:
+    """Answers UNKNOWN_TOPIC_OR_PARTITION `unknown_answers` times (a broker that has not yet heard of a topic created
+    a moment ago), then the topic's two partitions."""
+
+    def __init__(self, unknown_answers: int) -> None:
+        self.unknown_answers, self.asked = unknown_answers, 0
+
+    def describe_topics(self, topics: list[str]) -> list[dict]:
+        self.asked += 1
+        if self.asked <= self.unknown_answers:
+            return [{"error_code": Errors.UnknownTopicOrPartitionError.errno, "partitions": []}]
+        return [{"error_code": 0, "partitions": [{"partition_index": 0}, {"partition_index": 1}],
+                 "authorized_operations": None}]
+
+
+def test_a_topic_a_lagging_broker_does_not_know_yet_is_found_within_the_settle_time(monkeypatch):
+    clock = iter(range(0, 1000))
+    monkeypatch.setattr(probe.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(probe.time, "sleep", lambda _s: None)
+    assert probe.topic_partitions(LaggingBrokerAdmin(unknown_answers=2), "new", settle_s=5.0) == 2
+    # without a settle time (a sweep of a deleted topic) the first answer is believed; a topic missing for longer
+    # than the settle time does not exist
+    assert probe.topic_partitions(LaggingBrokerAdmin(unknown_answers=2), "new") == 0
+    missing = LaggingBrokerAdmin(unknown_answers=100)
+    assert probe.topic_partitions(missing, "gone", settle_s=5.0) == 0 and 1 < missing.asked < 10

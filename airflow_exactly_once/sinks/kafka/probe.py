@@ -58,29 +58,34 @@ def broker_max_transaction_timeout_ms(admin: KafkaAdminClient) -> int:
 
 
 def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.0,
-                     operation: str | None = None) -> int:
+                     operation: str | None = None, settle_s: float = 0.0) -> int:
     """Number of partitions of `topic`; 0 when it does not exist.
 
-    A topic created a moment ago may still answer LEADER_NOT_AVAILABLE: wait for it. With
-    `operation` (e.g. "WRITE"), raises TopicAuthorizationFailedError unless the brokers
+    A topic created a moment ago may still answer LEADER_NOT_AVAILABLE: wait for it. A broker
+    of a cluster that has not yet heard of a topic created on another answers
+    UNKNOWN_TOPIC_OR_PARTITION: with `settle_s`, that answer is believed only once it held
+    that long (a check that refuses a missing topic uses it; a sweep of a deleted topic does not).
+    With `operation` (e.g. "WRITE"), raises TopicAuthorizationFailedError unless the brokers
     allow this client that operation on the topic (the topic's authorized operations).
     """
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
     while True:
         try:
             [described] = admin.describe_topics([topic])
+            error = Errors.for_code(described.get("error_code", 0))
         except Errors.UnknownTopicOrPartitionError:
-            return 0
-        error = Errors.for_code(described.get("error_code", 0))
+            error = Errors.UnknownTopicOrPartitionError
         if error is Errors.UnknownTopicOrPartitionError:
-            return 0
-        if error is Errors.NoError and described.get("partitions"):
+            if time.monotonic() - start >= settle_s:
+                return 0
+        elif error is Errors.NoError and described.get("partitions"):
             allowed = described.get("authorized_operations")
             if operation and allowed is not None and operation not in allowed and "ALL" not in allowed:
                 raise Errors.TopicAuthorizationFailedError(f"{operation} on topic {topic!r} (allowed: "
                                                            f"{', '.join(allowed) or 'nothing'})")
             return len(described["partitions"])
-        if time.monotonic() > deadline:
+        elif time.monotonic() > deadline:
             raise error(f"describing topic {topic!r} failed")
         time.sleep(0.5)
 

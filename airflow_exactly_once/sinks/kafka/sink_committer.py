@@ -34,6 +34,9 @@ from airflow_exactly_once.sinks.kafka.transactional_ids import UsedNaming, prefi
 
 log = logging.getLogger(__name__)
 
+# A cluster's broker may not yet know a topic created a moment ago on another: how long "does not exist" must hold.
+TOPIC_SETTLE_S = 3.0
+
 
 class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
     spec_type = KafkaSpec
@@ -68,7 +71,7 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
         settings = self.output.client_settings()
         try:
             with probe.admin_client(settings) as admin:
-                if not probe.topic_partitions(admin, topic, operation="WRITE"):
+                if not probe.topic_partitions(admin, topic, operation="WRITE", settle_s=TOPIC_SETTLE_S):
                     raise ConfigurationError(f"the kafka sink topic {topic!r} does not exist on "
                                              f"{settings.bootstrap_servers}: create it (the sink never creates topics)")
                 if self.guarantee == "EXACTLY_ONCE":
