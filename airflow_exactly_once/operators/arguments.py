@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import options_of
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN, matching_key_paths, secret_values
 from airflow_exactly_once.pipeline_check import secret_paths
 from airflow_exactly_once.sinks import SPECS
@@ -54,6 +55,12 @@ TASK_ARGUMENTS = (
     Argument("spark_conn_id", None, "A `spark` connection: spark-submit the write to that cluster; or a "
                                     "`spark_connect` connection: run it on that Spark Connect server; default: a "
                                     "Spark driver in the task."),
+    Argument("spark_connect_session", "pipeline",
+             "On a Spark Connect server: 'pipeline' (the writes of a pipeline share one server-side session while "
+             "the shipped code is the same: warm Python workers; what a transform sets in the session, settings "
+             "or temporary views, stays for the next batch) or 'attempt' (a new session per write attempt, "
+             "released after it, as a Spark driver per task would be).", templated=False,
+             choices=("pipeline", "attempt")),
 )
 
 
@@ -84,7 +91,12 @@ def take_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
     missing = [a.name for a in ARGUMENTS if a.required and a.name not in kwargs]
     if missing:
         raise TypeError(f"missing required pipeline argument(s): {', '.join(missing)}")
-    return {a.name: kwargs.pop(a.name) if a.name in kwargs else copy.copy(a.default) for a in ARGUMENTS}
+    given = {a.name: kwargs.pop(a.name) if a.name in kwargs else copy.copy(a.default) for a in ARGUMENTS}
+    for a in TASK_ARGUMENTS:  # the pipeline settings' choices are checked by PipelineConfig
+        if a.choices and not a.templated and given[a.name] not in a.choices:
+            raise ConfigurationError(f"{a.name}={given[a.name]!r} is not supported; choose one of "
+                                     f"{', '.join(map(repr, a.choices))}")
+    return given
 
 
 def signature(extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:

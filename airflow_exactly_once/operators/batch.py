@@ -115,6 +115,7 @@ class ExactlyOnceBaseOperator(BaseOperator):
         self.spark_conf: dict[str, Any] | None = given["spark_conf"]
         self.schema_registry_conn_id: str | None = given["schema_registry_conn_id"]
         self.spark_conn_id: str | None = given["spark_conn_id"]
+        self.spark_connect_session: str = given["spark_connect_session"]
         _mask(arguments.secret_texts(given))  # literal secrets: out of the logs from the start
         # When the DAG is parsed: the embedded ledger where this task may run on several machines is a warning here,
         # and an error when the task runs.
@@ -411,7 +412,8 @@ class WriteBatchOperator(_BatchStepOperator):
         started = time.monotonic()
         self.launcher = write_launcher(self.coordinator, spark_conn_id=self.spark_conn_id,
                                        connect_url=self.spark_connect_url(), spark_conf=self.spark_conf,
-                                       transform=self.transform, log=self.log)
+                                       transform=self.transform, log=self.log,
+                                       connect_session=self.spark_connect_session)
         try:
             report = self.launcher.run(batch_id)
         finally:

@@ -31,7 +31,7 @@ from airflow_exactly_once.spark.packages import check_line_packages, pipeline_pa
 
 def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id: str | None,
                    connect_url: str | None, spark_conf: dict[str, Any] | None, transform: str | Callable | None,
-                   log: TaskLog) -> WriteLauncher:
+                   log: TaskLog, connect_session: str = "pipeline") -> WriteLauncher:
     """The launcher of the write: on the Spark Connect server at `connect_url` (a `spark_connect` connection, or
     spark_conf's spark.remote), spark-submitted with the `spark` connection `spark_conn_id`, else in the task.
 
@@ -41,7 +41,7 @@ def write_launcher(coordinator: Callable[[], BatchCoordinator], *, spark_conn_id
     if connect_url is not None:
         from airflow_exactly_once.spark.launch.connect import ConnectWrite
 
-        return ConnectWrite(coordinator(), connect_url, transform, log)
+        return ConnectWrite(coordinator(), connect_url, transform, log, share_session=connect_session == "pipeline")
     if spark_conn_id:
         from airflow_exactly_once.spark.launch.submit import SparkSubmitWrite
 

@@ -48,8 +48,10 @@ def test_operators_store_arguments_and_fill_defaults(tmp_path):
 
 def distinct_value(argument: arguments.Argument) -> object:
     """A value no other argument gets: Jinja text naming it where it is templated (as a DAG may give it), else an
-    object of its own."""
-    return f"{{{{ params.{argument.name} }}}}" if argument.templated else object()
+    object of its own (or its last allowed value, where the operator checks its choices)."""
+    if argument.templated:
+        return f"{{{{ params.{argument.name} }}}}"
+    return argument.choices[-1] if argument.choices else object()
 
 
 def test_the_operators_attributes_are_exactly_the_declared_arguments():

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import zipfile
 
+import pytest
+
+from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.states import BatchState
+from airflow_exactly_once.operators.arguments import take_arguments
 from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.spark.connect_server.pipeline_session import (
     BUNDLE_DETAIL,
     attempt_tag,
     bundle_digest,
     reusable_session,
+    shares_session,
 )
 from airflow_exactly_once.spark.connect_server.session import SESSION_DETAIL, TAG_DETAIL
 from tests.harness import pipeline_config
@@ -62,10 +67,11 @@ def test_the_digest_follows_the_shipped_bytes(tmp_path):
     assert bundle_digest(bundle("c.zip", "x = 2\n")) != bundle_digest(bundle("a.zip", "x = 1\n"))
 
 
-def test_only_writes_that_change_the_session_settings_get_a_session_of_their_own(tmp_path):
-    def writer(sink: dict, **overrides):
-        return pipeline_writer(pipeline_config("p", ["t"], sink, "127.0.0.1:9", **overrides))
+def writer(sink: dict, **overrides):
+    return pipeline_writer(pipeline_config("p", ["t"], sink, "127.0.0.1:9", **overrides))
 
+
+def test_only_writes_that_change_the_session_settings_get_a_session_of_their_own(tmp_path):
     assert not writer({"type": "kafka", "topic": "out"}).changes_session_conf
     assert not writer({"type": "parquet", "path": str(tmp_path / "out")}).changes_session_conf
     iceberg = {"type": "iceberg", "table": "db.t", "warehouse": str(tmp_path / "lake")}
@@ -75,3 +81,15 @@ def test_only_writes_that_change_the_session_settings_get_a_session_of_their_own
     assert writer({"type": "parquet", "path": str(tmp_path / "o")}, bad_record_policy="dead_letter",
                   dead_letter={"type": "iceberg", "table": "db.dl", "warehouse": str(tmp_path / "lake")}
                   ).changes_session_conf
+
+
+def test_a_dag_that_asks_for_a_session_per_attempt_gets_one_and_a_misspelt_choice_is_refused(tmp_path):
+    parquet = writer({"type": "parquet", "path": str(tmp_path / "out")})
+    assert shares_session(True, parquet) and not shares_session(False, parquet)
+    assert not shares_session(True, writer({"type": "delta", "path": str(tmp_path / "d")}))
+    with pytest.raises(ConfigurationError, match=r"spark_connect_session='per_attempt' is not supported; choose one "
+                                                 r"of 'pipeline', 'attempt'"):
+        take_arguments({"pipeline_id": "p", "topics": "t", "sink": {"type": "kafka", "topic": "o"},
+                        "spark_connect_session": "per_attempt"})
+    assert take_arguments({"pipeline_id": "p", "topics": "t", "sink": {"type": "kafka", "topic": "o"}}
+                          )["spark_connect_session"] == "pipeline"

@@ -28,6 +28,7 @@ from typing import Any
 from airflow_exactly_once.core.errors import raise_explained
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import BatchId
+from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
     TAG_DETAIL,
@@ -58,6 +59,12 @@ def bundle_digest(path: str | Path) -> str:
 def attempt_tag(batch_id: BatchId) -> str:
     """The operation tag of one write attempt: unique, so stopping it stops nothing of another attempt."""
     return f"aeo-{batch_id.pipeline_id}-{batch_id.seq}-{uuid.uuid4().hex[:12]}"
+
+
+def shares_session(wanted: bool, writer: SinkWriter) -> bool:
+    """Whether a write attempt runs in its pipeline's shared session: unless the DAG asked for a session per
+    attempt (`spark_connect_session='attempt'`) or the sink's staging changes session settings."""
+    return wanted and not writer.changes_session_conf
 
 
 def reusable_session(ledger: Ledger, batch_id: BatchId, digest: str) -> str | None:

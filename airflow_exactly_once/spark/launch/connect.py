@@ -36,6 +36,7 @@ from airflow_exactly_once.spark.connect_server.pipeline_session import (
     bundle_digest,
     open_shared_session,
     reusable_session,
+    shares_session,
 )
 from airflow_exactly_once.spark.connect_server.session import (
     SESSION_DETAIL,
@@ -62,13 +63,14 @@ class ConnectWrite(WriteLauncher):
     job there; `cancel` (on_kill, or a newer attempt's fence) interrupts this attempt's operations."""
 
     def __init__(self, coordinator: BatchCoordinator, url: str, transform: str | Callable | None,
-                 log_: TaskLog | None = None) -> None:
+                 log_: TaskLog | None = None, share_session: bool = True) -> None:
         self.coordinator = coordinator
         self.url = url
         self.transform = transform
         self.log = log_ or log
         self.spark: Any = None
         self.tag: str | None = None
+        self.share_session = share_session  # the DAG's spark_connect_session: 'pipeline' (True) or 'attempt'
         self.shared = False  # in the pipeline's shared session (not released), or in one of its own
 
     def start(self, batch_id: BatchId) -> None:
@@ -81,7 +83,7 @@ class ConnectWrite(WriteLauncher):
             self.digest = bundle_digest(self.bundle)
             config = self.coordinator.config
             self.writer = pipeline_writer(config).bind(config, self.coordinator.sink)
-            self.shared = not self.writer.changes_session_conf
+            self.shared = shares_session(self.share_session, self.writer)
             if self.shared:
                 self.spark = open_shared_session(
                     self.url, reusable_session(self.coordinator.ledger, batch_id, self.digest))
