@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.optimistic_commit import commit_with_retries
 from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
 from airflow_exactly_once.sinks.delta.folder import LocalFolder
@@ -30,7 +31,6 @@ from airflow_exactly_once.sinks.delta.withdrawn import WithdrawnFolders
 
 log = logging.getLogger(__name__)
 
-MAX_COMMIT_ATTEMPTS = 10
 T = TypeVar("T")
 
 
@@ -61,15 +61,8 @@ class TableCommits:
 
     def _with_retries(self, what: str, step: Callable[[Any], T]) -> T:
         """Run `step(table)` on a freshly loaded table until its commit is not beaten by a conflicting one."""
-        failed = deltalake().exceptions.CommitFailedError
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
-            table = self.target.load()
-            try:
-                return step(table)
-            except failed as exc:
-                log.info("%s: a conflicting commit won (%s); reading the table again", what, exc)
-                time.sleep(min(0.05 * 2 ** attempt, 2.0))
-        raise SinkError(f"{what}: conflicting commits kept winning in {self.target.root}; retry", retriable=True)
+        return commit_with_retries(what, self.target.load, step, beaten=deltalake().exceptions.CommitFailedError,
+                                   where=str(self.target.root))
 
     def _commit(self, table: Any, actions: list[Any], metadata: dict[str, str], app: str | None = None,
                 version: int = 0) -> None:

@@ -19,18 +19,17 @@ batch in main's history when the commit landed, and publishes it otherwise.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, TypeVar
 
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.optimistic_commit import commit_with_retries
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec, catalog_failure, rest_failure, unreachable
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 
 log = logging.getLogger(__name__)
 
-MAX_COMMIT_ATTEMPTS = 10
 T = TypeVar("T")
 
 
@@ -121,24 +120,17 @@ class TableCommitter:
         """Run `step(table)` on a freshly loaded table until its commit is not beaten by another writer."""
         from pyiceberg.exceptions import CommitFailedException
 
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
-            table = self.load()
-            try:
-                return step(table)
-            except CommitFailedException as exc:
-                log.info("%s: main moved meanwhile (%s); reading the table again", what, exc)
-                time.sleep(min(0.05 * 2 ** attempt, 2.0))
-            except (SinkError, ValueError):
-                raise
-            except Exception as exc:
-                if "OperationalError" in type(exc).__name__ or "InterfaceError" in type(exc).__name__:
-                    raise unreachable(self.catalog_spec, exc) from exc
-                # a REST commit's request that failed may have been applied: CommitOutcomeUnknown, nothing deleted
-                failure = rest_failure(self.catalog_spec, exc, self.table_name, committing=what)
-                if failure is not None:
-                    raise failure from exc
-                raise
-        raise SinkError(f"{what}: other writers kept moving main of {self.table_name}; retry", retriable=True)
+        return commit_with_retries(what, self.load, step, beaten=CommitFailedException,
+                                   where=f"main of {self.table_name}", explain=lambda exc: self._explain(exc, what))
+
+    def _explain(self, exc: Exception, what: str) -> Exception | None:
+        """The catalog's failure as the error that says what to do; None: raise it as it is (a ValueError too)."""
+        if isinstance(exc, ValueError):
+            return None
+        if "OperationalError" in type(exc).__name__ or "InterfaceError" in type(exc).__name__:
+            return unreachable(self.catalog_spec, exc)
+        # a REST commit's request that failed may have been applied: CommitOutcomeUnknown, nothing deleted
+        return rest_failure(self.catalog_spec, exc, self.table_name, committing=what)
 
     # -- publish -------------------------------------------------------------------
 
