@@ -22,6 +22,11 @@ RECOVERY_STEP_SECONDS = 1.0
 TASK_GROWTH_RATIO = 1.5
 TASK_GROWTH_SECONDS = 0.2
 MEMORY_CHANGE_LIMIT = 0.10  # a long-lived process's resident memory moves less than this between the windows
+# A process's memory at rest: the 10th percentile of its samples in a window. The scheduler's samples include the
+# task processes its LocalExecutor runs (and the dag-processor's its parsing processes) when one runs at the
+# sample: the median of such a series says how often a task ran, its floor what the process keeps. A leak lifts the
+# floor too.
+MEMORY_FLOOR_SHARE = 0.10
 
 
 def nearest_rank(share: float, count: int) -> int:
@@ -64,7 +69,7 @@ def latency_windows(visibility: Visibility, end: float, width: float = WINDOW_SE
 
 @dataclass(frozen=True)
 class Comparison:
-    """A quantity's median in an early window against a late one, and whether that counts as flat."""
+    """A quantity in an early window against a late one (a median, or a memory's floor), and whether that is flat."""
 
     what: str
     first: float
@@ -85,6 +90,12 @@ def median_between(points: Sequence[tuple[float, float]], start: float, end: flo
     """The median of the values whose time is in [start, end); None when there is none."""
     values = [value for at, value in points if start <= at < end]
     return statistics.median(values) if values else None
+
+
+def percentile_between(points: Sequence[tuple[float, float]], start: float, end: float, share: float) -> float | None:
+    """The nearest-rank percentile `share` of the values whose time is in [start, end); None when there is none."""
+    values = sorted(value for at, value in points if start <= at < end)
+    return values[nearest_rank(share, len(values)) - 1] if values else None
 
 
 def task_windows(total: float) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -113,15 +124,16 @@ def task_flatness(task: str, durations: Sequence[tuple[float, float]], total: fl
 
 
 def memory_flatness(process: str, samples: Sequence[tuple[float, float]], total: float) -> Comparison | None:
-    """A process's resident MB in the baseline window against the last: flat within MEMORY_CHANGE_LIMIT either way.
-    None: a window has no sample."""
+    """A process's resident MB at rest (MEMORY_FLOOR_SHARE) in the baseline window against the last: flat within
+    MEMORY_CHANGE_LIMIT either way. None: a window has no sample."""
     (a, b), (c, d) = memory_windows(total)
-    first, last = median_between(samples, a, b), median_between(samples, c, d)
+    first = percentile_between(samples, a, b, MEMORY_FLOOR_SHARE)
+    last = percentile_between(samples, c, d, MEMORY_FLOOR_SHARE)
     if first is None or last is None:
         return None
     change = abs(last - first) / first if first else float("inf")
-    return Comparison(f"{process} MB (median, {a:.0f}-{b:.0f} s vs the last {d - c:.0f} s)", first, last,
-                      change <= MEMORY_CHANGE_LIMIT, f"fails beyond {MEMORY_CHANGE_LIMIT:.0%} change")
+    return Comparison(f"{process} MB (at rest: 10th percentile, {a:.0f}-{b:.0f} s vs the last {d - c:.0f} s)", first,
+                      last, change <= MEMORY_CHANGE_LIMIT, f"fails beyond {MEMORY_CHANGE_LIMIT:.0%} change")
 
 
 def ledger_bound(retention_batches: int, prune_slack: int, in_flight: int = 2) -> int:

@@ -72,6 +72,18 @@ def test_memory_is_flat_within_ten_percent_either_way_after_the_warm_up():
     assert not with_last(1110.0) and not with_last(880.0)
 
 
+def test_memory_is_compared_at_rest_so_that_task_processes_running_at_some_samples_do_not_count():
+    """The scheduler's samples include the task processes its LocalExecutor runs, when one runs: 880 MB at rest,
+    1,170 MB with a task. More samples with a task in the last window is not growth; a higher floor is."""
+    def scheduler(last_busy_every: int, last_rest: float) -> bool:
+        baseline = [(t, 1170.0 if t % 30 == 0 else 880.0) for t in range(300, 600, 10)]  # a task in a third
+        last = [(t, 1170.0 if (t // 10) % last_busy_every == 0 else last_rest) for t in range(3300, 3600, 10)]
+        return memory_flatness("scheduler", baseline + last, 3600).flat
+
+    assert scheduler(last_busy_every=2, last_rest=886.0)  # a task in half the samples: the median moved, not the floor
+    assert not scheduler(last_busy_every=2, last_rest=1000.0)  # what it keeps at rest grew 14 %
+
+
 def test_the_ledger_bound_is_retention_plus_what_waits_for_the_next_prune_the_floor_and_the_runs_in_flight():
     assert ledger_bound(100, 50) == 153
     assert ledger_bound(100, 50, in_flight=0) == 151
