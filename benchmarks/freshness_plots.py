@@ -77,13 +77,19 @@ def latency_figure(series: dict[str, Any], path: Path) -> None:
 
 
 def memory_figure(series: dict[str, Any], path: Path) -> None:
-    """Resident memory (with children) of each long-lived process over time."""
+    """Resident memory (with children) of each long-lived process over time; dashed, the Java heap in use of those
+    that are JVMs (when the run sampled it)."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(11, 4.5))
-    names = sorted({name for sample in series["samples"] for name in sample["memory_mb"]})
+    samples = series["samples"]
+    names = sorted({name for sample in samples for name in sample["memory_mb"]})
     for name in names:
-        axes.plot([s["t"] / 60 for s in series["samples"]], [s["memory_mb"].get(name) for s in series["samples"]],
-                  label=name, linewidth=1)
+        line, = axes.plot([s["t"] / 60 for s in samples], [s["memory_mb"].get(name) for s in samples],
+                          label=name, linewidth=1)
+        heaps = [(s["t"] / 60, s["heap_mb"][name]) for s in samples if name in s.get("heap_mb", {})]
+        if heaps:
+            axes.plot(*zip(*heaps), linestyle="--", linewidth=0.8, color=line.get_color(),
+                      label=f"{name}: Java heap in use")
     _mark_faults(axes, series)
     axes.set_ylabel("resident memory with children, MB")
     axes.set_xlabel("minutes since the producer started")

@@ -54,8 +54,11 @@ class LocalKafkaBroker(LocalServer):
         transaction_max_timeout_ms: int = 900_000,
         extra_config: dict[str, str] | None = None,
         version: str | None = None,
+        heap_options: tuple[str, ...] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        if heap_options is not None:
+            self.heap_options = heap_options
         self.version = version or kafka_version()
         self.port = port or reserve_port()
         self.controller_port = controller_port or reserve_port()

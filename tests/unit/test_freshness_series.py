@@ -11,6 +11,7 @@ import pytest
 from benchmarks.bench_freshness import OursResult, drift_checks, failed_tasks, fault_checks, percentile
 from benchmarks.freshness_faults import Fault, FaultInjector, fault_offsets
 from benchmarks.freshness_plots import PlotLibraryMissing, pyplot
+from benchmarks.freshness_sampler import heap_used_kb
 from benchmarks.freshness_series import (Visibility, latency_windows, ledger_bound, memory_flatness, memory_windows,
                                          recovery_seconds, task_flatness, task_windows, under_goal)
 
@@ -212,3 +213,13 @@ def test_without_matplotlib_the_figures_say_which_extra_to_install(monkeypatch):
     with pytest.raises(PlotLibraryMissing, match=r"pip install airflow-exactly-once\[benchmarks\]") as raised:
         pyplot()
     assert raised.value.retriable is False and "make benchmark-freshness-hour" in str(raised.value)
+
+
+def test_the_heap_in_use_is_survivors_eden_and_old_from_jstat_gc():
+    """`jstat -gc`'s capacities (S0C, EC, OC...) and metaspace (MU) are not the heap in use: only the four U columns
+    of the heap count (KB)."""
+    output = (" S0C    S1C    S0U    S1U      EC       EU        OC         OU       MC     MU    CCSC   CCSU   YGC "
+              "    YGCT     FGC    FGCT     CGC    CGCT       GCT   \n"
+              "  0.0  4096.0   0.0  4096.0 614400.0  20480.0  430080.0   97280.0  52864.0 51616.4 6528.0 5921.2     12"
+              "     0.095     0      0.000     4      0.011    0.106\n")
+    assert heap_used_kb(output) == 4096.0 + 20480.0 + 97280.0
