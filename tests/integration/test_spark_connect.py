@@ -238,6 +238,39 @@ def test_a_pipelines_writes_share_a_session_and_a_newer_attempt_stops_only_the_o
     assert_exactly_once(sent, [row["value"] for row in read_parquet(tmp_path / "out")])
 
 
+def through_a_temp_view(df):
+    """A transform that registers the batch as a temporary view: in a session an earlier batch used, the view exists
+    already and createTempView fails (what spark_connect_session='attempt' is for)."""
+    as_text(df).createTempView("batch_rows")
+    return df.sparkSession.sql("SELECT key, value FROM batch_rows")
+
+
+def test_with_a_session_per_attempt_each_write_starts_clean_and_releases_its_session(kafka, spark_connect, tmp_path):
+    """spark_connect_session='attempt': each batch's write opens a session of its own (a transform that creates a
+    temporary view works batch after batch), records it without a tag, and releases it when done."""
+    name = f"connect-attempt-{uuid.uuid4().hex[:6]}"
+    create_topic(kafka.bootstrap_servers, name)
+    create_topic(kafka.bootstrap_servers, f"{name}-out", partitions=2)
+    pipe = pipe_for(kafka, tmp_path, name, {"type": "kafka", "topic": f"{name}-out"})
+    sent, sessions = [], []
+    for run in range(2):
+        sent += produce(kafka.bootstrap_servers, name, 50, start=50 * run)
+        batch = pipe.plan(f"run-{run}").batch
+        summary = ConnectWrite(pipe.coordinator, spark_connect.url, through_a_temp_view, share_session=False).run(
+            batch.id)
+        assert summary["action"] == "prepared" and summary["output_records"] == 50
+        details = pipe.ledger.get_batch(batch.id).details
+        assert details[TAG_DETAIL] is None  # its own session: a newer attempt releases it, no tag needed
+        sessions.append(details[SESSION_DETAIL])
+        pipe.commit(batch.id)
+    assert sessions[0] != sessions[1]
+    released = open_session(session_url(spark_connect.url, sessions[0]))
+    with pytest.raises(Exception, match="SESSION_CLOSED"):
+        released.range(1).collect()
+    close_session(released, release=False)
+    assert_exactly_once(sent, read_all(kafka.bootstrap_servers, f"{name}-out"))
+
+
 def test_an_unreachable_server_is_a_retriable_error_and_changes_nothing(kafka, tmp_path):
     name = f"connect-down-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)
