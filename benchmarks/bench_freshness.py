@@ -891,8 +891,9 @@ def main() -> int:
                         "broker": broker.process.pid if broker.process else None}
 
             sampler = Sampler(pids, f"sqlite:///{stack.home / EMBEDDED_LEDGER_FILE}", settings.pipeline_id)
-            components: dict[str, Restartable] = {"connect": ServerComponent("connect", connect), "broker": ServerComponent("broker", broker),
-                          "scheduler": AirflowComponent("scheduler", stack)}
+            components: dict[str, Restartable] = {"connect": ServerComponent("connect", connect),
+                                                  "broker": ServerComponent("broker", broker),
+                                                  "scheduler": AirflowComponent("scheduler", stack)}
             injector = FaultInjector([components[name] for name in args.faults], seconds)
             watchers: list[Watcher] = [sampler, *([injector] if args.faults else [])]
             try:
@@ -939,7 +940,6 @@ def main() -> int:
     if args.drift_checks:
         checks += drift_checks(ours, samples, seconds, args.retention_batches,
                                {"connect server" if f.component == "connect" else f.component for f in faults})
-    if args.drift_checks:
         print_heaps(samples, seconds)
     print("checks:")
     if not print_checks(checks):

@@ -132,8 +132,9 @@ def memory_flatness(process: str, samples: Sequence[tuple[float, float]], total:
     if first is None or last is None:
         return None
     change = abs(last - first) / first if first else float("inf")
-    return Comparison(f"{process} MB (at rest: percentile {MEMORY_FLOOR_SHARE:.0%}, {a:.0f}-{b:.0f} s vs the last {d - c:.0f} s)", first,
-                      last, change <= MEMORY_CHANGE_LIMIT, f"fails beyond {MEMORY_CHANGE_LIMIT:.0%} change")
+    what = f"{process} MB (at rest: percentile {MEMORY_FLOOR_SHARE:.0%}, {a:.0f}-{b:.0f} s vs the last {d - c:.0f} s)"
+    return Comparison(what, first, last, change <= MEMORY_CHANGE_LIMIT,
+                      f"fails beyond {MEMORY_CHANGE_LIMIT:.0%} change")
 
 
 def ledger_bound(retention_batches: int, prune_slack: int, in_flight: int = 2) -> int:
