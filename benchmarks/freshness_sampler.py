@@ -16,15 +16,19 @@ from benchmarks.freshness_series import WINDOW_SECONDS
 from benchmarks.freshness_watcher import Watcher
 
 
-def rss_with_children(pid: int) -> int:
-    """Resident bytes of a process and all its descendants (0 when it is gone)."""
+def family(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants; empty when it is gone."""
     try:
         process = psutil.Process(pid)
-        family = [process, *process.children(recursive=True)]
+        return [process, *process.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
+        return []
+
+
+def rss_with_children(pid: int) -> int:
+    """Resident bytes of a process and all its descendants (0 when it is gone)."""
     total = 0
-    for member in family:
+    for member in family(pid):
         try:
             total += member.memory_info().rss
         except psutil.NoSuchProcess:
@@ -52,11 +56,13 @@ def java_heap_mb(pid: int) -> float | None:
     """MB of Java heap in use summed over the JVMs among a process and its descendants; None: no JVM there, or
     `jstat` (the JDK's, `make setup` installs it) missing or refused."""
     jstat = shutil.which("jstat")
-    try:
-        process = psutil.Process(pid)
-        jvms = [member.pid for member in (process, *process.children(recursive=True)) if member.name() == "java"]
-    except psutil.NoSuchProcess:
-        return None
+    jvms = []
+    for member in family(pid):
+        try:
+            if member.name() == "java":
+                jvms.append(member.pid)
+        except psutil.NoSuchProcess:
+            pass
     if jstat is None or not jvms:
         return None
     total = 0.0
