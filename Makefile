@@ -260,8 +260,9 @@ $(VENV)/.benchmarks-installed: $(VENV)/.installed setup.cfg constraints.txt
 
 # An hour without drift (not in CI): 60 minutes at 1,000 records/s, ours only, retention keeping 100 batches; fails
 # unless exact, no task failed or retried, plan / notify_complete flat (first vs last 10 minutes), each long-lived
-# process's memory at rest flat within 10 % (minutes 5-10 vs the last 5) and the ledger bounded. The figures and the series
-# go to docs/images/ (docs/benchmarks.md). Run it alone on the machine.
+# process's memory at rest flat within 10 % (minutes 5-10 vs the last 5) and the ledger bounded; the broker's heap is
+# fixed (1G) and the JVMs' heap in use reported. The figures and the series go to docs/images/ (docs/benchmarks.md).
+# Run it alone on the machine.
 benchmark-freshness-hour: setup benchmark-deps
 	PYTHONPATH=. $(PY) benchmarks/bench_freshness.py --rate 1000 --minutes 60 --no-spark --retention-batches 100 \
 	  --drift-checks --name freshness-hour --plot docs/images $(ARGS)
