@@ -63,7 +63,7 @@ def run(bootstrap: str, naming: str, batches: int, partitions: int, folder: Path
     seconds = time.perf_counter() - started
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     try:
-        live = probe.matching_transactions(admin, ids.pipeline_pattern())
+        live = probe.matching_transactions(admin, KafkaSettings(bootstrap), ids.pipeline_pattern())
     finally:
         admin.close()
     return {"naming": naming, "batches": batches, "partitions": partitions, "ids_on_coordinator": len(live),

@@ -9,7 +9,8 @@ factor 3 for new topics, the offsets topic and the transaction state log, `min.i
 partitions within seconds, not the default 9 s + 30 s.
 
 Faults: `kill(node_id)` SIGKILLs one node (no shutdown hook, as a lost machine), `restart(node_id)`
-brings it back on its data; `transaction_coordinator(transactional_id)` asks FindCoordinator (through
+brings it back on its data; `pause(node_id)` SIGSTOPs one (a long GC pause, a hung machine: connections are
+accepted by the kernel and never answered), `resume(node_id)` lets it go on; `transaction_coordinator(transactional_id)` asks FindCoordinator (through
 DescribeTransactions) which node owns an id, `partition_leader(topic, partition)` reads the metadata.
 
 Heap: 320 MiB per node (measured RSS about 0.5 GiB per node idle and under the cluster tests, docs/testing.md).
@@ -17,6 +18,8 @@ Heap: 320 MiB per node (measured RSS about 0.5 GiB per node idle and under the c
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -100,6 +103,7 @@ class LocalKafkaCluster:
                                  transaction_max_timeout_ms=transaction_max_timeout_ms,
                                  extra_config=extra_config, version=version)
             for node_id, (port, controller) in ports.items()}
+        self.paused: set[int] = set()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -118,6 +122,8 @@ class LocalKafkaCluster:
         return self
 
     def stop(self) -> None:
+        for node_id in list(self.paused):  # a stopped process would hold its SIGTERM until the stop's timeout
+            self.resume(node_id)
         self._each(lambda node: node.stop(), list(self.nodes.values()))
 
     def __enter__(self) -> "LocalKafkaCluster":
@@ -129,6 +135,22 @@ class LocalKafkaCluster:
     def kill(self, node_id: int) -> None:
         """SIGKILL one node (controller and broker at once), as a lost machine."""
         self.node(node_id).kill()
+
+    def pause(self, node_id: int) -> None:
+        """SIGSTOP one node: it keeps its sockets, the kernel accepts connections, nothing answers."""
+        os.kill(self._pid(node_id), signal.SIGSTOP)
+        self.paused.add(node_id)
+
+    def resume(self, node_id: int) -> None:
+        """SIGCONT a paused node."""
+        os.kill(self._pid(node_id), signal.SIGCONT)
+        self.paused.discard(node_id)
+
+    def _pid(self, node_id: int) -> int:
+        process = self.node(node_id).process
+        if process is None or process.poll() is not None:
+            raise RuntimeError(f"node {node_id} does not run")
+        return process.pid
 
     def restart(self, node_id: int, timeout: float = 120.0) -> None:
         """Start a killed or stopped node again on its data; returns once it is back in the cluster and every
@@ -145,8 +167,9 @@ class LocalKafkaCluster:
         return self.nodes[node_id]
 
     def live_bootstrap(self) -> str:
-        """The bootstrap servers of the nodes that run (a test's own clients skip a killed node's address)."""
-        return ",".join(n.bootstrap_servers for n in self.nodes.values() if n.process and n.process.poll() is None)
+        """The bootstrap servers of the nodes that run and are not paused (a test's own clients skip them)."""
+        return ",".join(n.bootstrap_servers for node_id, n in self.nodes.items()
+                        if n.process and n.process.poll() is None and node_id not in self.paused)
 
     # ----------------------------------------------------------------------- reading the cluster
 

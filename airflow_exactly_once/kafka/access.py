@@ -5,8 +5,9 @@ after its bootstrap timeout, "Unable to bootstrap" (the broker's SASL error resp
 together with the closed connection, and kafka-python drops both). So when a client only says
 it could not connect, `diagnose` asks the servers itself, within a few seconds:
 
-1. TCP: does anything listen at the bootstrap servers? Each is tried until one answers (refused,
-   unreachable: a retry may help; the error names every server that did not answer)
+1. TCP: does anything listen at the bootstrap servers, and answer? Each is tried until one answers (refused,
+   unreachable, or accepted and silent as a paused node is: a retry may help; the error names every server that
+   did not answer)
 2. TLS, when security.protocol is SSL or SASL_SSL: does the handshake pass with the settings'
    CA, host name check and client certificate? A plaintext port answers a TLS handshake with
    garbage or silence; for PLAINTEXT settings, a TLS port closes the connection on a Kafka request.
@@ -25,12 +26,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.kafka.liveness import NoAnswer, api_versions_answered
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 DIAGNOSIS_TIMEOUT_S = 5.0
@@ -59,6 +60,10 @@ class Diagnosis:
     detail: str
     reachable: bool = True
     not_reached: tuple[str, ...] = ()
+
+
+class _Silent(Exception):
+    """A server accepted the connection and never answered: its process is paused or hung."""
 
 
 class _ClosedWithoutAnswer(Exception):
@@ -122,6 +127,9 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
         except _ClosedWithoutAnswer as exc:
             closed.append((server, exc.args[0]))
             continue
+        except _Silent as exc:
+            unreachable.append(str(exc))
+            continue
         login = "not needed"
         if error is None and protocol.startswith("SASL"):
             error, login = _check_login(settings, server, timeout_s)
@@ -172,27 +180,26 @@ def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: 
         return ConfigurationError(
             f"the Kafka brokers at {server} ended the TLS handshake ({exc}): if they require client certificates, "
             f"set ssl.certificate.location and ssl.key.location in {settings.origin}")
-    except OSError as exc:  # closed or silent during the handshake
+    except socket.timeout as exc:
+        raise _Silent(f"{server}: accepted the connection but did not answer the TLS handshake within "
+                      f"{sock.gettimeout():g} s (a paused, hung or overloaded node)") from exc
+    except OSError as exc:  # closed during the handshake
         raise _ClosedWithoutAnswer(ConfigurationError(
             f"the Kafka listener at {server} did not complete a TLS handshake ({exc}): it probably does not speak "
             f"TLS; set security.protocol in {settings.origin} to the listener's protocol")) from exc
 
 
 def _check_plaintext(settings: KafkaSettings, sock: socket.socket, server: str) -> ConfigurationError | None:
-    """Send ApiVersions v0; a TLS listener closes the connection (or answers with a TLS alert)."""
-    client_id = b"airflow-exactly-once-diagnosis"
-    body = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
+    """Send ApiVersions v0; a TLS listener closes the connection (or answers with a TLS alert). Raises _Silent when
+    nothing comes back: the node is paused or hung, which says nothing about the settings."""
     try:
-        sock.sendall(struct.pack(">i", len(body)) + body)
-        answer = sock.recv(8)
-    except socket.timeout:
-        return None  # silent: nothing to conclude
-    except OSError:
-        answer = b""
-    if len(answer) >= 8 and struct.unpack(">i", answer[4:8])[0] == 1:
-        return None  # a Kafka answer in plaintext
-    if not answer:
-        raise _ClosedWithoutAnswer(_expects_tls(settings, server))
+        if api_versions_answered(sock):
+            return None  # a Kafka answer in plaintext
+    except socket.timeout as exc:
+        raise _Silent(f"{server}: accepted the connection but gave no answer within {sock.gettimeout():g} s "
+                      "(a paused, hung or overloaded node)") from exc
+    except (NoAnswer, OSError) as exc:
+        raise _ClosedWithoutAnswer(_expects_tls(settings, server)) from exc
     return _expects_tls(settings, server)
 
 

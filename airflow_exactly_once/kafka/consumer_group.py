@@ -20,6 +20,7 @@ from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.drift import GroupOffset, mirror_metadata
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
+from airflow_exactly_once.kafka.liveness import reachable
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 def _alter(settings: KafkaSettings, group: str, offsets: dict) -> dict:
     """Per-partition errors of one AlterOffsets attempt (an exception counts for all partitions)."""
     try:
-        admin = KafkaAdminClient(**settings.kafka_python(KafkaAdminClient))
+        admin = KafkaAdminClient(**reachable(settings).kafka_python(KafkaAdminClient))
         try:
             return {tp: err for tp, err in admin.alter_group_offsets(group, offsets).items()
                     if err is not Errors.NoError}
@@ -80,7 +81,7 @@ def read_group_offsets(settings: KafkaSettings, group: str,
     for the broker (the ledger page's)."""
     quick = {} if timeout_ms is None else {"request_timeout_ms": timeout_ms, "bootstrap_timeout_ms": timeout_ms}
     try:
-        admin = KafkaAdminClient(**{**settings.kafka_python(KafkaAdminClient), **quick})
+        admin = KafkaAdminClient(**{**reachable(settings).kafka_python(KafkaAdminClient), **quick})
         try:
             held = admin.list_group_offsets({group: None})[group]
         finally:

@@ -19,6 +19,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceErro
 from airflow_exactly_once.core.ranges import start_of_waiting
 from airflow_exactly_once.core.topics import partitions_to_read
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
+from airflow_exactly_once.kafka.liveness import reachable
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
@@ -43,7 +44,7 @@ class KafkaOffsetSource:
         quick = {"bootstrap_timeout_ms": wait} if "bootstrap_timeout_ms" in KafkaConsumer.DEFAULT_CONFIG else {}
         try:
             self._consumer = KafkaConsumer(**{"request_timeout_ms": timeout_ms, **quick,
-                                              **settings.kafka_python(KafkaConsumer),
+                                              **reachable(settings).kafka_python(KafkaConsumer),
                                               "enable_auto_commit": False, "isolation_level": "read_committed"})
         except KafkaError as exc:
             raise self._failure(exc, "connecting to Kafka to plan the batch") from exc
@@ -104,7 +105,7 @@ class KafkaOffsetSource:
         try:
             admin = KafkaAdminClient(**{"request_timeout_ms": self.timeout_ms,
                                         "bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
-                                        **self.settings.kafka_python(KafkaAdminClient)})
+                                        **reachable(self.settings).kafka_python(KafkaAdminClient)})
             try:
                 answer = admin.list_group_offsets({group_id: [KafkaTP(t, p) for t, p in tps]})[group_id]
             finally:

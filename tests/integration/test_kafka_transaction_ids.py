@@ -83,7 +83,8 @@ def cli(capsys, *argv: str) -> tuple[int, list[dict]]:
 def ids_on_coordinator(kafka, prefix: str) -> set[str]:
     admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
     try:
-        return set(probe.matching_transactions(admin, rf"{prefix}-\d+-\d+"))
+        return set(probe.matching_transactions(admin, KafkaSettings(kafka.bootstrap_servers),
+                                               rf"{prefix}-\d+-\d+"))
     finally:
         admin.close()
 

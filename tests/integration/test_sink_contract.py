@@ -33,6 +33,7 @@ from airflow_exactly_once.core.errors import FencedError, TransactionLostError
 from airflow_exactly_once.core.model import OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_committer, sink_types, spec_type
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
 from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
 from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
@@ -116,7 +117,8 @@ class KafkaUnderTest:
         """The pipeline's transactions still open (pre-committed) on the broker."""
         admin = KafkaAdminClient(bootstrap_servers=self.kafka.bootstrap_servers)
         try:
-            known = matching_transactions(admin, re.escape(f"{pipeline_id}-") + r"\d+-\d+")
+            known = matching_transactions(admin, KafkaSettings(self.kafka.bootstrap_servers),
+                                          re.escape(f"{pipeline_id}-") + r"\d+-\d+")
         finally:
             admin.close()
         return sorted(tid for tid, state in known.items() if state == "Ongoing")

@@ -332,8 +332,9 @@ def staged_leftovers(kind: str, pipe: Pipe, kafka, name: str, seq: int, tmp_path
     """What the batch `seq` still has staged: open transactions (and a held-back last stable offset), staging
     folders, staged snapshots."""
     if kind == "kafka":
-        with probe.admin_client(pipe.sink.output.client_settings()) as admin:
-            known = probe.matching_transactions(admin, pipe.sink.output.naming.batch_pattern(seq))
+        settings = pipe.sink.output.client_settings()
+        with probe.admin_client(settings) as admin:
+            known = probe.matching_transactions(admin, settings, pipe.sink.output.naming.batch_pattern(seq))
         settled_ends(kafka.bootstrap_servers, f"{name}-out", timeout_s=1)  # fails if a transaction holds the LSO
         return sorted(tid for tid, state in known.items() if state not in ("CompleteAbort", "Empty", "Dead"))
     if kind == "parquet":

@@ -26,13 +26,19 @@ def refusing():
         sock.close()
 
 
-def test_a_server_that_listens_behind_four_dead_ones_is_found_and_the_dead_ones_named(refusing):
-    with socket.create_server(("127.0.0.1", 0)) as listening:  # accepts, answers nothing: a silent listener
-        alive = f"127.0.0.1:{listening.getsockname()[1]}"
-        found = diagnose(KafkaSettings(",".join([*refusing, alive])), timeout_s=0.5)
+def test_a_server_that_answers_behind_dead_and_paused_ones_is_found_and_the_others_named(refusing):
+    """A paused node (the kernel accepts, nothing answers) is not taken for the server that accepts connections: the
+    diagnosis names it as not answering, and the detail starts with the server that did answer (issue 61)."""
+    kafka = FakeServer("kafka")
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # accepts, answers nothing: a paused node
+        paused = f"127.0.0.1:{listening.getsockname()[1]}"
+        found = diagnose(KafkaSettings(",".join([*refusing[:2], paused, kafka.address])), timeout_s=0.5)
+        alone = diagnose(KafkaSettings(paused), timeout_s=0.5)
     assert found.reachable and found.error is None
-    assert found.detail.startswith(f"{alive} accepts connections")
-    assert all(f"{server}: Connection refused" in found.detail for server in refusing)
+    assert found.detail.startswith(f"{kafka.address} accepts connections")
+    assert all(f"{server}: Connection refused" in found.detail for server in refusing[:2])
+    assert f"{paused}: accepted the connection but gave no answer within 0.5 s" in found.detail
+    assert not alone.reachable and alone.detail.startswith(f"{paused}: accepted the connection but gave no answer")
 
 
 def test_when_no_server_answers_the_detail_names_every_one(refusing):

@@ -126,7 +126,7 @@ def test_what_holds_a_partition_back_is_asked_around_a_dead_node(monkeypatch):
 
     monkeypatch.setattr(hanging, "open_transactions", open_transactions)
     monkeypatch.setattr(hanging, "coordinator_views",
-                        lambda admin, pids, known: {42: (hanging.CoordinatorView("p-1-0", "Ongoing", 42, 3), set())})
+                        lambda admin, settings, pids, known: {42: (hanging.CoordinatorView("p-1-0", "Ongoing", 42, 3), set())})
     transactions = BatchTransactions(KafkaOutput({"type": "kafka", "topic": "out"}, "EXACTLY_ONCE"), settings(),
                                      stale, lambda: {42: hanging.Owner(7, False, ())})
     said = transactions.holders("out", 0, 150)
@@ -135,17 +135,29 @@ def test_what_holds_a_partition_back_is_asked_around_a_dead_node(monkeypatch):
 
 
 class TransactionLogAdmin:
-    """Lists one coordinator's transactions; the transaction log's partition 1 led by `leader_of_1`."""
+    """Lists one coordinator's transactions; the transaction log's partition 1 led by `leader_of_1`. Node 2 died a
+    moment ago: the controller fenced it (Kafka 4 lists it, marked), and a request to it would fail."""
 
     def __init__(self, leader_of_1: int) -> None:
         self.leader_of_1 = leader_of_1
+        self.asked: list[int] = []
 
     def describe_cluster(self) -> dict:
-        return {"brokers": [{"broker_id": 1}, {"broker_id": 3}]}  # node 2 died a moment ago
+        return {"brokers": [{"broker_id": b, "host": "127.0.0.1", "port": 9000 + b, "is_fenced": b == 2}
+                            for b in (1, 2, 3)]}
 
     def list_transactions(self, broker_ids: list[int]) -> dict:
+        if 2 in broker_ids:
+            raise Errors.UnknownBrokerIdError(2)
+        self.asked += broker_ids
         row = type("Row", (), {"transactional_id": "p-1-0", "state": type("S", (), {"value": "Ongoing"})()})()
         return {1: [row]}
+
+    def describe_configs(self, resources: list, config_filter: str) -> dict:
+        names = [r.name for r in resources]
+        if "2" in names:  # kafka-python sends a broker's config request to that broker
+            raise Errors.UnknownBrokerIdError(2)
+        return {"broker": {n: {"transaction.max.timeout.ms": {"value": str(800_000 + int(n))}} for n in names}}
 
     def describe_topics(self, topics: list[str]) -> list[dict]:
         assert topics == [probe.TRANSACTION_LOG]
@@ -153,13 +165,50 @@ class TransactionLogAdmin:
                                                   {"partition_index": 1, "leader_id": self.leader_of_1}]}]
 
 
-def test_transactions_are_not_listed_while_a_partition_of_the_transaction_log_has_no_live_leader():
+@pytest.fixture
+def every_unfenced_node_answers(monkeypatch):
+    monkeypatch.setattr(probe, "silent", lambda _settings, servers: {})
+
+
+def test_transactions_are_not_listed_while_a_partition_of_the_transaction_log_has_no_live_leader(
+        every_unfenced_node_answers):
     """A dead node's coordinators list nothing until their partitions moved: a partial list would read as 'nothing
-    open' to the abort that fences what it finds; LiveCluster asks again (the error is retriable)."""
-    with pytest.raises(Errors.CoordinatorNotAvailableError, match=r"\[1\] of __transaction_state") as unled:
-        probe.matching_transactions(TransactionLogAdmin(leader_of_1=2), r"p-\d+-\d+")
+    open' to the abort that fences what it finds; LiveCluster asks again (the error is retriable) and the error
+    names the node that is away."""
+    with pytest.raises(Errors.CoordinatorNotAvailableError,
+                       match=r"partition 1 led by node 2 which is fenced by the controller") as unled:
+        probe.matching_transactions(TransactionLogAdmin(leader_of_1=2), settings(), r"p-\d+-\d+")
     assert node_unreachable(unled.value)
-    assert probe.matching_transactions(TransactionLogAdmin(leader_of_1=3), r"p-\d+-\d+") == {"p-1-0": "Ongoing"}
+    moved = TransactionLogAdmin(leader_of_1=3)
+    assert probe.matching_transactions(moved, settings(), r"p-\d+-\d+") == {"p-1-0": "Ongoing"}
+    assert moved.asked == [1, 3]  # the fenced node is not asked (kafka-python has no address for it)
+
+
+def test_a_fenced_node_is_left_out_of_the_transaction_timeout_maximum_and_named(every_unfenced_node_answers):
+    """Kafka 4's DescribeCluster lists a fenced node (kafka-python asks with include_fenced_brokers): asking it for
+    its configuration raised UnknownBrokerIdError and failed every plan while one node of three was down."""
+    maximum = probe.broker_max_transaction_timeout_ms(TransactionLogAdmin(leader_of_1=1), settings())
+    assert maximum.ms == 800_001 and maximum.brokers.serving == (1, 3)
+    assert "node 2 is fenced by the controller" in maximum.brokers.note()
+
+
+def test_a_node_that_does_not_answer_is_left_out_and_named(monkeypatch):
+    """A paused node is not fenced for the first seconds: the liveness check leaves it out of every per-broker
+    question, with what happened."""
+    asked = []
+
+    def silent(_settings, servers):
+        asked.append(dict(servers))
+        return {3: "gave no answer within 2 s"}
+
+    monkeypatch.setattr(probe, "silent", silent)
+    brokers = probe.serving_brokers(TransactionLogAdmin(leader_of_1=1), settings())
+    assert asked == [{1: "127.0.0.1:9001", 3: "127.0.0.1:9003"}]  # the fenced node is not even probed
+    assert brokers.serving == (1,)
+    assert dict(brokers.away) == {2: "is fenced by the controller (down or cut off)",
+                                  3: "at 127.0.0.1:9003 gave no answer within 2 s"}
+    with pytest.raises(Errors.CoordinatorNotAvailableError, match=r"partition 1 led by node 3 which at 127"):
+        probe.matching_transactions(TransactionLogAdmin(leader_of_1=3), settings(), r"p-\d+-\d+")
 
 
 class LaggingBrokerAdmin:

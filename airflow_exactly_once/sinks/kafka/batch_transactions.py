@@ -107,7 +107,7 @@ class BatchTransactions:
         Asked through LiveCluster: a node that died under the commit is asked around, not reported as the cause."""
         def ask(admin: KafkaAdminClient) -> tuple[list[hanging.OpenTransaction], dict]:
             held = [t for t in hanging.open_transactions(admin, [(topic, partition)]) if t.start_offset <= offset]
-            return held, hanging.coordinator_views(admin, {t.producer_id for t in held}, {})
+            return held, hanging.coordinator_views(admin, self.settings, {t.producer_id for t in held}, {})
 
         live = LiveCluster(self.settings, self.admin)
         try:

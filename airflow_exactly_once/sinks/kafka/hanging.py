@@ -28,6 +28,7 @@ from typing import Callable, Iterable
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.admin import AbortTransactionSpec
 
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import probe
 
 # Coordinator states in which the transaction is still being worked on: not hanging (yet).
@@ -129,21 +130,23 @@ def open_transactions(admin: KafkaAdminClient, partitions: Iterable[TopicPartiti
                   key=lambda t: (t.topic, t.partition, t.start_offset))
 
 
-def coordinator_views(admin: KafkaAdminClient, producer_ids: Iterable[int],
+def coordinator_views(admin: KafkaAdminClient, settings: KafkaSettings, producer_ids: Iterable[int],
                       known_ids: dict[int, str]) -> dict[int, tuple[CoordinatorView, set[TopicPartitionKey]]]:
     """Per producer id: what its coordinator says, and the partitions it lists in the transaction.
 
     `known_ids` maps producer ids to the transactional ids the caller recorded; the others are looked
-    up with ListTransactions filtered by producer id (on every broker the cluster lists now). A producer id no coordinator
-    lists, or a transactional id its coordinator no longer knows, gets an empty view.
+    up with ListTransactions filtered by producer id (probe.list_transactions: every serving broker; it raises,
+    retriable, while a coordinator is away, so that an id is never taken for unknown because its coordinator did not
+    answer). A producer id no coordinator lists, or a transactional id its coordinator no longer knows, gets an empty
+    view.
     """
     wanted = sorted(set(producer_ids))
     ids = {pid: known_ids[pid] for pid in wanted if pid in known_ids}
     unlisted = [pid for pid in wanted if pid not in ids]
     if unlisted:
-        listed = admin.list_transactions(broker_ids=probe.live_broker_ids(admin), producer_id_filters=unlisted)
-        for rows in listed.values():
-            ids.update({row.producer_id: row.transactional_id for row in rows if row.producer_id in unlisted})
+        ids.update({row.producer_id: row.transactional_id
+                    for row in probe.list_transactions(admin, settings, producer_id_filters=unlisted)
+                    if row.producer_id in unlisted})
     described = probe.describe_transactions(admin, sorted(set(ids.values())))
     views: dict[int, tuple[CoordinatorView, set[TopicPartitionKey]]] = {}
     for pid in wanted:
@@ -165,13 +168,14 @@ class Scan:
     open_keys: frozenset[tuple[int, str, int]] = frozenset()
 
 
-def scan(admin: KafkaAdminClient, partitions: Iterable[TopicPartitionKey], known_ids: dict[int, str]) -> Scan:
+def scan(admin: KafkaAdminClient, settings: KafkaSettings, partitions: Iterable[TopicPartitionKey],
+         known_ids: dict[int, str]) -> Scan:
     """The hanging transactions of `partitions`: held open by their leaders, not by their coordinators."""
     partitions = sorted(set(partitions))
     seen = open_transactions(admin, partitions)
     if not seen:
         return Scan()
-    views = coordinator_views(admin, {t.producer_id for t in seen}, known_ids)
+    views = coordinator_views(admin, settings, {t.producer_id for t in seen}, known_ids)
     suspects = {}
     for txn in seen:
         view, listed = views[txn.producer_id]

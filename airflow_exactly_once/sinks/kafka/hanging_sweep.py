@@ -54,7 +54,7 @@ class HangingSweep:
         topic = self.output.topic
         try:  # a node that died under the scan: asked again through a fresh client that sees the live brokers
             found = live.ask(f"looking for hanging transactions in {topic!r}", lambda admin: hanging.scan(
-                admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known))
+                admin, settings, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], known))
         except (Errors.TopicAuthorizationFailedError, Errors.UnsupportedVersionError) as exc:
             log.warning("cannot look for hanging transactions in %r (%s): grant READ on the topic "
                         "(DescribeProducers) so that the pipeline finds and ends them itself", topic,

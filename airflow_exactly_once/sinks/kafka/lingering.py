@@ -134,7 +134,7 @@ class AbortResult:
 def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: PipelineRecord) -> Survey:
     """The pipeline's open transactions (by its id pattern) and the hanging ones of `topics`."""
     listed = live.ask(f"listing the transactions of ids {naming.prefix}-*",
-                      lambda admin: probe.matching_transactions(admin, naming.pipeline_pattern()))
+                      lambda admin: probe.matching_transactions(admin, live.settings, naming.pipeline_pattern()))
     held = sorted(t for t, state in listed.items() if state in _HELD_OPEN)
     described = live.ask("describing the open transactions", lambda admin: probe.describe_transactions(admin, held))
     now_ms = time.time() * 1000
@@ -151,7 +151,7 @@ def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: P
     hung, scanned, warnings = [], [], []
     for topic in topics:
         try:
-            found_scan = live.ask(f"looking for hanging transactions in {topic!r}", _scan_of(topic))
+            found_scan = live.ask(f"looking for hanging transactions in {topic!r}", _scan_of(live.settings, topic))
         except Exception as exc:  # no READ on the topic, a leader moving: say so, list the rest
             warnings.append(f"cannot look for hanging transactions in {topic!r}: {type(exc).__name__}: {exc}")
             continue
@@ -160,10 +160,10 @@ def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: P
     return Survey(tuple(opened), tuple(hung), tuple(scanned), tuple(warnings))
 
 
-def _scan_of(topic: str) -> Callable[[KafkaAdminClient], hanging.Scan]:
+def _scan_of(settings: KafkaSettings, topic: str) -> Callable[[KafkaAdminClient], hanging.Scan]:
     """The question of `topic`'s hanging transactions, for LiveCluster.ask."""
     def scan(admin: KafkaAdminClient) -> hanging.Scan:
-        return hanging.scan(admin, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {})
+        return hanging.scan(admin, settings, [(topic, p) for p in range(probe.topic_partitions(admin, topic))], {})
     return scan
 
 

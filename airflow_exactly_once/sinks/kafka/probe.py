@@ -23,14 +23,16 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS
+from airflow_exactly_once.kafka.liveness import reachable, silent
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 TRANSACTION_LOG = "__transaction_state"  # Kafka's internal topic of the transaction coordinators' state
 
 def new_admin_client(settings: KafkaSettings) -> KafkaAdminClient:
-    """An admin client of the output cluster (bootstrapped: raises when no broker answers in time)."""
+    """An admin client of the output cluster, bootstrapped from a server that answers (kafka.liveness): raises when
+    none answers in time."""
     return KafkaAdminClient(**{"bootstrap_timeout_ms": PROBE_BOOTSTRAP_TIMEOUT_MS,
-                               **settings.kafka_python(KafkaAdminClient)})
+                               **reachable(settings).kafka_python(KafkaAdminClient)})
 
 
 @contextlib.contextmanager
@@ -42,19 +44,51 @@ def admin_client(settings: KafkaSettings) -> Iterator[KafkaAdminClient]:
         admin.close()
 
 
-def live_broker_ids(admin: KafkaAdminClient) -> list[int]:
-    """The brokers the cluster lists now (a Metadata request, not the client's cache, which keeps a dead node
-    until metadata.max.age.ms): a node the controller fenced is left out, its coordinators moved to the others."""
-    return sorted(int(b["broker_id"]) for b in admin.describe_cluster()["brokers"])
+@dataclass(frozen=True)
+class Brokers:
+    """The cluster's brokers as a question that goes to every broker sees them: the ones that serve, and the ones
+    left out, each with why (fenced by the controller: down or cut off; or did not answer within a short bound)."""
+
+    serving: tuple[int, ...]
+    away: tuple[tuple[int, str], ...] = ()
+
+    def note(self) -> str:
+        """What being left out means, for a log line or a message ("" when every broker serves)."""
+        if not self.away:
+            return ""
+        nodes = "; ".join(f"node {node} {why}" for node, why in self.away)
+        return (f"not asked: {nodes}. A node that is away coordinates no transactions and leads no partitions once "
+                "the controller fenced it; restart it to have the whole cluster again")
 
 
-def broker_max_transaction_timeout_ms(admin: KafkaAdminClient) -> int:
-    """The smallest transaction.max.timeout.ms of all brokers (any of them may coordinate a txn)."""
-    brokers = [str(b["broker_id"]) for b in admin.describe_cluster()["brokers"]]
+def serving_brokers(admin: KafkaAdminClient, settings: KafkaSettings) -> Brokers:
+    """The brokers DescribeCluster lists now (a request, not the client's cache, which keeps a dead node until
+    metadata.max.age.ms), less the ones the controller fenced (Kafka 4 lists them, marked) and the ones that do not
+    answer within kafka.liveness's bound (paused, or killed a moment ago and not yet fenced)."""
+    listed = admin.describe_cluster()["brokers"]
+    away = {int(b["broker_id"]): "is fenced by the controller (down or cut off)" for b in listed if b.get("is_fenced")}
+    unfenced = {int(b["broker_id"]): f"{b['host']}:{b['port']}" for b in listed if not b.get("is_fenced")}
+    away.update({node: f"at {unfenced[node]} {why}" for node, why in silent(settings, unfenced).items()})
+    return Brokers(tuple(sorted(set(unfenced) - set(away))), tuple(sorted(away.items())))
+
+
+@dataclass(frozen=True)
+class BrokerMaximum:
+    """The smallest transaction.max.timeout.ms of the brokers that were asked, and which were not."""
+
+    ms: int
+    brokers: Brokers
+
+
+def broker_max_transaction_timeout_ms(admin: KafkaAdminClient, settings: KafkaSettings) -> BrokerMaximum:
+    """The smallest transaction.max.timeout.ms of the serving brokers (any of them may coordinate a transaction; a
+    node that is away coordinates none until it returns, and is named in the answer)."""
+    brokers = serving_brokers(admin, settings)
+    ids = [str(b) for b in brokers.serving]
     key = "transaction.max.timeout.ms"
-    answer = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, b, {key: None}) for b in brokers],
+    answer = admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, b, {key: None}) for b in ids],
                                     config_filter="all")
-    return min(int(answer["broker"][b][key]["value"]) for b in brokers)
+    return BrokerMaximum(min(int(answer["broker"][b][key]["value"]) for b in ids), brokers)
 
 
 def topic_partitions(admin: KafkaAdminClient, topic: str, timeout_s: float = 15.0,
@@ -155,35 +189,49 @@ def transaction_start_offsets(admin: KafkaAdminClient, producer_id: int,
     return starts
 
 
-def matching_transactions(admin: KafkaAdminClient, id_pattern: str) -> dict[str, str]:
-    """Every transactional id the coordinators know that fully matches `id_pattern`, with its state
-    (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet.
+def list_transactions(admin: KafkaAdminClient, settings: KafkaSettings, **filters: Any) -> list[Any]:
+    """ListTransactions on every serving broker (kafka-python's keyword `filters`), the rows of all of them.
 
-    Raises CoordinatorNotAvailableError (retriable) while a partition of the transaction log has no live leader:
-    no broker lists its transactions then (a node died a moment ago), and a list without them would read as
-    "nothing open" to the abort that fences what it finds and to `transactions list`.
+    Each coordinator lists the transactions of the partitions of Kafka's transaction log it leads. Raises
+    CoordinatorNotAvailableError (retriable, naming the node) while a partition of the log is led by a node that is
+    away or has no leader: a node died a moment ago and the controller has not moved its partitions yet, and a list
+    without them would read as "nothing open" to the abort that fences what it finds, to the hanging sweep and to
+    `transactions list`.
     """
-    pattern = re.compile(id_pattern)
-    live = live_broker_ids(admin)
-    listed = admin.list_transactions(broker_ids=live)
-    unled = transaction_log_unled(admin, live)
+    brokers = serving_brokers(admin, settings)
+    listed = admin.list_transactions(broker_ids=list(brokers.serving), **filters)
+    unled = transaction_log_unled(admin, brokers.serving)
     if unled:
+        away = dict(brokers.away)
+        leaders = "; ".join(f"partition {p} led by node {leader} which {away.get(leader, 'is not listed')}"
+                            if leader >= 0 else f"partition {p} without a leader" for p, leader in unled)
         raise Errors.CoordinatorNotAvailableError(
-            f"partition(s) {unled} of {TRANSACTION_LOG} have no live leader yet: their transactions cannot be listed")
-    return {t.transactional_id: t.state.value for rows in listed.values() for t in rows
+            f"the transaction coordinator(s) of {TRANSACTION_LOG} {leaders}: their transactions cannot be listed "
+            "until the controller moves those partitions to a serving node (seconds after it fences the node)")
+    return [row for rows in listed.values() for row in rows]
+
+
+def matching_transactions(admin: KafkaAdminClient, settings: KafkaSettings, id_pattern: str) -> dict[str, str]:
+    """Every transactional id the coordinators know that fully matches `id_pattern`, with its state
+    (Ongoing, Empty, CompleteCommit, ...): also producers that initialised but did not begin yet. Raises as
+    `list_transactions` while a coordinator is away."""
+    pattern = re.compile(id_pattern)
+    return {t.transactional_id: t.state.value for t in list_transactions(admin, settings)
             if pattern.fullmatch(t.transactional_id)}
 
 
-def transaction_log_unled(admin: KafkaAdminClient, live: list[int]) -> list[int]:
-    """The partitions of Kafka's transaction log whose leader is not among the `live` brokers (none before any
-    transactional producer made the log)."""
+def transaction_log_unled(admin: KafkaAdminClient, serving: Iterable[int]) -> list[tuple[int, int]]:
+    """(partition, leader id) of the partitions of Kafka's transaction log whose leader is not among the `serving`
+    brokers (-1: no leader); none before any transactional producer made the log."""
     try:
         [described] = admin.describe_topics([TRANSACTION_LOG])
     except Errors.UnknownTopicOrPartitionError:
         return []
     if Errors.for_code(described.get("error_code", 0)) is Errors.UnknownTopicOrPartitionError:
         return []
-    return sorted(p["partition_index"] for p in described.get("partitions", []) if p.get("leader_id", -1) not in live)
+    serving = set(serving)
+    return sorted((p["partition_index"], p.get("leader_id", -1)) for p in described.get("partitions", [])
+                  if p.get("leader_id", -1) not in serving)
 
 
 def record_visible(settings: KafkaSettings, topic: str, partition: int, offset: int,
@@ -196,7 +244,7 @@ def record_visible(settings: KafkaSettings, topic: str, partition: int, offset: 
     """
     tp = TopicPartition(topic, partition)
     consumer = KafkaConsumer(isolation_level="read_committed", enable_auto_commit=False, group_id=None,
-                             **settings.kafka_python(KafkaConsumer))
+                             **reachable(settings).kafka_python(KafkaConsumer))
     deadline = time.monotonic() + timeout_s
     try:
         consumer.assign([tp])

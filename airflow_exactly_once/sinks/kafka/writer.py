@@ -22,6 +22,7 @@ from kafka.errors import KafkaError
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
+from airflow_exactly_once.kafka.liveness import reachable
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
@@ -97,7 +98,7 @@ class KafkaPartitionWriter(PartitionWriter):
                                         deliveries if self.guarantee != "NONE" else None) as producer:
                 count = self._deliver(producer, partition, columns, deliveries, exactly_once=False)
             return PartitionReport(partition, count, ())
-        with contextlib.closing(KafkaAdminClient(**self.settings.kafka_python(KafkaAdminClient))) as admin:
+        with contextlib.closing(KafkaAdminClient(**reachable(self.settings).kafka_python(KafkaAdminClient))) as admin:
             return self._write_transaction(partition, columns, claim, admin)
 
     def _write_transaction(self, partition: int, columns: Iterable[Columns], claim: ClaimCheck | None,
