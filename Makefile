@@ -148,10 +148,11 @@ stage-kafka-cluster:
 	$(KAFKA_CLUSTER_RUN)
 
 NEWEST_RUN = AIRFLOW_EXACTLY_ONCE_SPARK_AVRO=0 AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY_NEWEST) -m pytest $(NEWEST_TESTS)
-KAFKA_CLUSTER_RUN = $(PY) -m pytest $(KAFKA_CLUSTER_TEST) -m kafka_cluster
+KAFKA_CLUSTER_RUN = AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA_CLUSTER_TEST) -m kafka_cluster
 KAFKA4_RUN = AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION=$(KAFKA4_VERSION) $(PY) -m pytest $(KAFKA4_TESTS) -k kafka $(PYTEST_ARGS)
 
-# Kafka -> Kafka on a 3-node KRaft cluster with a node SIGKILLed mid-step, and the sink contract's Kafka case there.
+# Kafka -> Kafka and Parquet on a 3-node KRaft cluster of Kafka $(KAFKA4_VERSION) (its DescribeCluster lists fenced nodes) with a
+# node SIGKILLed mid-step, killed or paused for whole runs, and the sink contract's Kafka case there.
 test-kafka-cluster: setup
 	$(KAFKA_CLUSTER_RUN)
 

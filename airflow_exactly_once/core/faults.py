@@ -19,6 +19,7 @@ from pathlib import Path
 ENV = "AIRFLOW_EXACTLY_ONCE_FAULTS"
 
 POINTS = (
+    "plan.before_check",  # plan task started, nothing asked of the sink or Kafka yet
     "plan.after_ledger",  # batch PLANNED, plan task not yet finished
     "write.before_stage",  # claimed, Spark not yet run
     "write.after_stage",  # output staged, batch not yet PREPARED

@@ -134,6 +134,7 @@ class Planner(ABC):
         return interval
 
     def _check_sink(self) -> None:
+        fault_point("plan.before_check")
         self.coordinator.sink.check(self.pipeline_id)
 
     @abstractmethod

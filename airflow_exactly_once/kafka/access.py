@@ -42,6 +42,8 @@ PROBE_BOOTSTRAP_TIMEOUT_MS = 10_000
 _NO_CONNECTION = ("Unable to bootstrap", "NoBrokersAvailable", "KafkaConnectionError", "Cannot connect to Kafka",
                   "TimeoutException", "Timed out waiting", "Broker transport failure", "Connection refused",
                   "TransactionCoordinatorUnavailable", "KafkaTimeoutError")
+# What clients say when a partition has fewer in-sync replicas than min.insync.replicas (librdkafka, Java, kafka-python).
+_TOO_FEW_REPLICAS = ("NOT_ENOUGH_REPLICAS", "Not enough in-sync replicas", "NotEnoughReplicas")
 # A plaintext listener answers a TLS ClientHello with a Kafka-framed reply or closes the connection.
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "record layer", "PACKET_LENGTH")
 # ... or closes it without a byte, as a dead node behind a proxy does too.
@@ -88,6 +90,11 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
     if explained is not None:
         return explained
     text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+    if any(word.lower() in text.lower() for word in _TOO_FEW_REPLICAS):
+        return unavailable(f"{doing} failed: Kafka refuses writes to a partition while fewer of its replicas are in "
+                           "sync than the topic's min.insync.replicas (more nodes are away than the cluster was "
+                           "built to lose): bring the nodes back; nothing was committed, and the task's retry "
+                           f"writes again. The client said: {text[:500]}")
     if is_connection_failure(failure):
         diagnosis = diagnose(settings)
         if diagnosis.error is not None:

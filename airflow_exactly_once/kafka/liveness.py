@@ -4,7 +4,10 @@ A node that died refuses connections at once, but one that is paused (a long GC 
 cut off accepts the connection, or lets it hang, and never answers. kafka-python's clients bootstrap from one server
 picked at random and then wait their whole bootstrap bound on it; a request sent to such a broker waits the client's
 request timeout. So clients bootstrap from the servers that answered (`reachable`), and questions that go to every
-broker go to the brokers that answered (`silent` names the others, with what happened).
+broker go to the brokers that answered (`silent` names the others, with what happened). A question that failed
+because a node did not answer, or no longer leads or coordinates, is asked again for a while (`ask_around`): the
+controller fences a dead node within seconds and moves its leaderships and coordinators to the others, as Kafka's
+own clients wait for.
 
 "Answered" means the server's Kafka process took part: a plaintext listener returned a Kafka response to ApiVersions
 (which a broker serves before any SASL login), a TLS listener completed or refused the handshake. A listener that
@@ -17,11 +20,16 @@ import dataclasses
 import socket
 import ssl
 import struct
+import logging
 import threading
 import time
-from typing import Mapping, TypeVar
+from typing import Callable, Mapping, TypeVar
+
+import kafka.errors as Errors
 
 from airflow_exactly_once.kafka.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 # How long a server may take to answer before it counts as not answering. A broker answers ApiVersions in
 # milliseconds, even busy; seconds mean its process does not run.
@@ -29,7 +37,15 @@ ANSWER_TIMEOUT_S = 2.0
 # Bootstrapping needs one server: once the first answered, the others get this much longer to answer too.
 BOOTSTRAP_GRACE_S = 0.2
 
+# Long enough for the cluster to fence a dead node (Kafka's default broker.session.timeout.ms is 9 s) and for the
+# nodes that take its leaderships and transaction-state partitions over to load them; short next to a transaction
+# timeout.
+PATIENCE_S = 30.0
+FIRST_PAUSE_S = 0.5
+LONGEST_PAUSE_S = 4.0
+
 Key = TypeVar("Key")
+Answer = TypeVar("Answer")
 
 _CLIENT_ID = b"airflow-exactly-once-liveness"
 _API_VERSIONS_V0 = struct.pack(">hhih", 18, 0, 1, len(_CLIENT_ID)) + _CLIENT_ID
@@ -122,3 +138,32 @@ def reachable(settings: KafkaSettings, timeout_s: float = ANSWER_TIMEOUT_S) -> K
     if not answering or not quiet:
         return settings
     return dataclasses.replace(settings, bootstrap_servers=",".join(answering))
+
+
+def node_unreachable(exc: BaseException) -> bool:
+    """Did `exc` come from a node that is down, moving its leaderships or still loading (asking again helps)?"""
+    if isinstance(exc, Errors.UnknownBrokerIdError):  # fresh metadata names a node the client has not cached
+        return True
+    if isinstance(exc, Errors.UnknownTopicOrPartitionError):  # a deleted topic: retrying changes nothing
+        return False
+    return isinstance(exc, Errors.KafkaError) and bool(getattr(exc, "retriable", False))
+
+
+def ask_around(what: str, question: Callable[[], Answer], patience_s: float = PATIENCE_S,
+               between: Callable[[], None] | None = None) -> Answer:
+    """`question()`'s answer, asked again while a node does not answer (`node_unreachable`), up to `patience_s`;
+    `between` runs before each new try (a fresh client, say). Raises the last error when the cluster still does not
+    answer after that, and any other error at once."""
+    deadline = time.monotonic() + patience_s
+    pause = FIRST_PAUSE_S
+    while True:
+        try:
+            return question()
+        except Errors.KafkaError as exc:
+            if not node_unreachable(exc) or time.monotonic() + pause > deadline:
+                raise
+            log.info("%s: %s (%s); asking again in %.1f s", what, type(exc).__name__, exc, pause)
+        time.sleep(pause)
+        pause = min(2 * pause, LONGEST_PAUSE_S)
+        if between is not None:
+            between()

@@ -3,13 +3,16 @@
 A failure says what to fix when it can (kafka.access: a refused login, an untrusted
 certificate or a missing ACL is a ConfigurationError, never retried); the first broker is
 awaited for PROBE_BOOTSTRAP_TIMEOUT_MS unless the settings give bootstrap.timeout.ms, so a plan
-against servers that refuse or do not answer fails in seconds, not minutes.
+against servers that refuse or do not answer fails in seconds, not minutes. The consumer bootstraps
+from a server that answers, and a question that met a node that died a moment ago (still in the
+cluster's metadata until the controller fences it) is asked again for up to the request timeout
+(kafka.liveness): one node of a cluster away is no reason to fail a plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping, TypeVar
 
 from kafka import KafkaAdminClient, KafkaConsumer
 from kafka import TopicPartition as KafkaTP
@@ -19,10 +22,11 @@ from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceErro
 from airflow_exactly_once.core.ranges import start_of_waiting
 from airflow_exactly_once.core.topics import partitions_to_read
 from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS, explain_failure
-from airflow_exactly_once.kafka.liveness import reachable
+from airflow_exactly_once.kafka.liveness import ask_around, reachable
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 TopicPartition = tuple[str, int]
+Answer = TypeVar("Answer")
 
 # The shortest gap kafka-python keeps between two metadata requests of the planner's consumer (see prompt_metadata).
 METADATA_REFRESH_GAP_MS = 10
@@ -53,11 +57,15 @@ class KafkaOffsetSource:
     def _failure(self, exc: Exception, doing: str) -> ExactlyOnceError:
         return explain_failure(self.settings, exc, doing, SourceUnavailableError, topics=self._topics)
 
+    def _ask(self, what: str, question: Callable[[], Answer]) -> Answer:
+        """`question()`, asked again while a node that went away does not answer, for up to the request timeout."""
+        return ask_around(what, question, patience_s=self.timeout_ms / 1000)
+
     def partitions(self, topics: list[str]) -> list[TopicPartition]:
         found: list[TopicPartition] = []
         self._topics = list(topics)
         try:
-            existing = self._consumer.topics()
+            existing = self._ask("listing topics", self._consumer.topics)
             for topic in topics:
                 ids = self._consumer.partitions_for_topic(topic) if topic in existing else None
                 if not ids:
@@ -73,7 +81,7 @@ class KafkaOffsetSource:
         # One metadata request for every topic (kafka-python's topics() always asks the cluster, internal topics
         # left out); the partitions then come from the metadata it cached.
         try:
-            existing = self._consumer.topics()
+            existing = self._ask("listing topics", self._consumer.topics)
             return {topic: sorted(self._consumer.partitions_for_topic(topic) or ()) for topic in existing}
         except KafkaError as exc:
             raise self._failure(exc, "listing the cluster's topics (topic_pattern)") from exc
@@ -95,8 +103,8 @@ class KafkaOffsetSource:
     def offsets_for_times(self, tps: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
         # Under read_committed the broker only answers offsets below the last stable offset.
         try:
-            answer = self._consumer.offsets_for_times({KafkaTP(t, p): int(timestamp_ms) for t, p in tps},
-                                                      timeout_ms=self.timeout_ms)
+            answer = self._ask("asking for offsets by time", lambda: self._consumer.offsets_for_times(
+                {KafkaTP(t, p): int(timestamp_ms) for t, p in tps}, timeout_ms=self.timeout_ms))
         except KafkaError as exc:
             raise self._failure(exc, f"asking Kafka for the offsets at time {timestamp_ms}") from exc
         return {(tp.topic, tp.partition): (None if found is None else found.offset) for tp, found in answer.items()}
@@ -117,7 +125,8 @@ class KafkaOffsetSource:
 
     def _offsets(self, method: str, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         try:
-            answer = getattr(self._consumer, method)([KafkaTP(t, p) for t, p in tps], timeout_ms=self.timeout_ms)
+            answer = self._ask(method, lambda: getattr(self._consumer, method)([KafkaTP(t, p) for t, p in tps],
+                                                                               timeout_ms=self.timeout_ms))
         except KafkaError as exc:
             raise self._failure(exc, f"asking Kafka for {method.replace('_', ' ')}") from exc
         return {(tp.topic, tp.partition): offset for tp, offset in answer.items()}

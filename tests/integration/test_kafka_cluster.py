@@ -38,7 +38,7 @@ from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.ledger import EMBEDDED_LEDGER_FILE
 from devtools.kafka_cluster import LocalKafkaCluster
-from tests.helpers import assert_exactly_once, produce
+from tests.helpers import assert_exactly_once, produce, read_parquet
 from tests.integration.test_sink_contract import (  # noqa: F401 - the contract's cases, collected here on the cluster
     KafkaUnderTest,
     pipe,
@@ -99,6 +99,7 @@ class Run:
     sent: list[str]
     retried: list[dict[str, Any]] = field(default_factory=list)  # the errors of failed (and retried) steps
     killed: list[tuple[str, int]] = field(default_factory=list)  # (fault point, node id) of each SIGKILL
+    run_id: str = "manual__1"  # the DAG run the worker's tasks belong to (a retry keeps it)
 
     @property
     def pipeline_id(self) -> str:
@@ -116,7 +117,7 @@ class Run:
                     {"conn_type": "kafka", "extra": {"bootstrap.servers": self.cluster.bootstrap_servers}})}
 
     def start(self, steps: tuple[str, ...], batch_id: str | None = None) -> subprocess.Popen:
-        request = {"dag_id": self.pipeline_id, "pipeline": self.pipeline, "run_id": "manual__1",
+        request = {"dag_id": self.pipeline_id, "pipeline": self.pipeline, "run_id": self.run_id,
                    "steps": list(steps), "batch_id": batch_id}
         return subprocess.Popen([sys.executable, "-m", "tests.worker_tasks", json.dumps(request)], cwd=REPO,
                                 env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -264,3 +265,94 @@ def test_the_coordinator_killed_while_the_write_holds_its_transactions_then_an_o
     run.assert_exact(report["batch_id"])
     assert [point for point, _ in run.killed] == ["write.after_stage", "notify.before_sink_commit"]
     assert_notify_complete_not_retried(run)
+
+
+# --------------------------------------------------------------------------- a node away for whole runs (issue 61)
+# A cluster of three keeps serving with one node away: rolling restarts, maintenance, a lost machine. Kafka 4 lists a
+# fenced node in DescribeCluster (which once failed every plan with UnknownBrokerIdError), and a paused node accepts
+# connections and answers nothing (which once ate a client's whole bootstrap bound). No step may need a retry.
+
+
+def assert_no_step_retried(run: Run) -> None:
+    retried = [f"{e['step']}: {e['type']}: {e['message'][:300]}" for e in run.retried]
+    assert retried == [], f"steps needed a retry while node(s) {sorted(n for _, n in run.killed)} were away: {retried}"
+
+
+def cli(run: Run, *args: str) -> subprocess.CompletedProcess:
+    """`airflow-exactly-once --json ARGS` on the run's ledger, asking the cluster through the pipeline's connection."""
+    return subprocess.run([sys.executable, "-m", "airflow_exactly_once.cli", "--ledger-url",
+                           f"sqlite:///{run.home / EMBEDDED_LEDGER_FILE}", "--json", *args], cwd=REPO,
+                          env=run.env(), capture_output=True, text=True, timeout=120)
+
+
+def test_the_coordinator_killed_and_left_down_across_whole_runs_to_kafka(run):
+    """The node coordinating the write's open transactions is SIGKILLed and stays down: notify_complete commits them
+    once the coordinator moved, a second whole run (plan with the sink's check and the hanging sweep, write,
+    notify_complete) goes through with the node still down, and `transactions list` and `check` answer."""
+    arm(run.faults, "write.after_stage", "pause")
+    worker = run.start(STEPS)
+    pid = run.paused_at("write.after_stage", worker)
+    node = coordinator_of_open_transaction(run)
+    run.cluster.kill(node)
+    run.killed.append(("write.after_stage", node))
+    try:
+        os.kill(pid, signal.SIGCONT)
+        run.assert_exact(run.finish(worker)["batch_id"])
+        run.sent += produce(run.cluster.live_bootstrap(), run.pipeline["topics"], RECORDS, start=RECORDS)
+        run.run_id = "manual__2"
+        second = run.finish(run.start(STEPS))
+        run.assert_exact(second["batch_id"])
+        listed = cli(run, "transactions", "list", run.pipeline_id)
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr[-3000:]
+        assert json.loads(listed.stdout) == [], listed.stdout  # nothing open, and the list did answer
+        checked = cli(run, "check", run.pipeline_id, "--without", "asset-events")
+        assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
+        assert json.loads(checked.stdout)["committed_batches"] == 2
+    finally:
+        run.cluster.restart(node)
+    assert_no_step_retried(run)
+
+
+@pytest.fixture
+def parquet_run(run, tmp_path) -> Run:
+    run.pipeline["sink"] = {"type": "parquet", "path": str(tmp_path / "out")}
+    return run
+
+
+def test_a_node_killed_and_left_down_for_a_whole_run_to_parquet(parquet_run):
+    """The leader of a source partition is SIGKILLed before the run and stays down: the plan's clients bootstrap
+    from the nodes that answer and Spark reads from the new leaders; every record lands once."""
+    run = parquet_run
+    node = run.cluster.partition_leader(run.pipeline["topics"], 0)
+    run.cluster.kill(node)
+    run.killed.append(("before the run", node))
+    try:
+        report = run.finish(run.start(STEPS))
+        assert run.ledger().get_batch(BatchId.parse(report["batch_id"])).state is BatchState.COMMITTED
+        values = [row["value"] for row in read_parquet(Path(run.pipeline["sink"]["path"]))]
+        assert_exactly_once(run.sent, [v.decode() if isinstance(v, bytes) else v for v in values])
+    finally:
+        run.cluster.restart(node)
+    assert_no_step_retried(run)
+
+
+def test_a_node_paused_during_plan(run):
+    """A node SIGSTOPped as the plan starts (a long GC pause, a hung machine): the kernel still accepts connections to
+    it and nothing answers. The plan's clients bootstrap from the nodes that answer and its per-broker questions
+    leave the node out, naming it; the whole run goes through while the node stays paused."""
+    arm(run.faults, "plan.before_check", "pause")
+    worker = run.start(STEPS)
+    pid = run.paused_at("plan.before_check", worker)
+    node = run.cluster.partition_leader(run.output, 0)
+    run.cluster.pause(node)
+    run.killed.append(("plan.before_check", node))
+    try:
+        os.kill(pid, signal.SIGCONT)
+        report = run.finish(worker)
+        assert run.ledger().get_batch(BatchId.parse(report["batch_id"])).state is BatchState.COMMITTED
+        assert_exactly_once(run.sent, read_all(run.cluster.live_bootstrap(), run.output))
+    finally:
+        run.cluster.resume(node)
+        run.cluster.wait_brokers(len(run.cluster.nodes))
+        run.cluster.wait_in_sync()
+    assert_no_step_retried(run)

@@ -113,3 +113,13 @@ def test_when_every_server_that_accepts_closes_at_once_the_protocol_is_blamed(se
     found = diagnose(KafkaSettings(f"{refusing[0]},{first.address},{second.address}"), timeout_s=2.0)
     assert isinstance(found.error, ConfigurationError) and "expects TLS" in str(found.error)
     assert first.address in found.detail and second.address in found.detail and refusing[0] in found.detail
+
+
+def test_a_write_refused_for_too_few_in_sync_replicas_says_so_and_is_retriable():
+    """With min.insync.replicas not met (two nodes of three away), Kafka refuses the write: the error names the
+    setting and what to do, and the task's retry writes again once the nodes are back (issue 61)."""
+    error = explain_failure(KafkaSettings("127.0.0.1:1,127.0.0.1:2"),
+                            "KafkaError{code=NOT_ENOUGH_REPLICAS,val=19,str=\"Broker: Not enough in-sync replicas\"}",
+                            "writing partition 0", lambda message: SinkError(message, retriable=True))
+    assert isinstance(error, SinkError) and error.retriable
+    assert "min.insync.replicas" in str(error) and "bring the nodes back" in str(error)

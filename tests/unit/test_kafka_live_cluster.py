@@ -5,6 +5,7 @@ from __future__ import annotations
 import kafka.errors as Errors
 import pytest
 
+from airflow_exactly_once.kafka import liveness
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, live_cluster, probe
 from airflow_exactly_once.sinks.kafka.batch_transactions import BatchTransactions
@@ -29,7 +30,7 @@ class FakeAdmin:
 
 @pytest.fixture(autouse=True)
 def no_pauses(monkeypatch):
-    monkeypatch.setattr(live_cluster.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(liveness.time, "sleep", lambda _s: None)
 
 
 def settings() -> KafkaSettings:
@@ -73,7 +74,7 @@ def test_a_cluster_that_never_answers_raises_the_last_error_after_the_patience(m
 
     clock = iter(range(0, 10_000, 5))  # every look at the clock: 5 s later
     live = LiveCluster(settings(), FakeAdmin("stale", dead=True), patience_s=30.0, new_admin=fresh)
-    monkeypatch.setattr(live_cluster.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(liveness.time, "monotonic", lambda: float(next(clock)))
     with pytest.raises(Errors.KafkaConnectionError):
         live.ask("listing", lambda admin: admin.list_open())
     assert 1 <= len(made) <= 6  # asked again within the patience, then gave up

@@ -149,6 +149,9 @@ def survey(live: LiveCluster, naming: IdNaming, topics: Iterable[str], record: P
                               tuple(sorted((tp.topic, tp.partition) for tp in found.topic_partitions)),
                               record.batch_of(found.producer_id, tid, naming)))
     hung, scanned, warnings = [], [], []
+    brokers = live.ask("listing the serving brokers", lambda admin: probe.serving_brokers(admin, live.settings))
+    if brokers.away:  # their transactions moved to the serving nodes (listing waits until they have)
+        warnings.append(f"listed from node(s) {', '.join(map(str, brokers.serving))}; {brokers.note()}")
     for topic in topics:
         try:
             found_scan = live.ask(f"looking for hanging transactions in {topic!r}", _scan_of(live.settings, topic))

@@ -13,33 +13,20 @@ an unknown topic) are raised at once.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable, TypeVar
 
 import kafka.errors as Errors
 from kafka import KafkaAdminClient
 
+from airflow_exactly_once.kafka.liveness import PATIENCE_S, ask_around, node_unreachable
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import probe
+
+__all__ = ["LiveCluster", "node_unreachable"]
 
 log = logging.getLogger(__name__)
 
 Answer = TypeVar("Answer")
-
-# Long enough for the cluster to fence a dead node (Kafka's default broker.session.timeout.ms is 9 s) and for the
-# coordinators that take its transaction-state partitions over to load them; short next to a transaction timeout.
-PATIENCE_S = 30.0
-FIRST_PAUSE_S = 0.5
-LONGEST_PAUSE_S = 4.0
-
-
-def node_unreachable(exc: BaseException) -> bool:
-    """Did `exc` come from a node that is down, moving its leaderships or still loading (asking again helps)?"""
-    if isinstance(exc, Errors.UnknownBrokerIdError):  # fresh metadata names a node the client has not cached
-        return True
-    if isinstance(exc, Errors.UnknownTopicOrPartitionError):  # a deleted topic: retrying changes nothing
-        return False
-    return isinstance(exc, Errors.KafkaError) and bool(getattr(exc, "retriable", False))
 
 
 class LiveCluster:
@@ -57,23 +44,11 @@ class LiveCluster:
         self._own: KafkaAdminClient | None = None
 
     def ask(self, what: str, question: Callable[[KafkaAdminClient], Answer]) -> Answer:
-        """`question`'s answer; asked again through a fresh client while nodes do not answer, up to `patience_s`.
-
-        Raises the last error when the cluster still does not answer after that, and any other error at once.
+        """`question`'s answer; asked again through a fresh client while nodes do not answer, up to `patience_s`
+        (kafka.liveness.ask_around). Raises the last error when the cluster still does not answer after that, and
+        any other error at once.
         """
-        deadline = time.monotonic() + self.patience_s
-        pause = FIRST_PAUSE_S
-        while True:
-            try:
-                return question(self.admin)
-            except Errors.KafkaError as exc:
-                if not node_unreachable(exc) or time.monotonic() + pause > deadline:
-                    raise
-                log.info("%s: %s (%s); asking again in %.1f s through a fresh admin client", what,
-                         type(exc).__name__, exc, pause)
-            time.sleep(pause)
-            pause = min(2 * pause, LONGEST_PAUSE_S)
-            self._renew()
+        return ask_around(what, lambda: question(self.admin), self.patience_s, between=self._renew)
 
     def _renew(self) -> None:
         """A fresh client; when no bootstrap server answers now, the next question fails and is asked again."""
@@ -84,6 +59,12 @@ class LiveCluster:
             return
         self.close()
         self._own = self.admin = fresh
+
+    def __enter__(self) -> "LiveCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._own is not None:

@@ -75,28 +75,20 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
                 if not probe.topic_partitions(admin, topic, operation="WRITE", settle_s=TOPIC_SETTLE_S):
                     raise ConfigurationError(f"the kafka sink topic {topic!r} does not exist on "
                                              f"{settings.bootstrap_servers}: create it (the sink never creates topics)")
-                if self.guarantee == "EXACTLY_ONCE":
-                    self._check_broker_maximum(settings, admin)
+                if self.guarantee == "EXACTLY_ONCE":  # a node away is named in the log, not a reason to stop
+                    with LiveCluster(settings, admin) as live:
+                        maximum = live.ask("reading the brokers' transaction.max.timeout.ms",
+                                           lambda client: probe.broker_max_transaction_timeout_ms(client, settings))
+                    if maximum.brokers.away:
+                        log.warning("transaction.max.timeout.ms=%s read from node(s) %s; %s", maximum.ms,
+                                    ", ".join(map(str, maximum.brokers.serving)), maximum.brokers.note())
+                    check_broker_maximum(self.output.transaction_timeout_ms, maximum.ms)
         except ConfigurationError:
             raise
         except Exception as exc:
             raise self.output.failure(settings, exc, f"checking the kafka sink on {settings.bootstrap_servers}") \
                 from exc
         check_given_schemas(self.spec, self.pipeline)
-
-    def _check_broker_maximum(self, settings: KafkaSettings, admin: Any) -> None:
-        """The sink's transaction timeout against the serving brokers' maximum; a node that is away is named in the
-        log and left out (it coordinates no transaction while it is away), not a reason to stop the pipeline."""
-        live = LiveCluster(settings, admin)
-        try:
-            maximum = live.ask("reading the brokers' transaction.max.timeout.ms",
-                               lambda client: probe.broker_max_transaction_timeout_ms(client, settings))
-        finally:
-            live.close()
-        if maximum.brokers.away:
-            log.warning("transaction.max.timeout.ms=%s read from node(s) %s; %s", maximum.ms,
-                        ", ".join(map(str, maximum.brokers.serving)), maximum.brokers.note())
-        check_broker_maximum(self.output.transaction_timeout_ms, maximum.ms)
 
     def _used_namings(self) -> dict[int, UsedNaming]:
         """How the ledger's batches of this output named their transactional ids, by seq."""
@@ -183,7 +175,10 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
                     if later:  # they took the slot over, and their InitProducerId fenced this batch's producers
                         log.warning("not fencing slot %s of batch %s: batch %s uses it now", naming.slot(batch.seq),
                                     batch.seq, later[0].seq)
-                    known = probe.matching_transactions(admin, settings, naming.batch_pattern(batch.seq)) if not later else {}
+                    pattern = naming.batch_pattern(batch.seq)
+                    with LiveCluster(settings, admin) as live:  # asked again while a coordinator is away
+                        known = live.ask(f"listing the transactions matching {pattern}", lambda client: (
+                            probe.matching_transactions(client, settings, pattern))) if not later else {}
                     for tid in sorted(known):
                         librdkafka.fence({**settings.librdkafka(), **output.producer_config}, tid,
                                          output.transaction_timeout_ms)
