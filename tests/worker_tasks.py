@@ -17,21 +17,27 @@ import warnings
 from datetime import datetime
 from typing import Any
 
-STEPS = ("plan", "write", "notify_complete")  # a whole run, in order
+STEPS = ("plan", "write", "notify_complete")  # a whole run, in order ("abort" may also be asked for)
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     from airflow.sdk import DAG
 
     from airflow_exactly_once.airflow_integration.compat import AirflowSkipException
-    from airflow_exactly_once.operators.batch import NotifyCompleteOperator, PlanBatchOperator, WriteBatchOperator
+    from airflow_exactly_once.operators.batch import (
+        AbortBatchOperator,
+        NotifyCompleteOperator,
+        PlanBatchOperator,
+        WriteBatchOperator,
+    )
 
     with warnings.catch_warnings(record=True) as parsed:
         warnings.simplefilter("always")
         with DAG(request["dag_id"], schedule=None, start_date=datetime(2024, 1, 1)):
             tasks = {"plan": PlanBatchOperator(task_id="plan", **request["pipeline"]),
                      "write": WriteBatchOperator(task_id="write", **request["pipeline"]),
-                     "notify_complete": NotifyCompleteOperator(task_id="notify_complete", **request["pipeline"])}
+                     "notify_complete": NotifyCompleteOperator(task_id="notify_complete", **request["pipeline"]),
+                     "abort": AbortBatchOperator(task_id="abort", **request["pipeline"])}
     report: dict[str, Any] = {"parse_warnings": [f"{w.category.__name__}: {w.message}" for w in parsed], "steps": {}}
     batch_id = request.get("batch_id")
     for step in request["steps"]:

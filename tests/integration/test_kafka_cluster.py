@@ -288,7 +288,8 @@ def cli(run: Run, *args: str) -> subprocess.CompletedProcess:
 def test_the_coordinator_killed_and_left_down_across_whole_runs_to_kafka(run):
     """The node coordinating the write's open transactions is SIGKILLed and stays down: notify_complete commits them
     once the coordinator moved, a second whole run (plan with the sink's check and the hanging sweep, write,
-    notify_complete) goes through with the node still down, and `transactions list` and `check` answer."""
+    notify_complete) goes through with the node still down, `transactions list` and `check` answer, a failed write's
+    abort ends its transactions, and the next run takes the released range again."""
     arm(run.faults, "write.after_stage", "pause")
     worker = run.start(STEPS)
     pid = run.paused_at("write.after_stage", worker)
@@ -308,6 +309,18 @@ def test_the_coordinator_killed_and_left_down_across_whole_runs_to_kafka(run):
         checked = cli(run, "check", run.pipeline_id, "--without", "asset-events")
         assert checked.returncode == 0, checked.stdout + checked.stderr[-3000:]
         assert json.loads(checked.stdout)["committed_batches"] == 2
+        # A write that fails after staging, and the abort task, with the node still down; the next run takes the
+        # released range again.
+        run.sent += produce(run.cluster.live_bootstrap(), run.pipeline["topics"], RECORDS, start=2 * RECORDS)
+        arm(run.faults, "write.after_stage", "raise")
+        run.run_id = "manual__3"
+        failed = json.loads(run.start(("plan", "write")).communicate(timeout=600)[0].strip().splitlines()[-1])
+        assert failed["error"]["step"] == "write", failed
+        aborted = run.start(("abort",), failed["batch_id"]).communicate(timeout=600)[0].strip().splitlines()[-1]
+        assert re.search(r"aborted [1-9]\d* open Kafka transaction", json.loads(aborted)["steps"]["abort"]), aborted
+        assert run.ledger().get_batch(BatchId.parse(failed["batch_id"])).state is BatchState.ABORTED
+        run.run_id = "manual__4"
+        run.assert_exact(run.finish(run.start(STEPS))["batch_id"])
     finally:
         run.cluster.restart(node)
     assert_no_step_retried(run)

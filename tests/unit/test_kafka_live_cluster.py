@@ -177,7 +177,7 @@ def test_transactions_are_not_listed_while_a_partition_of_the_transaction_log_ha
     open' to the abort that fences what it finds; LiveCluster asks again (the error is retriable) and the error
     names the node that is away."""
     with pytest.raises(Errors.CoordinatorNotAvailableError,
-                       match=r"partition 1 led by node 2 which is fenced by the controller") as unled:
+                       match=r"partition\(s\) 1 led by node 2, which is fenced by the controller") as unled:
         probe.matching_transactions(TransactionLogAdmin(leader_of_1=2), settings(), r"p-\d+-\d+")
     assert node_unreachable(unled.value)
     moved = TransactionLogAdmin(leader_of_1=3)
@@ -208,7 +208,7 @@ def test_a_node_that_does_not_answer_is_left_out_and_named(monkeypatch):
     assert brokers.serving == (1,)
     assert dict(brokers.away) == {2: "is fenced by the controller (down or cut off)",
                                   3: "at 127.0.0.1:9003 gave no answer within 2 s"}
-    with pytest.raises(Errors.CoordinatorNotAvailableError, match=r"partition 1 led by node 3 which at 127"):
+    with pytest.raises(Errors.CoordinatorNotAvailableError, match=r"partition\(s\) 1 led by node 3, which at 127"):
         probe.matching_transactions(TransactionLogAdmin(leader_of_1=3), settings(), r"p-\d+-\d+")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -202,11 +203,14 @@ def list_transactions(admin: KafkaAdminClient, settings: KafkaSettings, **filter
     listed = admin.list_transactions(broker_ids=list(brokers.serving), **filters)
     unled = transaction_log_unled(admin, brokers.serving)
     if unled:
-        away = dict(brokers.away)
-        leaders = "; ".join(f"partition {p} led by node {leader} which {away.get(leader, 'is not listed')}"
-                            if leader >= 0 else f"partition {p} without a leader" for p, leader in unled)
+        away, by_leader = dict(brokers.away), defaultdict(list)
+        for partition, leader in unled:
+            by_leader[leader].append(str(partition))
+        leaders = "; ".join(f"partition(s) {', '.join(parts)} " + (
+            f"led by node {leader}, which {away.get(leader, 'is not listed')}" if leader >= 0 else "without a leader")
+            for leader, parts in sorted(by_leader.items()))
         raise Errors.CoordinatorNotAvailableError(
-            f"the transaction coordinator(s) of {TRANSACTION_LOG} {leaders}: their transactions cannot be listed "
+            f"the transaction coordinators of {TRANSACTION_LOG} {leaders}: their transactions cannot be listed "
             "until the controller moves those partitions to a serving node (seconds after it fences the node)")
     return [row for rows in listed.values() for row in rows]
 
