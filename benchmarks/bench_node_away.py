@@ -8,8 +8,9 @@ tests/worker_tasks.py, as Airflow's tasks run) one after the other, with records
 the whole cluster (a few runs, the baseline), then with one node SIGKILLed and left down for `--minutes`, then with
 the node restarted and another SIGSTOPped (paused) for `--minutes`. A step that fails is run again, as Airflow's
 retry would, and counted. Prints, per phase: runs, failed steps, the median and the slowest run, the ratio of the
-medians to the whole cluster's, and whether both outputs hold every record once. Run it alone: beside other work a
-run's time says little.
+medians to the whole cluster's, and whether both outputs hold every record once; and what the liveness check that
+precedes every kafka-python client costs (kafka.liveness.reachable, beside the admin client's own construction),
+with the whole cluster and with a node paused. Run it alone: beside other work a run's time says little.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("AIRFLOW_EXACTLY_ONCE_KAFKA_VERSION", "4.4.0")
 
+from airflow_exactly_once.kafka.liveness import reachable  # noqa: E402
+from airflow_exactly_once.kafka.settings import KafkaSettings  # noqa: E402
+from airflow_exactly_once.sinks.kafka.probe import new_admin_client  # noqa: E402
 from devtools.kafka_cluster import LocalKafkaCluster  # noqa: E402
 from tests.helpers import produce, read_parquet  # noqa: E402
 from tests.kafka_helpers import read_all  # noqa: E402
@@ -104,6 +108,21 @@ class Pipeline:
         return f"{verdict} ({len(got)} of {len(self.sent)} records, {missing} missing, {duplicated} duplicated)"
 
 
+def client_costs(cluster: LocalKafkaCluster, repeats: int = 20) -> tuple[float, float]:
+    """Median milliseconds of the liveness check over every bootstrap server, and of a whole admin client (the check,
+    bootstrap, close) after it."""
+    settings = KafkaSettings(cluster.bootstrap_servers)
+    checks, clients = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        reachable(settings)
+        checks.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        new_admin_client(settings).close()
+        clients.append(time.perf_counter() - started)
+    return statistics.median(checks) * 1000, statistics.median(clients) * 1000
+
+
 def phase(name: str, pipelines: list[Pipeline], records: int, minutes: float | None, runs: int | None) -> dict:
     """Runs alternating between the pipelines, for `minutes` or `runs` runs."""
     times: dict[str, list[float]] = {p.kind: [] for p in pipelines}
@@ -128,6 +147,7 @@ def main() -> int:
     parser.add_argument("--baseline-runs", type=int, default=4, help="runs with the whole cluster first")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-node-away-") as tmp, LocalKafkaCluster(Path(tmp) / "cluster") as cluster:
+        costs = {"whole cluster": client_costs(cluster)}
         pipelines = [Pipeline(cluster, Path(tmp), "kafka"), Pipeline(cluster, Path(tmp), "parquet")]
         results = {"whole cluster": phase("whole cluster", pipelines, args.records, None, args.baseline_runs)}
         killed = cluster.partition_leader(pipelines[0].source, 0)
@@ -136,6 +156,7 @@ def main() -> int:
         cluster.restart(killed)
         paused = cluster.partition_leader(pipelines[1].source, 0)
         cluster.pause(paused)
+        costs[f"node {paused} paused"] = client_costs(cluster)
         results[f"node {paused} paused"] = phase(f"node {paused} paused", pipelines, args.records, args.minutes, None)
         cluster.resume(paused)
         cluster.wait_brokers(len(cluster.nodes))
@@ -148,6 +169,9 @@ def main() -> int:
         for kind, times in result["times"].items():
             print(f"{name:<18} {kind:<8} {len(times):>4} {statistics.median(times):>9.1f} {max(times):>7.1f} "
                   f"{statistics.median(times) / base[kind]:>7.2f}x {result['load']:>5.1f}")
+    for name, (check_ms, client_ms) in costs.items():
+        print(f"liveness check, {name}: median {check_ms:.1f} ms; an admin client with it {client_ms:.1f} ms "
+              f"(the check {check_ms / client_ms:.0%} of it)")
     failed = [f for result in results.values() for f in result["failed"]]
     print(f"steps run again: {len(failed)}" + "".join(f"\n  {f}" for f in failed))
     for kind, verdict in verdicts.items():
