@@ -90,3 +90,22 @@ def test_the_servers_are_kept_when_none_answers_or_there_is_one(paused, dead, an
     started = time.monotonic()
     assert liveness.reachable(alone) == alone
     assert time.monotonic() - started < 0.1
+
+
+def test_the_docs_figures_of_a_node_away_are_the_codes():
+    """docs/sinks/kafka.md's section on a node away states the bounds a user plans with: they are the constants."""
+    import re
+    from pathlib import Path
+
+    from airflow_exactly_once.kafka.access import PROBE_BOOTSTRAP_TIMEOUT_MS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sinks" / "kafka.md").read_text()
+    section = page[page.index("## A node of the cluster away"):page.index("## Consumer-group mirror")]
+    section = " ".join(section.split())
+    assert f"{liveness.ANSWER_TIMEOUT_S:g} s at most" in section
+    assert f"does not answer within {liveness.ANSWER_TIMEOUT_S:g} s" in section
+    assert f"bootstrap bound ({PROBE_BOOTSTRAP_TIMEOUT_MS // 1000} s)" in section
+    assert f"for up to {liveness.PATIENCE_S:g} s" in section
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    [kafka4] = re.findall(r"^KAFKA4_VERSION \?= (\S+)", makefile, re.M)
+    assert f"Kafka {kafka4}, three nodes" in section
