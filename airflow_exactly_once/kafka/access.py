@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.kafka.liveness import NoAnswer, api_versions_answered
+from airflow_exactly_once.kafka.liveness import NoAnswer, api_versions_answered, host_and_port
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 DIAGNOSIS_TIMEOUT_S = 5.0
@@ -120,10 +120,9 @@ def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) ->
     unreachable: list[str] = []
     closed: list[tuple[str, ConfigurationError]] = []  # accepted, then closed without a byte
     for server in servers:
-        host, _, port = server.rpartition(":")
-        host = host.strip("[]")
         try:
-            sock = socket.create_connection((host, int(port)), timeout=timeout_s)
+            host, port = host_and_port(server)
+            sock = socket.create_connection((host, port), timeout=timeout_s)
         except (OSError, ValueError) as exc:
             unreachable.append(f"{server}: {getattr(exc, 'strerror', None) or exc}")
             continue

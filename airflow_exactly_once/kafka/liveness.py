@@ -17,10 +17,10 @@ spoke but refused the settings counts as answering: the client then fails on it 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import ssl
 import struct
-import logging
 import threading
 import time
 from typing import Callable, Mapping, TypeVar
@@ -66,13 +66,18 @@ def api_versions_answered(sock: socket.socket) -> bool:
     return len(answer) >= 8 and struct.unpack(">i", answer[4:8])[0] == 1
 
 
+def host_and_port(server: str) -> tuple[str, int]:
+    """("host", port) of a bootstrap server "host:port" ("[::1]:9092" too); ValueError when the port is not a number."""
+    host, _, port = server.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 def why_silent(settings: KafkaSettings, server: str, timeout_s: float = ANSWER_TIMEOUT_S) -> str | None:
     """None when `server` (host:port) answered within `timeout_s`, else what happened instead."""
-    host, _, port = server.rpartition(":")
-    host = host.strip("[]")
     deadline = time.monotonic() + timeout_s
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        host, port = host_and_port(server)
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             if not settings.security_protocol.endswith("SSL"):
                 api_versions_answered(sock)  # any Kafka answer, or other bytes: the process runs

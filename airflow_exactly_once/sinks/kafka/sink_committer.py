@@ -175,10 +175,12 @@ class KafkaSinkCommitter(SinkCommitter[KafkaCommittable]):
                     if later:  # they took the slot over, and their InitProducerId fenced this batch's producers
                         log.warning("not fencing slot %s of batch %s: batch %s uses it now", naming.slot(batch.seq),
                                     batch.seq, later[0].seq)
-                    pattern = naming.batch_pattern(batch.seq)
-                    with LiveCluster(settings, admin) as live:  # asked again while a coordinator is away
-                        known = live.ask(f"listing the transactions matching {pattern}", lambda client: (
-                            probe.matching_transactions(client, settings, pattern))) if not later else {}
+                    known: dict[str, str] = {}
+                    if not later:
+                        pattern = naming.batch_pattern(batch.seq)
+                        with LiveCluster(settings, admin) as live:  # asked again while a coordinator is away
+                            known = live.ask(f"listing the transactions matching {pattern}", lambda client: (
+                                probe.matching_transactions(client, settings, pattern)))
                     for tid in sorted(known):
                         librdkafka.fence({**settings.librdkafka(), **output.producer_config}, tid,
                                          output.transaction_timeout_ms)
