@@ -57,7 +57,7 @@ from sqlalchemy.orm import Session
 
 from airflow_exactly_once.airflow_integration.assets import batch_event_extra
 from airflow_exactly_once.cli.main import main as cli
-from airflow_exactly_once.core.backlog import partition_lags
+from airflow_exactly_once.observe.backlog import partition_lags
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange

@@ -90,8 +90,8 @@ def assert_exactly_once(sent: list[str], got: list[str]) -> None:
 
 def assert_ranges_tile(ledger: Ledger, pipeline_id: str) -> None:
     """Committed ranges of each partition follow each other with no gap and no overlap
-    (recorded rewinds and accepted data loss aside): core.audit's check."""
-    from airflow_exactly_once.core.audit import audit_pipeline
+    (recorded rewinds and accepted data loss aside): observe.audit's check."""
+    from airflow_exactly_once.observe.audit import audit_pipeline
 
     report = audit_pipeline(ledger, pipeline_id)
     assert report.ok, report.problems

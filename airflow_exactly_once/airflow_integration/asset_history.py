@@ -1,6 +1,6 @@
 """The Asset events Airflow recorded for a pipeline, read from Airflow's metadata database.
 
-The drift check (core/drift.py) compares them with the ledger. It runs where that database is
+The drift check (observe/drift.py) compares them with the ledger. It runs where that database is
 reachable anyway: the `airflow` CLI's machines and the api-server (the ledger page); task processes,
 which may not reach it on Airflow 3, never call this.
 """
@@ -15,7 +15,7 @@ from airflow.utils.session import create_session
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from airflow_exactly_once.core.drift import RecordedEvent
+from airflow_exactly_once.observe.drift import RecordedEvent
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from airflow_exactly_once.airflow_integration.compat import Stats, legacy_metric_names
-from airflow_exactly_once.core.backlog import InFlightSummary
+from airflow_exactly_once.observe.backlog import InFlightSummary
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.task_log import TaskLog
 

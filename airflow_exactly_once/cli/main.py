@@ -40,9 +40,9 @@ from typing import Any, Iterator, Sequence
 
 from kafka.errors import KafkaError
 
-from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
+from airflow_exactly_once.observe.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
@@ -400,7 +400,7 @@ def cmd_check(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _drift(ledger: Ledger, pid: str, args: argparse.Namespace) -> DriftReport:
-    """The ledger against the mirrored consumer group and Airflow's Asset events (core/drift.py)."""
+    """The ledger against the mirrored consumer group and Airflow's Asset events (observe/drift.py)."""
     def read_group(group: str) -> dict:
         return read_group_offsets(_kafka_settings(PipelineConfig.from_dict(ledger.stored_config(pid)), args),
                                   group)

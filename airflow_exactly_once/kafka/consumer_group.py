@@ -17,7 +17,7 @@ from kafka import KafkaAdminClient, TopicPartition
 from kafka.structs import OffsetAndMetadata
 
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import GroupOffset, mirror_metadata
+from airflow_exactly_once.observe.drift import GroupOffset, mirror_metadata
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.kafka.liveness import reachable

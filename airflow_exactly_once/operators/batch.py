@@ -27,7 +27,7 @@ from airflow_exactly_once.airflow_integration.compat import (
 )
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
 from airflow_exactly_once.airflow_integration.placement import LocalFolderWarning, local_folder_problems
-from airflow_exactly_once.core.backlog import IN_FLIGHT, InFlightSummary
+from airflow_exactly_once.observe.backlog import IN_FLIGHT, InFlightSummary
 from airflow_exactly_once.core.config import PipelineConfig, transform_name
 from airflow_exactly_once.core.errors import DataLossError, ExactlyOnceError, TransactionLostError
 from airflow_exactly_once.core.model import Batch, BatchId

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-from airflow_exactly_once.core.object_location import ObjectLocation
+from airflow_exactly_once.storage.object_location import ObjectLocation
 from airflow_exactly_once.sinks.storage_connection import connection_access
 from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained, shared_client
 

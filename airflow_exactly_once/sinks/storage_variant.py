@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from airflow_exactly_once.core.object_location import storage_variant
+from airflow_exactly_once.storage.object_location import storage_variant
 
 
 class ObjectStorageVariant:

@@ -52,7 +52,7 @@ from asgiref.sync import sync_to_async
 
 from airflow_exactly_once.airflow_integration.compat import BaseEventTrigger, TriggerEvent
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
-from airflow_exactly_once.core.backlog import (
+from airflow_exactly_once.observe.backlog import (
     IN_FLIGHT,
     InFlightSummary,
     WakeGate,

@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from sqlalchemy import select
 
 from airflow_exactly_once.airflow_integration.provider_info import CONFIG_SECTION
-from airflow_exactly_once.core.backlog import PipelineReport, utc
+from airflow_exactly_once.observe.backlog import PipelineReport, utc
 from airflow_exactly_once.hooks.ledger import LedgerHook
 from airflow_exactly_once.ui.access import pipeline_dag_ids, reads_every_dag, visible_pipelines
 from airflow_exactly_once.ui.loading import (

@@ -15,9 +15,9 @@ from typing import Any
 import sqlalchemy as sa
 from kafka.errors import KafkaError
 
-from airflow_exactly_once.core.backlog import PartitionLag, PipelineReport, partition_lags, read_pipeline
+from airflow_exactly_once.observe.backlog import PartitionLag, PipelineReport, partition_lags, read_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
-from airflow_exactly_once.core.drift import DriftReport, check_drift, mirror_command
+from airflow_exactly_once.observe.drift import DriftReport, check_drift, mirror_command
 from airflow_exactly_once.core.errors import ExactlyOnceError, LedgerVersionError
 from airflow_exactly_once.core.ledger import Ledger, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any, Iterable
 from urllib.parse import quote
 
-from airflow_exactly_once.core.backlog import NOTABLE_EVENTS, ChartPoint, PipelineReport, utc
+from airflow_exactly_once.observe.backlog import NOTABLE_EVENTS, ChartPoint, PipelineReport, utc
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.ui.loading import DriftResult, LagResult, PipelineSummary
 

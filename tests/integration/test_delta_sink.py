@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 
 from airflow_exactly_once.airflow_integration.metrics import PipelineMetrics
 from airflow_exactly_once.cli.main import main as cli
-from airflow_exactly_once.core.backlog import read_pipeline
+from airflow_exactly_once.observe.backlog import read_pipeline
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.faults import arm

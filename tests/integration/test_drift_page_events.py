@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from airflow.models.asset import AssetEvent, AssetModel
 from sqlalchemy.orm import Session
 
-from airflow_exactly_once.core.backlog import read_pipeline
+from airflow_exactly_once.observe.backlog import read_pipeline
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.ui.loading import DRIFT_EVENTS, LedgerReader, read_drift

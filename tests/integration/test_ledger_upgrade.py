@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
 from airflow_exactly_once.core.errors import LedgerVersionError
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.faults import arm

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from airflow_exactly_once.cli.main import main as cli
-from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError, FencedError, IllegalTransitionError
 from airflow_exactly_once.core.ledger import Ledger

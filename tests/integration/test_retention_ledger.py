@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_exactly_once.cli.main import main as cli
-from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
 from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.ledger import Ledger

@@ -12,7 +12,7 @@ import re
 import signal
 from datetime import datetime, timezone
 
-from airflow_exactly_once.core.backlog import utc
+from airflow_exactly_once.observe.backlog import utc
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from tests.conftest import ARRIVAL_MIN_RECORDS, ARRIVAL_POLL_SECONDS, ARRIVAL_TOPIC

@@ -20,7 +20,7 @@ from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
-from airflow_exactly_once.core.audit import audit_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.timestamps import to_epoch_ms
 from tests.harness import airflow_ledger, asset_events, operator_cli as cli

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_exactly_once.core.drift import mirror_metadata
+from airflow_exactly_once.observe.drift import mirror_metadata
 from airflow_exactly_once.core.faults import arm
 from airflow_exactly_once.core.states import BatchState
 from tests.conftest import AIRFLOW_DATABASE, K2K_INPUT, K2K_OUTPUT

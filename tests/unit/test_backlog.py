@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import sqlalchemy as sa
 
-from airflow_exactly_once.core.backlog import (
+from airflow_exactly_once.observe.backlog import (
     PartitionLag,
     WakeGate,
     WakeRule,

@@ -1,4 +1,4 @@
-"""The drift check's comparisons (core/drift.py) on a real ledger (SQLite file), with the group's offsets and
+"""The drift check's comparisons (observe/drift.py) on a real ledger (SQLite file), with the group's offsets and
 Airflow's events given as Kafka and Airflow return them. Against a real broker and a real Airflow:
 tests/system/test_pipeline_kafka.py::test_example_dag_batches_are_exact_and_mirrored_to_the_consumer_group.
 """
@@ -10,7 +10,7 @@ import json
 import pytest
 
 from airflow_exactly_once.cli.main import main as cli
-from airflow_exactly_once.core.drift import (
+from airflow_exactly_once.observe.drift import (
     EVENT_CLOCK_SKEW,
     GroupOffset,
     RecordedEvent,

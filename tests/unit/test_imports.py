@@ -176,7 +176,16 @@ def test_a_dag_that_uses_the_task_group_loads_neither_kafka_python_nor_pyspark()
 def test_the_airflow_integration_knows_no_sink_spark_or_kafka():
     """airflow_integration/ ties the package to Airflow; what it needs of the sinks (folders, datasets) its callers
     hand in, so the sinks, which use its connections, are never imported back. The package's version (a module that
-    imports nothing) it may read."""
-    outside = {name: sorted(t for t in targets if unit_of(t) not in ("core", "airflow_integration", "version"))
+    imports nothing) and the ledger's read models it may read."""
+    outside = {name: sorted(t for t in targets if unit_of(t) not in ("core", "observe", "airflow_integration",
+                                                                       "version"))
                for name, targets in internal_graph().items() if unit_of(name) == "airflow_integration"}
+    assert {k: v for k, v in outside.items() if v} == {}
+
+
+def test_the_read_models_import_only_the_protocol_core():
+    """observe/ (backlog, drift, audit) reads the ledger for the UI, the triggers, the CLI and the metrics: it sits
+    right above core, so every room that shows the ledger may use it and it never pulls a client or a sink in."""
+    outside = {name: sorted(t for t in targets if unit_of(t) not in ("core", "observe"))
+               for name, targets in internal_graph().items() if unit_of(name) == "observe"}
     assert {k: v for k, v in outside.items() if v} == {}

@@ -17,8 +17,8 @@ import pytest
 
 import airflow_exactly_once
 from airflow_exactly_once.airflow_integration import provider_info
-from airflow_exactly_once.core.backlog import PartitionLag, read_pipeline
-from airflow_exactly_once.core.drift import DriftReport, Finding
+from airflow_exactly_once.observe.backlog import PartitionLag, read_pipeline
+from airflow_exactly_once.observe.drift import DriftReport, Finding
 from airflow_exactly_once.ui.loading import (
     DriftResult,
     LagResult,

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_exactly_once.airflow_integration import metrics as metrics_module
 from airflow_exactly_once.airflow_integration.metrics import METRICS, PipelineMetrics, markdown_table, sanitize
-from airflow_exactly_once.core.backlog import InFlightSummary
+from airflow_exactly_once.observe.backlog import InFlightSummary
 from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.states import BatchState

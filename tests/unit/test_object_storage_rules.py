@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.object_location import ObjectLocation, is_object_storage, parse_object_location
+from airflow_exactly_once.storage.object_location import ObjectLocation, is_object_storage, parse_object_location
 from airflow_exactly_once.sinks import spec_local_folders
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedFile, StagedUploads
 from airflow_exactly_once.sinks.parquet.s3.layout import ObjectLayout

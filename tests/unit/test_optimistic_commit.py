@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_exactly_once.core import optimistic_commit
+from airflow_exactly_once.sinks import optimistic_commit
 from airflow_exactly_once.core.errors import SinkError
-from airflow_exactly_once.core.optimistic_commit import commit_with_retries
+from airflow_exactly_once.sinks.optimistic_commit import commit_with_retries
 
 
 class Beaten(Exception):

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from airflow_exactly_once.cli.main import main as cli
 from airflow_exactly_once.core import protocol
-from airflow_exactly_once.core.audit import audit_pipeline
-from airflow_exactly_once.core.backlog import read_pipeline
+from airflow_exactly_once.observe.audit import audit_pipeline
+from airflow_exactly_once.observe.backlog import read_pipeline
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError
 from airflow_exactly_once.core.ledger import Ledger, events
 from airflow_exactly_once.core.model import Batch, BatchId, OffsetRange

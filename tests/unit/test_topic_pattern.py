@@ -92,7 +92,7 @@ def test_registry_formats_over_a_pattern_name_their_subject():
 
 
 def test_the_report_lists_the_topics_batches_read_not_the_pattern():
-    from airflow_exactly_once.core.backlog import PipelineReport
+    from airflow_exactly_once.observe.backlog import PipelineReport
     from airflow_exactly_once.core.model import OffsetRange
     from airflow_exactly_once.airflow_integration.lineage import input_topics
 
@@ -115,7 +115,7 @@ def test_a_kafka_sink_topic_the_pattern_matches_is_refused_before_any_broker_is_
 
 
 def test_the_ledger_page_names_the_pattern_and_the_topics_its_batches_read(tmp_path):
-    from airflow_exactly_once.core.backlog import read_pipeline
+    from airflow_exactly_once.observe.backlog import read_pipeline
     from airflow_exactly_once.ui.loading import LagResult, PipelineSummary
     from airflow_exactly_once.ui.page import pipeline_page
     from tests.harness import MarkerWriter, Pipe, open_ledger

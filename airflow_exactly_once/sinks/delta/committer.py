@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.optimistic_commit import commit_with_retries
+from airflow_exactly_once.sinks.optimistic_commit import commit_with_retries
 from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
 from airflow_exactly_once.sinks.delta.folder import LocalFolder

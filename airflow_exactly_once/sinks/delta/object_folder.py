@@ -17,7 +17,7 @@ import uuid
 from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.object_location import ObjectLocation
+from airflow_exactly_once.storage.object_location import ObjectLocation
 from airflow_exactly_once.sinks.delta.commits import STAGING
 from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.storage import multipart

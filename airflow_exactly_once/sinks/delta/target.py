@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError, SinkError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
-from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
+from airflow_exactly_once.storage.object_location import is_object_storage, parse_object_location
 from airflow_exactly_once.core.sink import column_names
 from airflow_exactly_once.sinks.delta import commits
 from airflow_exactly_once.sinks.delta.folder import LocalFolder, TableFolder

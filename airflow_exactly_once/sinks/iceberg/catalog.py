@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, MissingExtraError, SinkError
-from airflow_exactly_once.core.object_location import (SUPPORTED_SCHEMES, is_object_storage, parse_object_location,
+from airflow_exactly_once.storage.object_location import (SUPPORTED_SCHEMES, is_object_storage, parse_object_location,
                                                        scheme_of)
 from airflow_exactly_once.sinks.iceberg.file_io import AWS_BUNDLE_PACKAGE, WarehouseStorage
 

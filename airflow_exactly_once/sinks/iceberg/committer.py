@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.optimistic_commit import commit_with_retries
+from airflow_exactly_once.sinks.optimistic_commit import commit_with_retries
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec, catalog_failure, rest_failure, unreachable
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot

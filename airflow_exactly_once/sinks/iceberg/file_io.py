@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.storage.errors import BucketNotFoundError, StorageCredentialsError
-from airflow_exactly_once.core.object_location import is_object_storage, parse_object_location
+from airflow_exactly_once.storage.object_location import is_object_storage, parse_object_location
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_RELEASE
 from airflow_exactly_once.storage.s3_client import S3Access, connection_hint, explained, shared_client
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument, is_template
-from airflow_exactly_once.core.object_location import SUPPORTED_SCHEMES, scheme_of, storage_variant
+from airflow_exactly_once.storage.object_location import SUPPORTED_SCHEMES, scheme_of, storage_variant
 from airflow_exactly_once.core.secrets import SECRET_KEY_PATTERN
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from airflow_exactly_once.core.object_location import ObjectLocation
+from airflow_exactly_once.storage.object_location import ObjectLocation
 
 _ATTEMPT = re.compile(r"-e(\d+)\.parquet$")
 

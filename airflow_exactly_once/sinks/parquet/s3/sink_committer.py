@@ -16,7 +16,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, TransactionLost
 from airflow_exactly_once.core.faults import fault_point
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.object_location import parse_object_location
+from airflow_exactly_once.storage.object_location import parse_object_location
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.sinks.parquet.s3.committable import StagedUploads

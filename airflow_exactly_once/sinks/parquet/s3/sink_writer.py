@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.core.object_location import parse_object_location
+from airflow_exactly_once.storage.object_location import parse_object_location
 from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.storage_bucket import SinkBucket
