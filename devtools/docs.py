@@ -38,7 +38,13 @@ whether Airflow retries it), above the hand-written "What to do", like this:
     ## `DataLossError` (core.errors) ...
     <!-- /error -->
 
-`python -m devtools.docs` (`make docs`) rewrites the included blocks and tables; tests/unit/test_docs.py fails when a
+The package's own source has generated parts too, written from a declaration by a function of the package:
+
+    # [START generated: operators.arguments.init_source signature]
+    ...what airflow_exactly_once.operators.arguments.init_source("signature") returns, indented as the marker...
+    # [END generated: operators.arguments.init_source signature]
+
+`python -m devtools.docs` (`make docs`) rewrites the included blocks, tables and generated source; tests/unit/test_docs.py fails when a
 block and its source disagree, so the docs never show code that was not tested.
 
 The docs' other tables of names (a trigger's arguments, CLI commands, extras) are hand-written and
@@ -58,6 +64,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").rglob("*.md"))]
+SOURCES = sorted((REPO / "airflow_exactly_once").rglob("*.py"))
+_GENERATED = re.compile(r"^(?P<indent>[ \t]*)(?P<start># \[START generated: (?P<source>[\w.]+) (?P<part>\w+)\]\n)"
+                        r"(?P<body>.*?)^(?P=indent)# \[END generated: (?P=source) (?P=part)\]", re.DOTALL | re.MULTILINE)
 _INCLUDE = re.compile(r"(<!-- include: (?P<path>\S+) (?P<region>\S+) -->\n```(?P<lang>\w*)\n)(?P<body>.*?)(```)",
                       re.DOTALL)
 _ARGUMENTS = re.compile(r"(<!-- arguments -->\n)(?P<body>.*?)(<!-- /arguments -->)", re.DOTALL)
@@ -152,6 +161,20 @@ def render(text: str) -> str:
     return _ARGUMENTS.sub(lambda m: m.group(1) + markdown_table() + "\n" + m.group(3), text)
 
 
+def generated_source(match: re.Match) -> str:
+    """A generated part of the package's source, made anew by the function its START marker names."""
+    module, _, function = match.group("source").rpartition(".")
+    made = getattr(importlib.import_module(f"airflow_exactly_once.{module}"), function)(match.group("part"))
+    indent = match.group("indent")
+    return (indent + match.group("start") + textwrap.indent(made, indent) + "\n" +
+            f"{indent}# [END generated: {match.group('source')} {match.group('part')}]")
+
+
+def render_source(text: str) -> str:
+    """`text` (a module of the package) with every generated part made anew."""
+    return _GENERATED.sub(generated_source, text) if "# [START generated: " in text else text
+
+
 def cells(line: str) -> list[str]:
     """The cells of a table line; `\\|` is a pipe inside a cell."""
     return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
@@ -187,11 +210,12 @@ def cli_commands(parser: argparse.ArgumentParser, path: str = "") -> dict[str, s
 
 
 def stale(write: bool = False) -> list[Path]:
-    """The docs whose included code differs from its source (rewritten when `write`)."""
+    """The docs (and modules) whose included code or generated parts differ from their source (rewritten when
+    `write`)."""
     found = []
-    for doc in DOCS:
+    for doc in [*DOCS, *SOURCES]:
         text = doc.read_text()
-        fresh = render(text)
+        fresh = render(text) if doc.suffix == ".md" else render_source(text)
         if fresh != text:
             found.append(doc)
             if write:

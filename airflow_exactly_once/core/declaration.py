@@ -105,6 +105,7 @@ class Option:
     choices: tuple[Any, ...]
     shown_default: str | None
     templated: bool
+    annotation: str = "Any"  # the field's type, as the declaration writes it
 
     def default_text(self) -> str:
         if self.shown_default is not None:
@@ -127,7 +128,7 @@ def options_of(declaration: type) -> list[Option]:
         found.append(Option(f.name, f.metadata["doc"], required, default, f.metadata.get("secret", False),
                             f.metadata.get("secret_keys"), f.metadata.get("choices", ()),
                             f.metadata.get("shown_default"),
-                            f.metadata.get("templated", True)))
+                            f.metadata.get("templated", True), str(f.type)))
     return found
 
 

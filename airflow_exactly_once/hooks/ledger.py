@@ -27,6 +27,8 @@ from airflow_exactly_once.airflow_integration.provider_info import (
 )
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.ledger import Ledger, redacted_url
+from airflow_exactly_once.core.ledger.engine import missing_sqlite_file
+from airflow_exactly_once.core.ledger.versioning import UPGRADE_COMMAND
 
 EMBEDDED_LEDGER_FILE = "exactly_once_ledger.db"
 SHARED_SETTING = f"[{CONFIG_SECTION}] {EMBEDDED_LEDGER_SHARED} = True"
@@ -127,6 +129,33 @@ class LedgerHook(BaseHook):
         origin = ("ledger_url" if self.ledger_url else f"connection {self.ledger_conn_id!r}" if self.ledger_conn_id
                   else "the embedded SQLite file in this machine's AIRFLOW_HOME")
         return f"{redacted_url(self.get_url())} ({origin})"
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Airflow's Test button (and `airflow connections test`): reach the ledger and read where its schema stands.
+        Nothing is created, migrated or written; an empty database is fine (the first batch creates the schema)."""
+        try:
+            if missing_sqlite_file(self.get_url()):
+                return True, f"the ledger {self._where()} is a SQLite file not made yet: the first batch makes it"
+            ledger = Ledger.read_only(self.get_url())
+        except Exception as exc:
+            return False, f"the ledger {self._where()} cannot be opened: {type(exc).__name__}: {exc}"
+        try:
+            version = ledger.schema_version()
+        except Exception as exc:
+            return False, (f"the ledger {self._where()} cannot be read: {type(exc).__name__}: {exc}. Check the "
+                           "host, port, database and credentials, and that the server accepts this machine")
+        finally:
+            ledger.engine.dispose()
+        if version.state == "ahead":
+            return False, (f"the ledger {self._where()} is {version.describe()}: upgrade the provider where this "
+                           "connection is used")
+        after = {"empty": "; the first batch creates its tables",
+                 "unversioned": f"; the first batch (or `{UPGRADE_COMMAND}`) versions it",
+                 "behind": f"; the first batch (or `{UPGRADE_COMMAND}`) upgrades it"}.get(version.state, "")
+        return True, f"reached the ledger {self._where()}: schema {version.describe()}{after}"
+
+    def _where(self) -> str:
+        return redacted_url(self.get_url())
 
     def get_conn(self) -> Ledger:
         self.check_placement()

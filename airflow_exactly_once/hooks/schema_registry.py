@@ -14,7 +14,9 @@ from typing import Any
 
 from airflow_exactly_once.airflow_integration.compat import BaseHook
 from airflow_exactly_once.airflow_integration.provider_info import REGISTRY_CONN_TYPE, REGISTRY_UI_FIELD_BEHAVIOUR
-from airflow_exactly_once.core.errors import ConfigurationError
+from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
+from airflow_exactly_once.core.secrets import redacted_value
+from airflow_exactly_once.records.registry import Registry
 
 
 class SchemaRegistryHook(BaseHook):
@@ -44,6 +46,16 @@ class SchemaRegistryHook(BaseHook):
                 "it (type schema_registry, Host 'https://registry:8081', Login/Password for basic auth)") from exc
         return registry_settings(conn.host, conn.port, conn.login, conn.password, conn.extra_dejson,
                                  self.schema_registry_conn_id)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Airflow's Test button (and `airflow connections test`): list the registry's subjects with the
+        connection's URL, credentials and TLS files; a refusal says which of them to fix."""
+        try:
+            registry = Registry.of_settings(self.client_settings(), f"connection {self.schema_registry_conn_id!r}")
+            subjects = registry.call("list its subjects", lambda: registry.client().get_subjects())
+        except ExactlyOnceError as exc:
+            return False, str(exc)
+        return True, f"reached the Schema Registry at {redacted_value(registry.url)}: {len(subjects)} subject(s)"
 
 
 def registry_settings(host: str | None, port: int | None, login: str | None, password: str | None,

@@ -2,17 +2,16 @@
 
 Every pipeline setting is a field of `PipelineConfig` (core.config) with its default and one
 sentence of documentation; the few settings that only say where things run (connections,
-Spark) are `TASK_ARGUMENTS` below. The operators' keyword arguments, their signature (which
-Airflow's `default_args` reads), their `template_fields` and their `:param` lines are all
-made from these two lists. An argument added here is also assigned, by name and with its type,
-in `ExactlyOnceBaseOperator.__init__` (operators.batch), where readers and type checkers see it;
-tests/unit/test_arguments.py fails until the two agree.
+Spark) are `TASK_ARGUMENTS` below. The operators' `template_fields` and `:param` lines are made
+from these two lists, and so is the source of `ExactlyOnceBaseOperator.__init__`'s typed signature
+and of its attribute assignments (`init_source`): `python -m devtools.docs` writes them into
+operators/batch.py, where readers, IDEs, type checkers and Airflow's `default_args` see them as
+written; tests/unit/test_docs.py fails until the file and the declaration agree.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -35,11 +34,17 @@ class Argument:
     secret_keys: str | None = None
     # The values it may take (besides None where None is its default); empty: any value of its type.
     choices: tuple[Any, ...] = ()
+    annotation: str = "str | None"  # its type in the operators' signature
+
+    def signature_default(self) -> Any:
+        """The default the signature shows: None for an empty list or dict (one object shared by every call would
+        be), which the operator replaces with a fresh empty one."""
+        return None if isinstance(self.default, (list, dict)) else self.default
 
 
 TASK_ARGUMENTS = (
     Argument("kafka_conn_id", "kafka_default", "The official `kafka` connection: bootstrap servers and client "
-                                               "security settings (librdkafka names) in its extra."),
+                                               "security settings (librdkafka names) in its extra.", annotation="str"),
     Argument("ledger_conn_id", None, "Connection of the offset ledger (postgres, sqlite or exactly_once_ledger); "
                                      "default: the embedded SQLite file in AIRFLOW_HOME, for one machine only: "
                                      "refused under executors that run tasks on several machines (Celery, "
@@ -48,7 +53,7 @@ TASK_ARGUMENTS = (
     Argument("spark_conf", None, "Spark settings of the write (spark.master, spark.jars, ...); default local[*]. "
                                  "Keys matching Spark's `spark.redaction.regex` (secret, password, token, access "
                                  "key) and a `spark.remote` URL's token are secrets: masked in logs, never stored.",
-             templated=False, secret_keys=SECRET_KEY_PATTERN),
+             templated=False, secret_keys=SECRET_KEY_PATTERN, annotation="dict[str, Any] | None"),
     Argument("schema_registry_conn_id", None, "A `schema_registry` connection (URL, basic auth or bearer token, "
                                               "TLS files): the registry of value_format / key_format avro, "
                                               "protobuf and json_schema in the wire format."),
@@ -60,15 +65,20 @@ TASK_ARGUMENTS = (
              "the shipped code is the same: warm Python workers; what a transform sets in the session, settings "
              "or temporary views, stays for the next batch) or 'attempt' (a new session per write attempt, "
              "released after it, as a Spark driver per task would be).", templated=False,
-             choices=("pipeline", "attempt")),
+             choices=("pipeline", "attempt"), annotation="str"),
 )
+
+
+# Where an operator takes more than the pipeline setting holds: one topic as text, the transform as a callable.
+_OPERATOR_TYPES = {"topics": "str | list[str]", "transform": "str | Callable[..., Any] | None"}
 
 
 def _pipeline_arguments() -> tuple[Argument, ...]:
     """PipelineConfig's declared settings; "{sink_types}" in a doc is the registry's list of sink types."""
     sink_types = ", ".join(SPECS)
     return tuple(Argument(o.name, o.default, o.doc.replace("{sink_types}", sink_types), o.templated, o.required,
-                          choices=o.choices) for o in options_of(PipelineConfig))
+                          choices=o.choices, annotation=_OPERATOR_TYPES.get(o.name, o.annotation))
+                 for o in options_of(PipelineConfig))
 
 
 PIPELINE_ARGUMENTS = _pipeline_arguments()
@@ -86,27 +96,36 @@ def secret_texts(values: Mapping[str, Any]) -> list[str]:
     return secret_values(values, paths)
 
 
-def take_arguments(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Pop the pipeline arguments out of an operator's keyword arguments, defaults filled in."""
-    missing = [a.name for a in ARGUMENTS if a.required and a.name not in kwargs]
-    if missing:
-        raise TypeError(f"missing required pipeline argument(s): {', '.join(missing)}")
-    given = {a.name: kwargs.pop(a.name) if a.name in kwargs else copy.copy(a.default) for a in ARGUMENTS}
-    for a in TASK_ARGUMENTS:  # the pipeline settings' choices are checked by PipelineConfig
-        if a.choices and not a.templated and given[a.name] not in a.choices:
-            raise ConfigurationError(f"{a.name}={given[a.name]!r} is not supported; choose one of "
+def check_task_choices(values: Mapping[str, Any]) -> None:
+    """The task arguments' allowed values (the pipeline settings' choices are checked by PipelineConfig)."""
+    for a in TASK_ARGUMENTS:
+        if a.choices and not a.templated and values[a.name] not in a.choices:
+            raise ConfigurationError(f"{a.name}={values[a.name]!r} is not supported; choose one of "
                                      f"{', '.join(map(repr, a.choices))}")
-    return given
 
 
-def signature(extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
-    """`(self, *, <arguments>, **kwargs)`: what `inspect.signature` (and so `default_args`) sees."""
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=inspect.Parameter.empty if a.required else a.default) for a in ARGUMENTS]
-    params += list(extra)
-    params.append(inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD))
-    return inspect.Signature(params)
+def init_source(part: str) -> str:
+    """The generated source of `ExactlyOnceBaseOperator.__init__` (operators/batch.py): its `signature` (every
+    argument keyword-only, typed, with its default; required ones without) or its `attributes` (each argument
+    stored under its own name, with its type; an empty list or dict made anew)."""
+    if part == "signature":
+        lines = ["def __init__(", "    self,", "    *,"]
+        for a in ARGUMENTS:
+            default = a.signature_default()
+            annotation = a.annotation if default is a.default or "None" in a.annotation else f"{a.annotation} | None"
+            lines.append(f"    {a.name}: {annotation}," if a.required else
+                         f"    {a.name}: {annotation} = {_literal(default)},")
+        return "\n".join([*lines, "    **kwargs: Any,", ") -> None:"])
+    if part == "attributes":
+        return "\n".join(f"self.{a.name}: {a.annotation} = {a.name}" if a.signature_default() is a.default else
+                         f"self.{a.name}: {a.annotation} = {_literal(a.default)} if {a.name} is None else {a.name}"
+                         for a in ARGUMENTS)
+    raise LookupError(f"no generated part {part!r} of the operators' __init__: 'signature' or 'attributes'")
+
+
+def _literal(value: Any) -> str:
+    """A default as source code, strings in double quotes as the package writes them."""
+    return json.dumps(value) if isinstance(value, str) else repr(value)
 
 
 def param_docs() -> str:
@@ -124,7 +143,3 @@ def markdown_table() -> str:
         rows.append(f"| `{a.name}` | {default} | {allowed} | {'yes' if a.templated else 'no'} | {a.doc} |")
     return "\n".join(rows)
 
-
-def keyword(name: str, default: Any) -> inspect.Parameter:
-    """A keyword-only parameter of one operator, for `signature(extra=...)`."""
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)

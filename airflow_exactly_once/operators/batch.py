@@ -65,65 +65,107 @@ class ExactlyOnceBaseOperator(BaseOperator):
     template_fields_renderers = {"sink": "json", "kafka_config": "json"}
     ui_color = "#e8f4ea"
 
-    def __init__(self, **kwargs: Any) -> None:
-        given = arguments.take_arguments(kwargs)
+    # [START generated: operators.arguments.init_source signature]
+    def __init__(
+        self,
+        *,
+        pipeline_id: str,
+        topics: str | list[str] | None = None,
+        topic_pattern: str | None = None,
+        sink: dict[str, Any],
+        bootstrap_servers: str = "",
+        startup_mode: str = "earliest",
+        new_partition_start: str = "earliest",
+        max_records_per_partition: int | None = None,
+        local_read_max_records: int = 50000,
+        data_loss_policy: str = "fail",
+        transform: str | Callable[..., Any] | None = None,
+        kafka_config: dict[str, Any] | None = None,
+        guarantee: str | None = None,
+        mirror_consumer_group: str | None = None,
+        startup_timestamp: int | str | None = None,
+        startup_offsets: dict[str, Any] | None = None,
+        startup_group_id: str | None = None,
+        startup_fallback: str = "earliest",
+        range_mode: str = "continuation",
+        interval_rerun: str = "noop",
+        value_format: str | None = None,
+        value_schema: Any = None,
+        key_format: str | None = None,
+        key_schema: Any = None,
+        value_subject: str | None = None,
+        key_subject: str | None = None,
+        bad_record_policy: str = "fail",
+        dead_letter: dict[str, Any] | None = None,
+        max_bad_records: int | float | None = None,
+        retention_batches: int | None = 1000,
+        retention_days: int | float | None = 7,
+        kafka_conn_id: str = "kafka_default",
+        ledger_conn_id: str | None = None,
+        ledger_url: str | None = None,
+        spark_conf: dict[str, Any] | None = None,
+        schema_registry_conn_id: str | None = None,
+        spark_conn_id: str | None = None,
+        spark_connect_session: str = "pipeline",
+        **kwargs: Any,
+    ) -> None:
+    # [END generated: operators.arguments.init_source signature]
+        arguments.check_task_choices({"spark_connect_session": spark_connect_session})
         # When the DAG is parsed: a sink type that does not exist, a mistyped key or a value its declaration does not
         # allow fails the DAG's import (templated values are checked when the task renders them).
-        check_sink_spec_at_parse(given["sink"])
-        check_sink_spec_at_parse(given["dead_letter"], "dead_letter")
+        check_sink_spec_at_parse(sink)
+        check_sink_spec_at_parse(dead_letter, "dead_letter")
         # And a JVM library the sink needs that has no build for the installed pyspark's line (Iceberg's runtime).
-        check_packages_at_parse(given["sink"], given["dead_letter"], given["bad_record_policy"],
-                                given["spark_conn_id"], given["spark_conf"])
+        check_packages_at_parse(sink, dead_letter, bad_record_policy, spark_conn_id, spark_conf)
         super().__init__(**kwargs)
-        # The pipeline arguments, one attribute each, in the order operators.arguments declares them (with their
-        # defaults and docs; tests/unit/test_arguments.py checks that these are exactly the declared ones). A
-        # templated one holds the Jinja text until the task renders it.
-        self.pipeline_id: str = given["pipeline_id"]
-        self.topics: str | list[str] = given["topics"]
-        self.topic_pattern: str | None = given["topic_pattern"]
-        self.sink: dict[str, Any] = given["sink"]
-        self.bootstrap_servers: str = given["bootstrap_servers"]
-        self.startup_mode: str = given["startup_mode"]
-        self.new_partition_start: str = given["new_partition_start"]
-        self.max_records_per_partition: int | None = given["max_records_per_partition"]
-        self.local_read_max_records: int = given["local_read_max_records"]
-        self.data_loss_policy: str = given["data_loss_policy"]
-        self.transform: str | Callable[..., Any] | None = given["transform"]
-        self.kafka_config: dict[str, Any] = given["kafka_config"]
-        self.guarantee: str | None = given["guarantee"]
-        self.mirror_consumer_group: str | None = given["mirror_consumer_group"]
-        self.startup_timestamp: int | str | None = given["startup_timestamp"]
-        self.startup_offsets: dict[str, Any] | None = given["startup_offsets"]
-        self.startup_group_id: str | None = given["startup_group_id"]
-        self.startup_fallback: str = given["startup_fallback"]
-        self.range_mode: str = given["range_mode"]
-        self.interval_rerun: str = given["interval_rerun"]
-        self.value_format: str | None = given["value_format"]
-        self.value_schema: Any = given["value_schema"]
-        self.key_format: str | None = given["key_format"]
-        self.key_schema: Any = given["key_schema"]
-        self.value_subject: str | None = given["value_subject"]
-        self.key_subject: str | None = given["key_subject"]
-        self.bad_record_policy: str = given["bad_record_policy"]
-        self.dead_letter: dict[str, Any] | None = given["dead_letter"]
-        self.max_bad_records: int | float | None = given["max_bad_records"]
-        self.retention_batches: int | None = given["retention_batches"]
-        self.retention_days: int | float | None = given["retention_days"]
-        self.kafka_conn_id: str = given["kafka_conn_id"]
-        self.ledger_conn_id: str | None = given["ledger_conn_id"]
-        self.ledger_url: str | None = given["ledger_url"]
-        self.spark_conf: dict[str, Any] | None = given["spark_conf"]
-        self.schema_registry_conn_id: str | None = given["schema_registry_conn_id"]
-        self.spark_conn_id: str | None = given["spark_conn_id"]
-        self.spark_connect_session: str = given["spark_connect_session"]
-        _mask(arguments.secret_texts(given))  # literal secrets: out of the logs from the start
+        # The pipeline arguments, one attribute each, in the order operators.arguments declares them. A templated one
+        # holds the Jinja text until the task renders it.
+        # [START generated: operators.arguments.init_source attributes]
+        self.pipeline_id: str = pipeline_id
+        self.topics: str | list[str] = [] if topics is None else topics
+        self.topic_pattern: str | None = topic_pattern
+        self.sink: dict[str, Any] = sink
+        self.bootstrap_servers: str = bootstrap_servers
+        self.startup_mode: str = startup_mode
+        self.new_partition_start: str = new_partition_start
+        self.max_records_per_partition: int | None = max_records_per_partition
+        self.local_read_max_records: int = local_read_max_records
+        self.data_loss_policy: str = data_loss_policy
+        self.transform: str | Callable[..., Any] | None = transform
+        self.kafka_config: dict[str, Any] = {} if kafka_config is None else kafka_config
+        self.guarantee: str | None = guarantee
+        self.mirror_consumer_group: str | None = mirror_consumer_group
+        self.startup_timestamp: int | str | None = startup_timestamp
+        self.startup_offsets: dict[str, Any] | None = startup_offsets
+        self.startup_group_id: str | None = startup_group_id
+        self.startup_fallback: str = startup_fallback
+        self.range_mode: str = range_mode
+        self.interval_rerun: str = interval_rerun
+        self.value_format: str | None = value_format
+        self.value_schema: Any = value_schema
+        self.key_format: str | None = key_format
+        self.key_schema: Any = key_schema
+        self.value_subject: str | None = value_subject
+        self.key_subject: str | None = key_subject
+        self.bad_record_policy: str = bad_record_policy
+        self.dead_letter: dict[str, Any] | None = dead_letter
+        self.max_bad_records: int | float | None = max_bad_records
+        self.retention_batches: int | None = retention_batches
+        self.retention_days: int | float | None = retention_days
+        self.kafka_conn_id: str = kafka_conn_id
+        self.ledger_conn_id: str | None = ledger_conn_id
+        self.ledger_url: str | None = ledger_url
+        self.spark_conf: dict[str, Any] | None = spark_conf
+        self.schema_registry_conn_id: str | None = schema_registry_conn_id
+        self.spark_conn_id: str | None = spark_conn_id
+        self.spark_connect_session: str = spark_connect_session
+        # [END generated: operators.arguments.init_source attributes]
+        _mask(self.argument_secrets())  # literal secrets: out of the logs from the start
         # When the DAG is parsed: the embedded ledger where this task may run on several machines is a warning here,
         # and an error when the task runs.
         self.ledger_hook().warn_placement(self.pipeline_id)
         for problem in self.local_folder_problems():
             warnings.warn(f"pipeline {self.pipeline_id}: {problem}", LocalFolderWarning, stacklevel=2)
-
-    __init__.__signature__ = arguments.signature()  # type: ignore[attr-defined]
 
     def render_template_fields(self, context, jinja_env=None) -> None:
         """Render, then register every secret of the rendered arguments with Airflow's secrets masker, before
@@ -309,9 +351,6 @@ class _BatchStepOperator(ExactlyOnceBaseOperator):
         super().__init__(**kwargs)
         self.batch_id = batch_id
 
-    __init__.__signature__ = arguments.signature(  # type: ignore[attr-defined]
-        (arguments.keyword("batch_id", None),))
-
     def resolved_batch_id(self) -> BatchId | None:
         """The rendered batch_id as a batch id; None when plan returned none (nothing was planned)."""
         text = (self.batch_id or "").strip()
@@ -332,9 +371,6 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         super().__init__(**kwargs)
         self.write_task_id = write_task_id
         self.notify_task_id = notify_task_id
-
-    __init__.__signature__ = arguments.signature(  # type: ignore[attr-defined]
-        (arguments.keyword("write_task_id", None), arguments.keyword("notify_task_id", None)))
 
     def run_step(self, context) -> str | None:
         from airflow_exactly_once.kafka.offsets import KafkaOffsetSource

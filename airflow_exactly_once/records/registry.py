@@ -58,10 +58,20 @@ class Registry:
         if not config.schema_registry:
             raise ConfigurationError(f"pipeline {config.pipeline_id!r} reads the Schema Registry wire format but "
                                      "has no registry: give schema_registry_conn_id")
-        self.settings = dict(config.schema_registry)
+        self._bind(config.schema_registry, f"connection {config.schema_registry_conn_id!r}"
+                   if config.schema_registry_conn_id else "schema_registry")
+
+    @classmethod
+    def of_settings(cls, settings: dict[str, Any], origin: str) -> Registry:
+        """A registry from client settings alone (a connection's Test button: no pipeline)."""
+        registry = cls.__new__(cls)
+        registry._bind(settings, origin)
+        return registry
+
+    def _bind(self, settings: dict[str, Any], origin: str) -> None:
+        self.settings = dict(settings)
         self.url = str(self.settings["url"])
-        self.origin = f"connection {config.schema_registry_conn_id!r}" if config.schema_registry_conn_id \
-            else "schema_registry"
+        self.origin = origin
         self._client: Any = None
 
     def client(self) -> Any:

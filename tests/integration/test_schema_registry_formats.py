@@ -20,6 +20,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from airflow_exactly_once.airflow_integration.compat import BaseHook
 from airflow_exactly_once.core.errors import BadRecordsError, ConfigurationError
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.hooks.schema_registry import SchemaRegistryHook
@@ -28,6 +29,7 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.wire_format import frame
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from airflow_exactly_once.spark.write_job import run_write
+from devtools.ports import reserve_port
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, read_parquet
 
@@ -345,3 +347,19 @@ def test_protobuf_versions_through_the_registry_and_the_write(kafka, spark, sche
     assert sorted((r["id"], r["item"], r["note"]) for r in read_parquet(out)) == [(1, "a", None), (2, "b", "n")]
     [letter] = read_parquet(out / "_dead_letter")
     assert letter["source_offset"] == 2 and "truncated or corrupt Protobuf data" in letter["error"]
+
+
+def test_the_connection_forms_test_button_lists_subjects_and_says_what_refused(schema_registry, monkeypatch):
+    """Airflow's Test button (Connection.test_connection through the hook of the connection's type) on the real
+    registry: right credentials list its subjects; a wrong password and a stopped registry say which it was."""
+    def tested(conn_id: str, **fields) -> tuple[bool, str]:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "schema_registry", **fields}))
+        return BaseHook.get_connection(conn_id).test_connection()
+
+    ok, message = tested("registry_right", host=schema_registry.url, login=schema_registry.user,
+                         password=schema_registry.password)
+    assert ok and message.startswith(f"reached the Schema Registry at {schema_registry.url}: "), message
+    ok, message = tested("registry_wrong", host=schema_registry.url, login=schema_registry.user, password="wrong")
+    assert not ok and "refused the credentials (HTTP 401)" in message and "'registry_wrong'" in message, message
+    ok, message = tested("registry_away", host=f"http://127.0.0.1:{reserve_port()}", login="x", password="y")
+    assert not ok and "cannot be reached" in message, message

@@ -9,7 +9,7 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.operators.arguments import take_arguments
+from airflow_exactly_once.operators.batch import WriteBatchOperator
 from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.spark.connect_server.pipeline_session import (
     BUNDLE_DETAIL,
@@ -89,7 +89,7 @@ def test_a_dag_that_asks_for_a_session_per_attempt_gets_one_and_a_misspelt_choic
     assert not shares_session(True, writer({"type": "delta", "path": str(tmp_path / "d")}))
     with pytest.raises(ConfigurationError, match=r"spark_connect_session='per_attempt' is not supported; choose one "
                                                  r"of 'pipeline', 'attempt'"):
-        take_arguments({"pipeline_id": "p", "topics": "t", "sink": {"type": "kafka", "topic": "o"},
-                        "spark_connect_session": "per_attempt"})
-    assert take_arguments({"pipeline_id": "p", "topics": "t", "sink": {"type": "kafka", "topic": "o"}}
-                          )["spark_connect_session"] == "pipeline"
+        WriteBatchOperator(task_id="write", pipeline_id="p", topics="t", sink={"type": "kafka", "topic": "o"},
+                           spark_connect_session="per_attempt")
+    assert WriteBatchOperator(task_id="write", pipeline_id="p", topics="t", sink={"type": "kafka", "topic": "o"}
+                              ).spark_connect_session == "pipeline"
