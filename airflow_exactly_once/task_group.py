@@ -13,6 +13,8 @@ from airflow_exactly_once.operators.batch import (
     WriteBatchOperator,
 )
 
+__all__ = ["exactly_once_batch"]
+
 
 def exactly_once_batch(group_id: str = "exactly_once", **pipeline: Any) -> TaskGroup:
     """`plan >> write >> notify_complete`, and `abort` when plan or write fail for good.

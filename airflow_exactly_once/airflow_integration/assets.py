@@ -16,6 +16,8 @@ from airflow_exactly_once.core.lineage_names import pipeline_asset_uri
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.timestamps import iso
 
+__all__ = ["pipeline_asset", "pipeline_backlog_asset"]
+
 ALIAS_NAME = "exactly-once-batches"
 GROUP = "exactly-once"
 

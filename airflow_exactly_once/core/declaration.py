@@ -16,6 +16,8 @@ from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.line_packages import LinePackage
 from airflow_exactly_once.core.secrets import matching_key_paths, url_paths
 
+__all__ = ["SinkSpec", "argument"]
+
 
 def argument(default: Any = MISSING, doc: str = "", *, templated: bool = True, factory: Any = MISSING,
              secret: bool = False, secret_keys: str | None = None, choices: Iterable[Any] = (),

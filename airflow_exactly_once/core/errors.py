@@ -9,6 +9,23 @@ from __future__ import annotations
 
 from typing import Iterable, NoReturn
 
+__all__ = [
+    "ExactlyOnceError",
+    "ConfigurationError",
+    "MissingExtraError",
+    "LedgerVersionError",
+    "HandlesVersionError",
+    "FencedError",
+    "IllegalTransitionError",
+    "SourceUnavailableError",
+    "DataLossError",
+    "TransformError",
+    "BadRecordsError",
+    "SinkError",
+    "TransactionLostError",
+    "IntervalNotOverError",
+]
+
 
 class ExactlyOnceError(Exception):
     """Base class. `retriable` tells the operator whether an Airflow retry makes sense."""

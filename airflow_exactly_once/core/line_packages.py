@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from airflow_exactly_once.core.errors import ConfigurationError
 
+__all__ = ["LinePackage", "LineRelease"]
+
 
 def default_scala(spark_version: str) -> str:
     """The Scala binary version of Apache's Spark builds of a release: 2.12 before Spark 4, 2.13 since (for a Spark

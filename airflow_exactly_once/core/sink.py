@@ -32,6 +32,8 @@ from airflow_exactly_once.core.handles import format_version, stamped
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.states import BatchState
 
+__all__ = ["Committable", "PartitionWriter", "LedgerReader", "SinkSide"]
+
 Handles = dict[str, Any]
 # A committable type: `from_handles` of StagedFolder gives a StagedFolder, a Parquet committer commits StagedFolders.
 CommittableT = TypeVar("CommittableT", bound="Committable")

@@ -16,6 +16,8 @@ from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import CommittableT, Handles, LedgerReader, SinkSide, StagedHistory
 
+__all__ = ["SinkCommitter"]
+
 
 class SinkCommitter(SinkSide, ABC, Generic[CommittableT]):
     """Makes a staged batch visible, takes it away, withdraws it; built from the sink's JSON spec.

@@ -16,6 +16,8 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import Committable, RunWriters, SinkSide
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 
+__all__ = ["SinkWriter"]
+
 
 class SinkWriter(SinkSide, ABC):
     """Stages a batch's output, invisible to readers; built from the sink's JSON spec, so it works after

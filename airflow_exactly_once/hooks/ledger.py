@@ -30,6 +30,8 @@ from airflow_exactly_once.core.ledger import Ledger, redacted_url
 from airflow_exactly_once.core.ledger.engine import missing_sqlite_file
 from airflow_exactly_once.core.ledger.versioning import UPGRADE_COMMAND
 
+__all__ = ["LedgerHook", "EmbeddedLedgerWarning"]
+
 EMBEDDED_LEDGER_FILE = "exactly_once_ledger.db"
 SHARED_SETTING = f"[{CONFIG_SECTION}] {EMBEDDED_LEDGER_SHARED} = True"
 SHARED_VARIABLE = f"AIRFLOW__{CONFIG_SECTION.upper()}__{EMBEDDED_LEDGER_SHARED.upper()}=True"

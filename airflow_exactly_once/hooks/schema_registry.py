@@ -18,6 +18,8 @@ from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceErro
 from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.records.registry import Registry
 
+__all__ = ["SchemaRegistryHook"]
+
 
 class SchemaRegistryHook(BaseHook):
     """A Confluent-compatible Schema Registry (Confluent, Apicurio's ccompat API, Karapace, Redpanda)."""

@@ -36,6 +36,8 @@ from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.shipping import build_bundle
 from airflow_exactly_once.spark.write_job import secrets_environment
 
+__all__ = ["WriteJobSubmitHook"]
+
 
 def _join(*parts: str | None) -> str:
     return ",".join(p for p in parts if p)

@@ -54,6 +54,14 @@ from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_commit
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs
 from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport
 
+__all__ = [
+    "ExactlyOnceBaseOperator",
+    "PlanBatchOperator",
+    "WriteBatchOperator",
+    "NotifyCompleteOperator",
+    "AbortBatchOperator",
+]
+
 
 class ExactlyOnceBaseOperator(BaseOperator):
     """Holds the pipeline arguments and turns protocol errors into the right Airflow outcome.

@@ -35,6 +35,8 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import pipeline_writer
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 
+__all__ = ["with_connectors"]
+
 CONNECTOR = "spark-sql-kafka-0-10"
 GROUP = "org.apache.spark"
 IVY_SETTINGS = Path(__file__).with_name("ivysettings.xml")

@@ -33,6 +33,8 @@ from airflow_exactly_once.records.registry import PartSchemas
 from airflow_exactly_once.records.wire_format import HEADER
 from airflow_exactly_once.records.wire_format import frame as wire_frame
 
+__all__ = ["mark_bad", "guarded_column"]
+
 SOURCE = "_source"
 BAD_RECORD = "_bad_record"
 DECODE_ERROR = "_aeo_decode_error"

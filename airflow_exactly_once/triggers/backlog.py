@@ -66,6 +66,8 @@ from airflow_exactly_once.core.timestamps import iso, now_ms
 from airflow_exactly_once.core.topics import compile_topic_pattern
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource, read_topic_offsets
 
+__all__ = ["PipelineBacklogTrigger"]
+
 TopicPartition = tuple[str, int]
 # The default poll. A poll costs about 17 ms of wall time and 8 ms of CPU in the triggerer (load 7 on 2 cores) and
 # three requests to Kafka (metadata, two ListOffsets; a third with max_wait_seconds) and four ledger reads
