@@ -13,7 +13,8 @@ from typing import Any, Mapping
 from airflow_exactly_once.core.config import REGISTRY_SECRET_KEYS, PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import url_paths
-from airflow_exactly_once.kafka.settings import KafkaSettings, secret_keys
+from airflow_exactly_once.kafka.setting_names import secret_keys
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.avro_schema import record_fields
 from airflow_exactly_once.sinks import spec_secret_paths
 

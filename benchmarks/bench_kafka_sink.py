@@ -45,8 +45,9 @@ from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer
+from airflow_exactly_once.spark.batch_read import kafka_read_options
 from airflow_exactly_once.spark.in_process_session import build_spark_session, stop_spark
-from airflow_exactly_once.spark.write_job import kafka_read_options, run_write
+from airflow_exactly_once.spark.write_job import run_write
 from devtools.kafka_broker import LocalKafkaBroker
 from devtools.maven import use_prefetched_connector
 

@@ -299,7 +299,7 @@ def check_spark(problems: list[str], iceberg_runtime: str | None = None) -> dict
     `iceberg_runtime`, that package too, and an append to a table of Iceberg's Hadoop catalog read back."""
     from airflow_exactly_once.spark.in_process_session import build_spark_session
     from airflow_exactly_once.spark.records import KAFKA_COLUMNS
-    from airflow_exactly_once.spark.write_job import local_frame
+    from airflow_exactly_once.spark.batch_read import local_frame
 
     os.environ.pop("SPARK_CONF_DIR", None)
     os.environ.pop("PYSPARK_SUBMIT_ARGS", None)

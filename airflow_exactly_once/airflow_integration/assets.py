@@ -53,11 +53,11 @@ def batch_event_extra(batch: Batch, interval: tuple[int, int] | None = None) -> 
     }
     if interval is not None:
         extra["interval"] = {"start": iso(interval[0]), "end": iso(interval[1])}
-    if batch.details.get("bad_records"):
-        extra["bad_records"] = batch.details["bad_records"]["count"]
-        extra["bad_record_policy"] = batch.details["bad_records"]["policy"]
-    if batch.details.get("replaces") is not None:
-        extra["replaces_batch"] = batch.details["replaces"]
+    if batch.bad_records:
+        extra["bad_records"] = batch.bad_records.count
+        extra["bad_record_policy"] = batch.bad_records.policy
+    if batch.replaces is not None:
+        extra["replaces_batch"] = batch.replaces
     return extra
 
 

@@ -33,12 +33,11 @@ def batch_facet_fields(config: PipelineConfig, batch: Batch | None, recovered: l
     if batch is None:
         return {**dict.fromkeys(FACET_FIELDS), "pipelineId": config.pipeline_id, "ranges": [],
                 "recoveredBatches": recovered}
-    bad = batch.details.get("bad_records") or {}
     return {"pipelineId": batch.pipeline_id, "batchId": str(batch.id), "batchSeq": batch.seq,
             "state": batch.state.value,
             "ranges": [r.as_dict() for r in batch.ranges],
             "inputRecords": batch.input_records, "outputRecords": batch.output_records,
-            "badRecords": bad.get("count"), "recoveredBatches": recovered}
+            "badRecords": batch.bad_records.count if batch.bad_records else None, "recoveredBatches": recovered}
 
 
 def step_lineage(config: PipelineConfig, written: list[tuple[DatasetName, str]], batch: Batch | None,
@@ -62,7 +61,7 @@ def step_lineage(config: PipelineConfig, written: list[tuple[DatasetName, str]],
     outputs = []
     for name, role in written:
         count = None if batch is None else (batch.output_records if role == "output" else
-                                            (batch.details.get("bad_records") or {}).get("count"))
+                                            (batch.bad_records.count if batch.bad_records else None))
         facets = {} if count is None else {"outputStatistics": ol.OutputStatistics(rowCount=count)}
         outputs.append(ol.OutputDataset(name.namespace, name.name, outputFacets=facets))
     facet = _facet_class(ol)(**batch_facet_fields(config, batch, list(recovered or ())))

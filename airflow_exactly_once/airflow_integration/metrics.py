@@ -149,8 +149,9 @@ class PipelineMetrics:
 
     def committed(self, batch: Batch) -> None:
         """A batch this step committed, with the counts its write recorded in the ledger."""
-        bad = batch.details.get("bad_records") or {}
-        self.batch_committed(batch.input_records, batch.output_records, int(bad.get("count") or 0), bad.get("policy"))
+        bad = batch.bad_records
+        self.batch_committed(batch.input_records, batch.output_records, batch.bad_record_count,
+                             bad.policy if bad else None)
 
     def phase_duration(self, phase: str, seconds: float) -> None:
         """`phase`: one of PHASES."""

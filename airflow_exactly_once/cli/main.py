@@ -319,7 +319,7 @@ def cmd_batches(ledger: Ledger, args: argparse.Namespace) -> int:
         rows.append({"seq": batch.seq, "state": batch.state.value, "run_id": batch.run_id,
                      "interval": f"{iso(interval[0])}..{iso(interval[1])}" if interval else "-",
                      "offsets": batch.offset_span, "in": _dash(batch.input_records),
-                     "out": _dash(batch.output_records), "bad": _dash(_bad(batch)),
+                     "out": _dash(batch.output_records), "bad": _dash(batch.bad_records.count if batch.bad_records else None),
                      "updated": _time(batch.updated_at)})
     _print(args, rows)
     return 0
@@ -346,7 +346,7 @@ def cmd_show(ledger: Ledger, args: argparse.Namespace) -> int:
         print(f"interval: {iso(interval[0])} .. {iso(interval[1])}")
     print(f"created:  {_time(batch.created_at)}   updated: {_time(batch.updated_at)}")
     print(f"records:  {_dash(batch.input_records)} read, {_dash(batch.output_records)} written"
-          + (f", {_bad(batch)} bad ({batch.details['bad_records']['policy']})" if _bad(batch) else ""))
+          + (f", {bad.count} bad ({bad.policy})" if (bad := batch.bad_records) else ""))
     print(f"topics:   {', '.join(data['topics']) or '-'}")
     print("ranges:")
     for r in batch.ranges:
@@ -682,10 +682,6 @@ def _batch_dict(batch: Batch, interval: tuple[int, int] | None) -> dict[str, Any
             "handles": batch.handles, "details": batch.details, "error": batch.error,
             "created_at": _time(batch.created_at), "updated_at": _time(batch.updated_at)}
 
-
-def _bad(batch: Batch) -> int | None:
-    """The batch's bad records (decoding failures and records the transform marked), if it counted any."""
-    return (batch.details.get("bad_records") or {}).get("count")
 
 
 def _time(value: Any) -> str:

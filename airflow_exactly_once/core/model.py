@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from airflow_exactly_once.core.states import BatchState
+
+# The keys of a batch's details (a JSON object in the ledger) that the protocol reads, each through an accessor of
+# Batch below; writers build them with the same names.
+BAD_RECORDS = "bad_records"  # what the write counted of bad records (BadRecordsNote)
+SKIPPED = "skipped"  # the plan's data_loss_policy="skip" notes, one sentence per partition
+REPLACES = "replaces"  # the seq of the committed batch whose output this one replaces (an interval re-run)
 
 
 @dataclass(frozen=True, order=True)
@@ -46,6 +52,28 @@ class BatchId:
 
 
 @dataclass(frozen=True)
+class BadRecordsNote:
+    """What a write counted of its bad records, kept with the batch: how many, under which bad_record_policy, of
+    which kind, and where the first ones were (topic, partition, offset, error)."""
+
+    count: int
+    policy: str
+    undecodable: int = 0
+    marked_by_transform: int = 0
+    first: tuple[Mapping[str, Any], ...] = ()
+
+    def as_details(self) -> dict[str, Any]:
+        return {"count": self.count, "undecodable": self.undecodable, "marked_by_transform": self.marked_by_transform,
+                "policy": self.policy, "first": [dict(r) for r in self.first]}
+
+    @classmethod
+    def of_details(cls, value: Mapping[str, Any]) -> BadRecordsNote:
+        return cls(int(value.get("count") or 0), str(value.get("policy") or "unknown"),
+                   int(value.get("undecodable") or 0), int(value.get("marked_by_transform") or 0),
+                   tuple(value.get("first") or ()))
+
+
+@dataclass(frozen=True)
 class Batch:
     pipeline_id: str
     seq: int
@@ -73,6 +101,28 @@ class Batch:
     @property
     def is_empty(self) -> bool:
         return self.offset_span == 0
+
+    @property
+    def bad_records(self) -> BadRecordsNote | None:
+        """The write's bad records, None when it counted none."""
+        value = self.details.get(BAD_RECORDS)
+        return BadRecordsNote.of_details(value) if value else None
+
+    @property
+    def bad_record_count(self) -> int:
+        note = self.bad_records
+        return note.count if note is not None else 0
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """What the plan skipped under data_loss_policy="skip", one sentence per partition."""
+        return tuple(self.details.get(SKIPPED) or ())
+
+    @property
+    def replaces(self) -> int | None:
+        """The seq of the committed batch whose output this one replaces (a re-run of a data interval), or None."""
+        seq = self.details.get(REPLACES)
+        return None if seq is None else int(seq)
 
     def describe(self) -> str:
         parts = ", ".join(f"{r.topic}[{r.partition}] {r.start}..{r.end}" for r in self.ranges if r.size)

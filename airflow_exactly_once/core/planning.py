@@ -23,7 +23,7 @@ from typing import Callable, ClassVar, Mapping
 
 from airflow_exactly_once.core.errors import ConfigurationError, FencedError, IntervalNotOverError
 from airflow_exactly_once.core.faults import fault_point
-from airflow_exactly_once.core.model import Batch
+from airflow_exactly_once.core.model import REPLACES, SKIPPED, Batch
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.ranges import Interval, continuation_ranges, interval_ranges, label
 from airflow_exactly_once.core.source import OffsetSource
@@ -244,7 +244,7 @@ class ContinuationPlanner(Planner):
         for (topic, partition), (offset, origin) in sorted(plan.new_partitions.items()):
             log.info("plan: %s[%d] is new to the ledger; it starts at offset %d (%s)", topic, partition, offset, origin)
         self._record_skipped(plan.skipped)
-        details = {"skipped": plan.skipped} if plan.skipped else None
+        details = {SKIPPED: plan.skipped} if plan.skipped else None
         if plan.is_empty:  # recorded, so the ledger shows the run; it takes nothing over
             batch = self.ledger.create_batch(self.pipeline_id, run_id, plan.ranges, expected_epoch=epoch,
                                              details=details, state=BatchState.EMPTY, resets=plan.resets)
@@ -337,9 +337,9 @@ class IntervalPlanner(Planner):
         details: dict = {"interval": list(interval)}
         replaces = done.seq if done is not None and done.state is BatchState.COMMITTED else None
         if replaces is not None:
-            details["replaces"] = replaces
+            details[REPLACES] = replaces
         if skipped:
-            details["skipped"] = skipped
+            details[SKIPPED] = skipped
         empty = all(r.size == 0 for r in ranges)
         self.superseded = tuple(b.seq for b in batches if b.state is BatchState.PLANNED)
         batch = self.ledger.create_batch(

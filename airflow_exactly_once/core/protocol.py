@@ -174,11 +174,11 @@ class BatchCoordinator:
                 batch=batch.seq) from exc
         fault_point("notify.after_sink_commit")
         changed = self.ledger.mark_committed(batch_id, retracts=[replaced.seq] if replaced is not None else [])
-        bad = batch.details.get("bad_records")
-        if changed and bad and bad.get("policy") == "skip":  # skipped records are recorded once, when they count
-            first = ", ".join(f"{r['topic']}[{r['partition']}]@{r['offset']}" for r in bad.get("first", []))
+        bad = batch.bad_records
+        if changed and bad and bad.policy == "skip":  # skipped records are recorded once, when they count
+            first = ", ".join(f"{r['topic']}[{r['partition']}]@{r['offset']}" for r in bad.first)
             self.ledger.record_event(self.pipeline_id, batch.seq, "bad-records-skipped",
-                                     f"{bad['count']} bad record(s) skipped by bad_record_policy='skip' "
+                                     f"{bad.count} bad record(s) skipped by bad_record_policy='skip' "
                                      f"(first: {first}); they are not in the output")
         fault_point("notify.after_ledger")
         return f"{outcome}; batch {batch_id} {'COMMITTED' if changed else 'was already COMMITTED'}"
@@ -201,10 +201,10 @@ class BatchCoordinator:
 
     def _replaced_batch(self, batch: Batch) -> Batch | None:
         """The committed batch whose output this one replaces (a re-run of a data interval)."""
-        seq = batch.details.get("replaces")
+        seq = batch.replaces
         if seq is None:
             return None
-        old = self.ledger.get_batch(BatchId(self.pipeline_id, int(seq)))
+        old = self.ledger.get_batch(BatchId(self.pipeline_id, seq))
         # RETRACTED: an earlier attempt of this commit already swapped the output.
         return old if old.state in (BatchState.COMMITTED, BatchState.RETRACTED) else None
 

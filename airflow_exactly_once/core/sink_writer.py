@@ -28,7 +28,7 @@ class SinkWriter(SinkSide, ABC):
     # transaction per Spark partition (Kafka, PostgreSQL) keeps one partition per offset range.
     splits_reads: ClassVar[bool] = False
     # Whether the write reads a batch in a task per core, several offset ranges (or parts of them) to a task: a
-    # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.write_job.read_layout.
+    # sink that pays per Spark partition (Kafka: a producer and a transaction each). See spark.batch_read.read_layout.
     joins_reads: ClassVar[bool] = False
     # Whether staging changes the Spark session's settings while it runs (Iceberg's spark.wap.id): such a write
     # gets a Spark Connect session of its own per attempt; the others share their pipeline's session, where another

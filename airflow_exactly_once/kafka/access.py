@@ -1,4 +1,9 @@
-"""Why a Kafka client could not get in, found out actively and quickly.
+"""Why a Kafka client could not get in: from what it said, or found out actively and quickly.
+
+A refused client says why in its own words, each client in its own (kafka-python, Java's client in
+Spark, librdkafka): `explain_refusal` reads them (a refused login or token, an untrusted certificate,
+a denied operation) and names the setting or grant to change and where the settings came from
+(`origin`, e.g. "connection 'kafka_secured'").
 
 kafka-python reports a refused login, an untrusted certificate and a stopped broker alike:
 after its bootstrap timeout, "Unable to bootstrap" (the broker's SASL error response arrives
@@ -18,7 +23,7 @@ it could not connect, `diagnose` asks the servers itself, within a few seconds:
 3. SASL, when security.protocol is SASL_*: one login with librdkafka (confluent-kafka, installed
    with the official Kafka provider), which reports the broker's answer faithfully.
 
-Settings problems come back as the ConfigurationError of KafkaSettings.explain (never worth a
+Settings problems come back as the ConfigurationError of explain_refusal (never worth a
 retry); a server that cannot be reached is a detail for the caller's retriable error.
 """
 
@@ -38,6 +43,24 @@ DIAGNOSIS_TIMEOUT_S = 5.0
 # How long planning and the Kafka sink's probes wait for a first broker (unless bootstrap.timeout.ms
 # is set) before diagnosing: kafka-python's own default is 30 s.
 PROBE_BOOTSTRAP_TIMEOUT_MS = 10_000
+# The JVM system property of Kafka clients 3.9.1+ listing the URLs a client may fetch tokens from; from 4.0 on it
+# lists none unless set, so a Spark whose Kafka client is 4.x needs it in its driver's and executors' JVM options.
+OAUTH_ALLOWED_URLS_PROPERTY = "org.apache.kafka.sasl.oauthbearer.allowed.urls"
+# How kafka-python, Java's client and librdkafka word each refusal (matched in their error text).
+_TOKEN_NOT_FETCHED = ("token endpoint", "Failed to acquire SASL OAUTHBEARER token", "OAUTHBEARER token")
+_TOKEN_URL_NOT_ALLOWED = ("oauthbearer.allowed.urls",)
+_LOGIN_REFUSED = ("SaslAuthenticationFailed", "SaslAuthenticationException", "SASL authentication error",
+                  "Authentication failed during authentication", "invalid credentials")
+_HOST_NOT_IN_CERTIFICATE = ("Hostname mismatch", "IP address mismatch", "No subject alternative",
+                            "No name matching", "doesn't match any of the subject alternative")
+_UNTRUSTED_CERTIFICATE = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "PKIX path building failed",
+                          "unable to find valid certification path")
+_DENIED = {  # the broker's authorizer said no, by resource (kafka-python and Java; then librdkafka's names)
+    "transactional_id": ("TransactionalIdAuthorization", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
+    "topic": ("TopicAuthorization", "Not authorized to access topics", "TOPIC_AUTHORIZATION_FAILED"),
+    "group": ("GroupAuthorization", "Not authorized to access group", "GROUP_AUTHORIZATION_FAILED"),
+    "cluster": ("ClusterAuthorization", "Cluster authorization failed", "CLUSTER_AUTHORIZATION_FAILED"),
+}
 # What clients say when they found no broker to talk to (kafka-python, Java's client, librdkafka).
 _NO_CONNECTION = ("Unable to bootstrap", "NoBrokersAvailable", "KafkaConnectionError", "Cannot connect to Kafka",
                   "TimeoutException", "Timed out waiting", "Broker transport failure", "Connection refused",
@@ -84,9 +107,9 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
 
     A settings problem (from the failure's own words, or found by `diagnose` when the client only
     said it could not connect) is a ConfigurationError; anything else is `unavailable(message)`,
-    the caller's retriable error. `context` goes to KafkaSettings.explain (topics, transactional ids).
+    the caller's retriable error. `context` goes to explain_refusal (topics, transactional ids).
     """
-    explained = settings.explain(failure, **context)
+    explained = explain_refusal(settings, failure, **context)
     if explained is not None:
         return explained
     text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
@@ -107,6 +130,112 @@ def explain_failure(settings: KafkaSettings, failure: BaseException | str, doing
             return unavailable(f"{doing} failed: {diagnosis.detail}. The client said: {text[:500]}")
         return unavailable(f"{doing} failed although {diagnosis.detail}; the client said: {text[:500]}")
     return unavailable(f"{doing} failed: {text[:800]}")
+
+
+def explain_refusal(settings: KafkaSettings, failure: BaseException | str, *,
+                    topics: tuple[str, ...] | list[str] = (), topic_operations: str = "READ and DESCRIBE",
+                    transactional_id: str | None = None, transactional_id_prefix: str | None = None,
+                    topic_pattern: str | None = None) -> ConfigurationError | None:
+    """A ConfigurationError naming the setting or ACL to change when `failure` (an exception or its
+    text, from any client) is a refused login, an untrusted certificate or a denied operation;
+    None for anything else. `topics` and the rest say what the failed step was doing; `topic_pattern`
+    names the topics when the step knows only the pipeline's pattern.
+    """
+    text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
+    servers = settings.bootstrap_servers
+    said = _said(text, _TOKEN_URL_NOT_ALLOWED)
+    if said and settings.uses_oauth:
+        url = settings.properties.get("sasl.oauthbearer.token.endpoint.url", "<token endpoint>")
+        return ConfigurationError(
+            f"Kafka's Java client (4.0 and later) may only fetch tokens from URLs its JVM allows: add "
+            f"-D{OAUTH_ALLOWED_URLS_PROPERTY}={url} to spark.driver.extraJavaOptions and "
+            "spark.executor.extraJavaOptions (for Spark Connect: the server's). The client said: " + said)
+    said = _said(text, _TOKEN_NOT_FETCHED)
+    if said and settings.uses_oauth:
+        client = settings.oauth_client()
+        return ConfigurationError(
+            f"a Kafka client could not get an OAuth token for client {client.client_id!r} from the token endpoint "
+            f"{client.token_endpoint} (sasl.oauthbearer.token.endpoint.url of {settings.origin}): fix "
+            "sasl.oauthbearer.client.id and sasl.oauthbearer.client.secret, or the URL if the endpoint cannot be "
+            f"reached from the Spark executors; retrying with the same settings cannot succeed. The client said: "
+            f"{said}")
+    said = _said(text, _LOGIN_REFUSED)
+    if said and settings.uses_oauth:
+        return ConfigurationError(
+            f"the Kafka brokers at {servers} refused the OAuth token of {settings.principal} from "
+            f"{settings.properties.get('sasl.oauthbearer.token.endpoint.url')}: the brokers must trust the token's "
+            "issuer and signing keys (their sasl.oauthbearer.jwks.endpoint.url) and accept its audience "
+            f"(sasl.oauthbearer.expected.audience); check sasl.oauthbearer.client.id, the scope and the token "
+            f"endpoint in {settings.origin}; retrying with the same settings cannot succeed. The client said: {said}")
+    if said:
+        mechanism = settings.properties.get("sasl.mechanism", "").upper() or "?"
+        return ConfigurationError(
+            f"the Kafka brokers at {servers} refused the SASL login of {settings.principal} "
+            f"(sasl.mechanism={mechanism}): fix sasl.username and sasl.password (or sasl.jaas.config) in "
+            f"{settings.origin}; retrying with the same credentials cannot succeed. The client said: {said}")
+    said = _said(text, _HOST_NOT_IN_CERTIFICATE)
+    if said:
+        return ConfigurationError(
+            f"the TLS certificate of the Kafka brokers at {servers} is not issued for the host names in "
+            f"bootstrap.servers ({settings.origin}): connect with a name the certificate lists, or (only for tests) "
+            f"set ssl.endpoint.identification.algorithm=none in {settings.origin}. The client said: {said}")
+    said = _said(text, _UNTRUSTED_CERTIFICATE)
+    if said:
+        return ConfigurationError(
+            f"the TLS certificate of the Kafka brokers at {servers} is not signed by a CA the client trusts "
+            f"(ssl.ca.location={settings.ca_file() or 'unset: the system CAs'} in {settings.origin}): set "
+            f"ssl.ca.location to the PEM file of the CA that signed the brokers' certificates. The client said: "
+            f"{said}")
+    for resource, words in _DENIED.items():
+        said = _said(text, words)
+        if said:
+            denied = _denied(settings, resource, tuple(topics), topic_operations, transactional_id,
+                             transactional_id_prefix, topic_pattern)
+            return ConfigurationError(f"{denied}. The client said: {said}")
+    return None
+
+
+def _denied(settings: KafkaSettings, resource: str, topics, topic_operations: str, transactional_id: str | None,
+            prefix: str | None, topic_pattern: str | None = None) -> str:
+    who = f"{settings.principal} of {settings.origin}"
+    principal = f"User:{settings.principal_name()}" if settings.principal_name() else "<the client's principal>"
+    if resource == "transactional_id":
+        name = prefix or transactional_id or "<transactional id prefix>"
+        what = f"transactional id {transactional_id!r}" if transactional_id else "its transactional ids"
+        return (f"the Kafka brokers at {settings.bootstrap_servers} do not let {who} use {what}: grant WRITE and "
+                f"DESCRIBE on the transactional ids with prefix {name!r} (kafka-acls --add --allow-principal "
+                f"{principal} --operation Write --operation Describe --transactional-id {name} "
+                "--resource-pattern-type prefixed), or connect as a user that has them")
+    if resource == "topic":
+        operations = " ".join(f"--operation {op.capitalize()}" for op in topic_operations.split(" and "))
+        if not topics and topic_pattern:  # Kafka's ACLs name topics literally or by prefix, never by pattern
+            return (f"the Kafka brokers at {settings.bootstrap_servers} do not let {who} {topic_operations} the "
+                    f"topics matching topic_pattern {topic_pattern!r}: grant {topic_operations} on each of them "
+                    f"(kafka-acls --add --allow-principal {principal} {operations} --topic <each matching topic>, "
+                    "or --topic <their common prefix> --resource-pattern-type prefixed), or connect as a user "
+                    "that has them")
+        named = ", ".join(topics) if topics else "<topic>"
+        return (f"the Kafka brokers at {settings.bootstrap_servers} do not let {who} {topic_operations} topic(s) "
+                f"{named}: grant {topic_operations} on them (kafka-acls --add --allow-principal {principal} "
+                f"{operations} --topic {topics[0] if topics else '<topic>'}), or connect as a user that has them")
+    if resource == "group":
+        return (f"the Kafka brokers at {settings.bootstrap_servers} do not let {who} use a consumer group: grant "
+                "READ on the group (kafka-acls --add --allow-principal "
+                f"{principal} --operation Read --group <group>)")
+    return (f"the Kafka brokers at {settings.bootstrap_servers} refuse {who} a cluster operation: grant "
+            "DESCRIBE_CONFIGS (the Kafka sink reads transaction.max.timeout.ms) and IDEMPOTENT_WRITE on the cluster "
+            f"(kafka-acls --add --allow-principal {principal} --operation DescribeConfigs --operation "
+            "IdempotentWrite --cluster)")
+
+
+def _said(text: str, words: tuple[str, ...]) -> str | None:
+    """The client's line that says one of `words` (case-insensitive), shortened; None when none does."""
+    for line in text.splitlines():
+        lowered = line.lower()
+        if any(word.lower() in lowered for word in words):
+            line = line.strip(" \t:")
+            return line if len(line) <= 300 else line[:300] + "..."
+    return None
 
 
 def diagnose(settings: KafkaSettings, timeout_s: float = DIAGNOSIS_TIMEOUT_S) -> Diagnosis:
@@ -170,7 +299,7 @@ def _check_tls(settings: KafkaSettings, sock: socket.socket, host: str, server: 
         with context.wrap_socket(sock, server_hostname=host):
             return None
     except ssl.SSLCertVerificationError as exc:
-        return settings.explain(f"CERTIFICATE_VERIFY_FAILED: {exc.verify_message or exc}")
+        return explain_refusal(settings, f"CERTIFICATE_VERIFY_FAILED: {exc.verify_message or exc}")
     except ssl.SSLError as exc:
         if any(sign in str(exc) for sign in _CLOSED):
             raise _ClosedWithoutAnswer(ConfigurationError(
@@ -241,5 +370,5 @@ def _check_login(settings: KafkaSettings, server: str, timeout_s: float) -> tupl
             admin.poll(0)
         refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
         if refused:
-            return settings.explain(f"SASL authentication error: {refused[0].str()}"), "refused"
+            return explain_refusal(settings, f"SASL authentication error: {refused[0].str()}"), "refused"
     return None, f"no answer within {timeout_s:.0f} s"

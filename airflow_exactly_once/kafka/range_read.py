@@ -22,7 +22,7 @@ except ImportError:  # a Spark cluster's driver may lack it: Spark's Kafka sourc
 
 from airflow_exactly_once.core.errors import ConfigurationError, DataLossError, SourceUnavailableError
 from airflow_exactly_once.core.model import OffsetRange
-from airflow_exactly_once.kafka.access import diagnose
+from airflow_exactly_once.kafka.access import diagnose, explain_refusal
 from airflow_exactly_once.kafka.settings import KafkaSettings
 
 MAX_BYTES = 32 << 20  # a local relation travels in the plan: Spark Connect caches larger ones as artifacts
@@ -135,7 +135,8 @@ def _raise_for(error: Any, where: tuple[str, int] | None, wanted: OffsetRange | 
         raise _data_loss(where, wanted, said)
     if code in (KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.COORDINATOR_NOT_AVAILABLE):
         return  # librdkafka looks for the group's coordinator; an assigned read never uses it (nor does Spark's)
-    explained = settings.explain(said, topics=sorted({r.topic for r in ranges}), topic_operations="READ and DESCRIBE")
+    explained = explain_refusal(settings, said, topics=sorted({r.topic for r in ranges}),
+                                topic_operations="READ and DESCRIBE")
     if explained is not None:  # a refused login or certificate, a missing READ grant
         raise explained
     if error.fatal() or code == KafkaError._AUTHENTICATION:

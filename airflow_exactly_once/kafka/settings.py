@@ -16,16 +16,13 @@ words, and this module is the only place that speaks them:
 Certificates are files in PEM (what librdkafka and Python's ssl module read); Java's client
 reads PEM as well, so a JKS trust store is refused with the setting to use instead.
 
-The settings also explain failures: `explain()` reads what any of the three clients said
-(a wrong password, an untrusted certificate, a missing ACL) and names the setting or grant to
-change and where the settings came from (`origin`, e.g. "connection 'kafka_secured'");
-kafka.access finds out actively when a client only says it could not connect.
+What a client's failure says about the settings (a wrong password, an untrusted certificate, a
+missing ACL) is kafka.access's to tell; the names of the settings, and which are secrets, are
+kafka.setting_names'.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -35,77 +32,30 @@ from typing import Any, Mapping
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.kafka.oauth import ClientCredentials, access_token
+from airflow_exactly_once.kafka.setting_names import (
+    FORBIDDEN,
+    JAVA_ONLY,
+    KAFKA_PYTHON_NAMES,
+    KAFKA_PYTHON_ONLY,
+    LIBRDKAFKA_ONLY,
+    SECRETS,
+    canonical_name,
+)
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 OAUTHBEARER = "OAUTHBEARER"
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER)
-# What would let a client move offsets or read uncommitted records: the ledger owns offsets.
-FORBIDDEN = ("enable.auto.commit", "group.id", "isolation.level", "auto.offset.reset")
-SECRETS = ("sasl.password", "sasl.jaas.config", "ssl.key.password", "ssl.keystore.password",
-           "ssl.truststore.password", "ssl.keystore.key", "sasl.oauthbearer.client.secret")
 
-# librdkafka's OIDC client settings; Java's client takes the client's id, secret and scope as JAAS options.
-_OIDC_SETTINGS = ("sasl.oauthbearer.method", "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret",
-                  "sasl.oauthbearer.scope", "sasl.oauthbearer.extensions")
 # Java's client: the login module and the handler that fetches client-credentials tokens (Kafka clients 3.4 and
 # later, 4.x included; the `.secured.` package name of 3.1-3.3 is deprecated in 3.x and gone in 4.0).
 _OAUTH_LOGIN_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
 _OAUTH_LOGIN_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
-# The JVM system property of Kafka clients 3.9.1+ listing the URLs a client may fetch tokens from; from 4.0 on it
-# lists none unless set, so a Spark whose Kafka client is 4.x needs it in its driver's and executors' JVM options.
-OAUTH_ALLOWED_URLS_PROPERTY = "org.apache.kafka.sasl.oauthbearer.allowed.urls"
-# kafka-python's names of settings whose librdkafka/Java name is not just dots for underscores.
-_KAFKA_PYTHON_NAMES = {
-    "sasl.username": "sasl_plain_username",
-    "sasl.password": "sasl_plain_password",
-    "ssl.ca.location": "ssl_cafile",
-    "ssl.certificate.location": "ssl_certfile",
-    "ssl.key.location": "ssl_keyfile",
-    "ssl.key.password": "ssl_password",
-    "ssl.crl.location": "ssl_crlfile",
-}
-_CANONICAL_OF_KAFKA_PYTHON = {v: k for k, v in _KAFKA_PYTHON_NAMES.items()}
-_ALIASES = {"sasl.mechanisms": "sasl.mechanism", "metadata.broker.list": "bootstrap.servers"}
-# kafka-python-only properties: neither librdkafka nor Java's client knows them (confluent-kafka refuses them).
-_KAFKA_PYTHON_ONLY = ("bootstrap.timeout.ms",)
-# librdkafka properties that Java's client spells differently (translated in java()).
-_LIBRDKAFKA_ONLY = ("sasl.username", "sasl.password", "ssl.ca.location", "ssl.certificate.location",
-                    "ssl.key.location", "ssl.crl.location", "enable.ssl.certificate.verification",
-                    "socket.timeout.ms", *_OIDC_SETTINGS, *_KAFKA_PYTHON_ONLY)
-# Java-only properties (they have a librdkafka spelling, translated in librdkafka()).
-_JAVA_ONLY = ("sasl.jaas.config", "sasl.login.callback.handler.class", "ssl.truststore.location",
-              "ssl.truststore.type", "ssl.truststore.password",
-              "ssl.keystore.location", "ssl.keystore.type", "ssl.keystore.password",
-              "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates")
-# How kafka-python, Java's client and librdkafka word each problem (matched in their error text).
-_TOKEN_NOT_FETCHED = ("token endpoint", "Failed to acquire SASL OAUTHBEARER token", "OAUTHBEARER token")
-_TOKEN_URL_NOT_ALLOWED = ("oauthbearer.allowed.urls",)
-_LOGIN_REFUSED = ("SaslAuthenticationFailed", "SaslAuthenticationException", "SASL authentication error",
-                  "Authentication failed during authentication", "invalid credentials")
-_HOST_NOT_IN_CERTIFICATE = ("Hostname mismatch", "IP address mismatch", "No subject alternative",
-                            "No name matching", "doesn't match any of the subject alternative")
-_UNTRUSTED_CERTIFICATE = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "PKIX path building failed",
-                          "unable to find valid certification path")
-_DENIED = {  # the broker's authorizer said no, by resource (kafka-python and Java; then librdkafka's names)
-    "transactional_id": ("TransactionalIdAuthorization", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"),
-    "topic": ("TopicAuthorization", "Not authorized to access topics", "TOPIC_AUTHORIZATION_FAILED"),
-    "group": ("GroupAuthorization", "Not authorized to access group", "GROUP_AUTHORIZATION_FAILED"),
-    "cluster": ("ClusterAuthorization", "Cluster authorization failed", "CLUSTER_AUTHORIZATION_FAILED"),
-}
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _JAAS_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
-
-
-def canonical_name(key: str) -> str:
-    """The librdkafka/Java spelling of a setting given either way ('security_protocol' -> 'security.protocol')."""
-    key = str(key).strip()
-    if "." not in key:
-        key = _CANONICAL_OF_KAFKA_PYTHON.get(key, key.replace("_", "."))
-    return _ALIASES.get(key, key)
 
 
 def _text(value: Any) -> str:
@@ -261,7 +211,7 @@ class KafkaSettings:
                 f"(or sasl.jaas.config) in {self.origin}")
         return username, password
 
-    def _ca_file(self) -> str | None:
+    def ca_file(self) -> str | None:
         if "ssl.ca.location" in self.properties:
             return self.properties["ssl.ca.location"]
         if self.properties.get("ssl.truststore.type", "").upper() == "PEM":
@@ -282,9 +232,9 @@ class KafkaSettings:
         known = client.DEFAULT_CONFIG
         kwargs: dict[str, Any] = {"bootstrap_servers": self.bootstrap_servers}
         for name, value in self.properties.items():
-            if name in _JAVA_ONLY or name in ("ssl.endpoint.identification.algorithm",):
+            if name in JAVA_ONLY or name in ("ssl.endpoint.identification.algorithm",):
                 continue
-            argument = _KAFKA_PYTHON_NAMES.get(name, name.replace(".", "_"))
+            argument = KAFKA_PYTHON_NAMES.get(name, name.replace(".", "_"))
             if argument in known:
                 kwargs[argument] = _typed(value, known[argument])
         if self.security_protocol != "PLAINTEXT":
@@ -301,8 +251,8 @@ class KafkaSettings:
             else:
                 kwargs["sasl_plain_username"], kwargs["sasl_plain_password"] = self.sasl_credentials()
         if self.security_protocol.endswith("SSL"):
-            if self._ca_file():
-                kwargs["ssl_cafile"] = self._ca_file()
+            if self.ca_file():
+                kwargs["ssl_cafile"] = self.ca_file()
             kwargs["ssl_check_hostname"] = self._check_hostname()
         return {k: v for k, v in kwargs.items() if k in known or k == "bootstrap_servers"}
 
@@ -311,8 +261,8 @@ class KafkaSettings:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.check_hostname = self._check_hostname()
-        if self._ca_file():
-            context.load_verify_locations(self._ca_file())
+        if self.ca_file():
+            context.load_verify_locations(self.ca_file())
         else:
             context.load_default_certs()
         if "ssl.certificate.location" in self.properties:
@@ -324,7 +274,7 @@ class KafkaSettings:
 
     def java(self) -> dict[str, str]:
         """Properties for Kafka's Java client, e.g. Spark's Kafka source (prefix them with 'kafka.')."""
-        props = {k: v for k, v in self.properties.items() if k not in _LIBRDKAFKA_ONLY}
+        props = {k: v for k, v in self.properties.items() if k not in LIBRDKAFKA_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
         protocol = self.security_protocol
         if self.uses_oauth:
@@ -359,28 +309,11 @@ class KafkaSettings:
         """The same, as options of Spark's Kafka source."""
         return {f"kafka.{k}": v for k, v in self.java().items()}
 
-    def reader_group(self, pipeline_id: str) -> str:
-        """The group id of a pipeline's reads in Spark (which assigns partitions: it never joins or commits).
-
-        Spark's executors pool their consumers by group id and partition, and name a batch read's group anew
-        each time: with one id per pipeline a warm executor's consumer reads the next batch too (a
-        consumer less to open per small write: docs/benchmarks.md). The digest of the connection's settings
-        (servers, security, user; never a secret) keeps a consumer of the old cluster or user from serving a
-        pipeline whose connection changed.
-        """
-        shown = {k: v for k, v in self.java().items() if k not in SECRETS}
-        if self.uses_oauth:
-            shown["sasl.oauthbearer.client.id"] = self.oauth_client().client_id
-        elif self.security_protocol.startswith("SASL"):
-            shown["sasl.username"] = self.sasl_login()[0]
-        digest = hashlib.sha256(json.dumps(shown, sort_keys=True).encode()).hexdigest()[:12]
-        return f"airflow-exactly-once-{pipeline_id}-{digest}"
-
     # -- librdkafka (confluent-kafka) --------------------------------------------------
 
     def librdkafka(self) -> dict[str, str]:
         """Properties for confluent-kafka clients."""
-        props = {k: v for k, v in self.properties.items() if k not in _JAVA_ONLY and k not in _KAFKA_PYTHON_ONLY}
+        props = {k: v for k, v in self.properties.items() if k not in JAVA_ONLY and k not in KAFKA_PYTHON_ONLY}
         props["bootstrap.servers"] = self.bootstrap_servers
         if self.uses_oauth:
             client = self.oauth_client()
@@ -391,24 +324,24 @@ class KafkaSettings:
                 props["sasl.oauthbearer.scope"] = client.scope
         elif self.security_protocol.startswith("SASL"):
             props["sasl.username"], props["sasl.password"] = self.sasl_login()
-        ca = self._ca_file()
+        ca = self.ca_file()
         if ca:
             props["ssl.ca.location"] = ca
         if self.security_protocol.endswith("SSL") and not self._check_hostname():
             props["ssl.endpoint.identification.algorithm"] = "none"
         return props
 
-    # -- what a client's failure says about these settings -------------------------------
+    # -- who the brokers see (kafka.access names them in what it says of a refusal) ---------
 
     @property
     def principal(self) -> str:
         """Who the brokers see: the SASL user, or the anonymous/certificate principal."""
         if self.uses_oauth:
-            return f"OAuth client {self._principal_name()!r}"
-        username = self._principal_name()
+            return f"OAuth client {self.principal_name()!r}"
+        username = self.principal_name()
         return f"user {username!r}" if username else f"the client ({self.security_protocol})"
 
-    def _principal_name(self) -> str | None:
+    def principal_name(self) -> str | None:
         """The name in the brokers' principal User:<name>: the SASL user, or an OAuth token's subject, which
         client-credentials providers commonly set to the client id (Kafka's sasl.oauthbearer.sub.claim.name)."""
         if not self.security_protocol.startswith("SASL"):
@@ -417,114 +350,10 @@ class KafkaSettings:
             return self.properties.get("sasl.oauthbearer.client.id") or self._jaas_options().get("clientId")
         return self.sasl_credentials()[0]
 
-    def explain(self, failure: BaseException | str, *, topics: tuple[str, ...] | list[str] = (),
-                topic_operations: str = "READ and DESCRIBE", transactional_id: str | None = None,
-                transactional_id_prefix: str | None = None, topic_pattern: str | None = None
-                ) -> ConfigurationError | None:
-        """A ConfigurationError naming the setting or ACL to change when `failure` (an exception or its
-        text, from any client) is a refused login, an untrusted certificate or a denied operation;
-        None for anything else. `topics` and the rest say what the failed step was doing; `topic_pattern`
-        names the topics when the step knows only the pipeline's pattern.
-        """
-        text = f"{type(failure).__name__}: {failure}" if isinstance(failure, BaseException) else str(failure)
-        servers = self.bootstrap_servers
-        said = _said(text, _TOKEN_URL_NOT_ALLOWED)
-        if said and self.uses_oauth:
-            url = self.properties.get("sasl.oauthbearer.token.endpoint.url", "<token endpoint>")
-            return ConfigurationError(
-                f"Kafka's Java client (4.0 and later) may only fetch tokens from URLs its JVM allows: add "
-                f"-D{OAUTH_ALLOWED_URLS_PROPERTY}={url} to spark.driver.extraJavaOptions and "
-                "spark.executor.extraJavaOptions (for Spark Connect: the server's). The client said: " + said)
-        said = _said(text, _TOKEN_NOT_FETCHED)
-        if said and self.uses_oauth:
-            client = self.oauth_client()
-            return ConfigurationError(
-                f"a Kafka client could not get an OAuth token for client {client.client_id!r} from the token endpoint "
-                f"{client.token_endpoint} (sasl.oauthbearer.token.endpoint.url of {self.origin}): fix "
-                "sasl.oauthbearer.client.id and sasl.oauthbearer.client.secret, or the URL if the endpoint cannot be "
-                f"reached from the Spark executors; retrying with the same settings cannot succeed. The client said: "
-                f"{said}")
-        said = _said(text, _LOGIN_REFUSED)
-        if said and self.uses_oauth:
-            return ConfigurationError(
-                f"the Kafka brokers at {servers} refused the OAuth token of {self.principal} from "
-                f"{self.properties.get('sasl.oauthbearer.token.endpoint.url')}: the brokers must trust the token's "
-                "issuer and signing keys (their sasl.oauthbearer.jwks.endpoint.url) and accept its audience "
-                f"(sasl.oauthbearer.expected.audience); check sasl.oauthbearer.client.id, the scope and the token "
-                f"endpoint in {self.origin}; retrying with the same settings cannot succeed. The client said: {said}")
-        if said:
-            mechanism = self.properties.get("sasl.mechanism", "").upper() or "?"
-            return ConfigurationError(
-                f"the Kafka brokers at {servers} refused the SASL login of {self.principal} "
-                f"(sasl.mechanism={mechanism}): fix sasl.username and sasl.password (or sasl.jaas.config) in "
-                f"{self.origin}; retrying with the same credentials cannot succeed. The client said: {said}")
-        said = _said(text, _HOST_NOT_IN_CERTIFICATE)
-        if said:
-            return ConfigurationError(
-                f"the TLS certificate of the Kafka brokers at {servers} is not issued for the host names in "
-                f"bootstrap.servers ({self.origin}): connect with a name the certificate lists, or (only for tests) "
-                f"set ssl.endpoint.identification.algorithm=none in {self.origin}. The client said: {said}")
-        said = _said(text, _UNTRUSTED_CERTIFICATE)
-        if said:
-            return ConfigurationError(
-                f"the TLS certificate of the Kafka brokers at {servers} is not signed by a CA the client trusts "
-                f"(ssl.ca.location={self._ca_file() or 'unset: the system CAs'} in {self.origin}): set "
-                f"ssl.ca.location to the PEM file of the CA that signed the brokers' certificates. The client said: "
-                f"{said}")
-        for resource, words in _DENIED.items():
-            said = _said(text, words)
-            if said:
-                denied = self._denied(resource, tuple(topics), topic_operations, transactional_id,
-                                      transactional_id_prefix, topic_pattern)
-                return ConfigurationError(f"{denied}. The client said: {said}")
-        return None
-
-    def _denied(self, resource: str, topics, topic_operations: str, transactional_id: str | None,
-                prefix: str | None, topic_pattern: str | None = None) -> str:
-        who = f"{self.principal} of {self.origin}"
-        principal = f"User:{self._principal_name()}" if self._principal_name() else "<the client's principal>"
-        if resource == "transactional_id":
-            name = prefix or transactional_id or "<transactional id prefix>"
-            what = f"transactional id {transactional_id!r}" if transactional_id else "its transactional ids"
-            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} use {what}: grant WRITE and "
-                    f"DESCRIBE on the transactional ids with prefix {name!r} (kafka-acls --add --allow-principal "
-                    f"{principal} --operation Write --operation Describe --transactional-id {name} "
-                    "--resource-pattern-type prefixed), or connect as a user that has them")
-        if resource == "topic":
-            operations = " ".join(f"--operation {op.capitalize()}" for op in topic_operations.split(" and "))
-            if not topics and topic_pattern:  # Kafka's ACLs name topics literally or by prefix, never by pattern
-                return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} {topic_operations} the "
-                        f"topics matching topic_pattern {topic_pattern!r}: grant {topic_operations} on each of them "
-                        f"(kafka-acls --add --allow-principal {principal} {operations} --topic <each matching topic>, "
-                        "or --topic <their common prefix> --resource-pattern-type prefixed), or connect as a user "
-                        "that has them")
-            named = ", ".join(topics) if topics else "<topic>"
-            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} {topic_operations} topic(s) "
-                    f"{named}: grant {topic_operations} on them (kafka-acls --add --allow-principal {principal} "
-                    f"{operations} --topic {topics[0] if topics else '<topic>'}), or connect as a user that has them")
-        if resource == "group":
-            return (f"the Kafka brokers at {self.bootstrap_servers} do not let {who} use a consumer group: grant READ "
-                    "on the group (kafka-acls --add --allow-principal "
-                    f"{principal} --operation Read --group <group>)")
-        return (f"the Kafka brokers at {self.bootstrap_servers} refuse {who} a cluster operation: grant DESCRIBE_CONFIGS "
-                "(the Kafka sink reads transaction.max.timeout.ms) and IDEMPOTENT_WRITE on the cluster "
-                f"(kafka-acls --add --allow-principal {principal} --operation DescribeConfigs --operation "
-                "IdempotentWrite --cluster)")
-
     # -- storage and transport ---------------------------------------------------------
 
     def secrets(self) -> dict[str, str]:
         return {k: v for k, v in self.properties.items() if k in SECRETS}
-
-
-def _said(text: str, words: tuple[str, ...]) -> str | None:
-    """The client's line that says one of `words` (case-insensitive), shortened; None when none does."""
-    for line in text.splitlines():
-        lowered = line.lower()
-        if any(word.lower() in lowered for word in words):
-            line = line.strip(" \t:")
-            return line if len(line) <= 300 else line[:300] + "..."
-    return None
 
 
 def _typed(value: str, default: Any) -> Any:
@@ -553,8 +382,3 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError as exc:
         raise ConfigurationError(f"cannot read the PEM file {path} named in the Kafka settings: {exc}") from exc
-
-
-def secret_keys(settings: Mapping[str, Any] | None) -> list[str]:
-    """The keys of a settings dict (in either spelling) whose values are secrets."""
-    return [k for k in (settings or {}) if canonical_name(k) in SECRETS]

@@ -92,7 +92,7 @@ def _audit_intervals(ledger: Ledger, pipeline_id: str, committed: list[Batch], r
             tp = (r.topic, r.partition)
             bounds = (fixed.get((tp, interval[0])), fixed.get((tp, interval[1])))
             if (r.start, r.end) != bounds:
-                if batch.details.get("skipped"):
+                if batch.skipped:
                     report.notes.append(f"batch {batch.seq}: {r.topic}[{r.partition}] {r.start}..{r.end} instead of "
                                         f"{bounds[0]}..{bounds[1]} (data loss accepted)")
                 else:

@@ -52,7 +52,8 @@ from airflow_exactly_once.operators.write_launch import (
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import check_sink_spec_at_parse, pipeline_committer, spec_local_folders
 from airflow_exactly_once.sinks.dead_letters import lineage_outputs
-from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher
+from airflow_exactly_once.spark.write_report import WriteReport
 
 __all__ = [
     "ExactlyOnceBaseOperator",
@@ -429,7 +430,7 @@ class PlanBatchOperator(ExactlyOnceBaseOperator):
         with metrics.reporting("plan"):
             if outcome.superseded:
                 metrics.abort("superseded", len(outcome.superseded))
-            skipped = outcome.batch.details.get("skipped") if outcome.batch is not None else None
+            skipped = outcome.batch.skipped if outcome.batch is not None else ()
             if skipped and outcome.action in ("planned", "empty"):  # recorded by this plan, not an earlier one
                 metrics.data_loss("skip", len(skipped))
             metrics.lag(outcome.lag)

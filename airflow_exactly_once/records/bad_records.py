@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import BadRecordsError
+from airflow_exactly_once.core.model import BAD_RECORDS, BadRecordsNote
 
 # The columns of a dead-letter record, whatever the destination (Kafka puts all but key and
 # value in headers, as Kafka Connect's dead-letter queue does).
@@ -52,11 +53,14 @@ class BadRecordCounts:
         return "; ".join(f"{r['topic']}[{r['partition']}] offset {r['offset']}: {r['error']} (value "
                          f"{_prefix(r.get('value'))})" for r in self.first)
 
+    def note(self, policy: str) -> BadRecordsNote:
+        """What the ledger keeps with the batch (the first records without their values)."""
+        return BadRecordsNote(self.bad, policy, self.undecodable, self.marked_by_transform,
+                              tuple({k: r[k] for k in ("topic", "partition", "offset", "error")} for r in self.first))
+
     def details(self, policy: str) -> dict[str, Any]:
-        """What the ledger keeps with the batch."""
-        return {"count": self.bad, "undecodable": self.undecodable, "marked_by_transform": self.marked_by_transform,
-                "policy": policy, "first": [{k: r[k] for k in ("topic", "partition", "offset", "error")}
-                                            for r in self.first]}
+        """The batch's details that say it: {BAD_RECORDS: the note}."""
+        return {BAD_RECORDS: self.note(policy).as_details()}
 
 
 def _prefix(value: Any) -> str:

@@ -2,6 +2,8 @@
 
 Runs in-process in the Airflow task (local mode) or as the main module of a
 spark-submit (`python -m airflow_exactly_once.spark.write_job --batch-id ... --ledger-url ...`).
+How the batch is read is spark.batch_read's, how its records are counted spark.observed_counts', and
+what a failure means spark.write_failures'; the report it returns is spark.write_report's.
 """
 
 from __future__ import annotations
@@ -19,33 +21,25 @@ from sqlalchemy.engine import make_url
 
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
-from airflow_exactly_once.core.errors import (
-    ConfigurationError,
-    DataLossError,
-    ExactlyOnceError,
-    SourceUnavailableError,
-    TransformError,
-    raise_explained,
-)
+from airflow_exactly_once.core.errors import ExactlyOnceError, TransformError, raise_explained
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import Batch, BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.secrets import redacted_value
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.core.write_report import record_failure
-from airflow_exactly_once.kafka import range_read
-from airflow_exactly_once.kafka.access import diagnose
-from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.records.bad_records import BadRecordCounts, check_counts
 from airflow_exactly_once.records.registry import Registry, add_found_ids, part_schemas
 from airflow_exactly_once.sinks import pipeline_committer, pipeline_writer
 from airflow_exactly_once.spark import records
+from airflow_exactly_once.spark.batch_read import is_connect, read_batch, read_layout
 from airflow_exactly_once.spark.fence_watch import FenceWatch
 from airflow_exactly_once.spark.in_process_session import drop_stale_connect_mode
-from airflow_exactly_once.spark.launch.launcher import WriteReport, skipped
-from airflow_exactly_once.spark.packages import kafka_package
+from airflow_exactly_once.spark.observed_counts import counted, observe_on_connect, observed_already, observed_records
 from airflow_exactly_once.spark.parent_death import die_with_parent
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
+from airflow_exactly_once.spark.write_failures import explain_spark_failure
+from airflow_exactly_once.spark.write_report import WriteReport, skipped
 
 log = logging.getLogger(__name__)
 
@@ -57,121 +51,6 @@ LEDGER_URL_ENV = "AIRFLOW_EXACTLY_ONCE_LEDGER_URL"
 SECRETS_ENV = "AIRFLOW_EXACTLY_ONCE_SECRETS"
 EXIT_RETRIABLE, EXIT_FOR_GOOD = 1, 3
 FIRST_BAD = 5  # bad records named in an error or kept in the ledger
-FETCH_MAX_WAIT_MS = "10"  # Spark's Kafka reader: see kafka_read_options
-# A batch is read in more Spark partitions than Kafka's only when each part keeps this many records: each
-# extra task opens a Kafka consumer of its own (read_layout).
-SPLIT_PART_RECORDS = 150_000
-KAFKA_SOURCE_SCHEMA = ", ".join(f"{name} {sql_type}" for name, sql_type in records.KAFKA_SOURCE_COLUMNS)
-_COUNT = "records"  # the metric an Observation of the write counts into (_counted, _observed_records)
-
-
-def kafka_read_options(batch: Batch, config: PipelineConfig) -> dict[str, str]:
-    """Options of Spark's Kafka batch source for exactly the batch's non-empty ranges."""
-    ranges = [r for r in batch.ranges if r.size > 0]
-    starting: dict[str, dict[str, int]] = {}
-    ending: dict[str, dict[str, int]] = {}
-    assign: dict[str, list[int]] = {}
-    for r in ranges:
-        assign.setdefault(r.topic, []).append(r.partition)
-        starting.setdefault(r.topic, {})[str(r.partition)] = r.start
-        ending.setdefault(r.topic, {})[str(r.partition)] = r.end
-    settings = KafkaSettings.of(config)
-    options = {
-        # Spark's Kafka reader waited the broker's full fetch.max.wait.ms (500 ms by default) on each partition's
-        # fetches of a range, most of a small batch's read (docs/benchmarks.md, benchmarks/bench_dag_run.py).
-        # A fetch with data returns at once either way; a kafka_config value wins.
-        "kafka.fetch.max.wait.ms": FETCH_MAX_WAIT_MS,
-        **settings.spark_source_options(),
-        "kafka.group.id": settings.reader_group(config.pipeline_id),  # pooled consumers (KafkaSettings.reader_group)
-        "assign": json.dumps(assign),
-        "startingOffsets": json.dumps(starting),
-        "endingOffsets": json.dumps(ending),
-        "kafka.isolation.level": "read_committed",
-        # A planned offset that is gone must fail the batch, never be skipped silently.
-        "failOnDataLoss": "true",
-    }
-    return options
-
-
-@dataclass(frozen=True)
-class BatchInput:
-    """A batch's records as a DataFrame, and their number when it is known without Spark (a small batch read
-    here: the rows it read), which spares the write an Observation of its input."""
-
-    frame: Any
-    records: int | None = None
-
-
-def read_batch(spark, batch: Batch, config: PipelineConfig, layout: ReadLayout | None = None) -> BatchInput:
-    """The batch's records from Kafka, one Spark partition per offset range unless `layout` (read_layout) says
-    otherwise; a batch of at most `local_read_max_records` offsets is read here (kafka.range_read) and becomes a
-    local relation, which Spark slices by its parallelism."""
-    tasks = layout.tasks if layout is not None else None
-    if 0 < batch.offset_span <= config.local_read_max_records:
-        settings = KafkaSettings.of(config)
-        rows = range_read.read_ranges(settings, settings.reader_group(config.pipeline_id), batch.ranges)
-        if rows is not None:
-            frame = local_frame(spark, rows)
-            return BatchInput(frame.coalesce(tasks) if tasks else frame, len(rows))
-    options = kafka_read_options(batch, config)
-    if layout is not None and layout.parts:
-        options["minPartitions"] = str(layout.parts)
-    frame = spark.read.format("kafka").options(**options).load()
-    return BatchInput(frame.coalesce(tasks) if tasks else frame)
-
-
-def local_frame(spark, rows: list) -> Any:
-    """Records read by kafka.range_read as the DataFrame Spark's Kafka source gives (its columns and types)."""
-    import pyarrow as pa
-    import pyspark
-
-    arrow_types = {"BINARY": pa.binary(), "STRING": pa.string(), "INT": pa.int32(), "BIGINT": pa.int64(),
-                   "TIMESTAMP": pa.timestamp("ms", tz="UTC")}  # range_read's timestamps are epoch milliseconds
-    columns = list(zip(*rows)) if rows else [()] * len(records.KAFKA_SOURCE_COLUMNS)
-    table = pa.table({name: pa.array(column, arrow_types[sql_type])
-                      for (name, sql_type), column in zip(records.KAFKA_SOURCE_COLUMNS, columns)})
-    if int(pyspark.__version__.split(".")[0]) < 4:  # PySpark 3.5 takes pandas, not a pyarrow Table
-        return spark.createDataFrame(table.to_pandas(), schema=KAFKA_SOURCE_SCHEMA)
-    return spark.createDataFrame(table)
-
-
-@dataclass(frozen=True)
-class ReadLayout:
-    """How the write reads a batch: `parts` (Spark's `minPartitions`) splits few offset ranges into more Spark
-    partitions; `tasks` (a coalesce, no shuffle) reads many ranges several to a Spark partition."""
-    parts: int | None = None
-    tasks: int | None = None
-
-
-def read_layout(spark, batch: Batch, writer: SinkWriter) -> ReadLayout | None:
-    """How many Spark partitions the write reads `batch` into; None: one per offset range.
-
-    With a task per Kafka partition, 3 partitions on 2 cores leave a core idle for the last third of the
-    write. When a batch has fewer ranges than twice the cores, each range is read in two or more parts, so
-    many that the tasks come in whole rounds of the cores (3 ranges on 2 cores: 6 tasks). Spark splits each
-    range in proportion to its size, at offsets the range fixes, so a retry reads the same parts. Each extra
-    task opens a Kafka consumer of its own, so parts must stay large (SPLIT_PART_RECORDS): a large batch
-    read in parts is faster, a small one slower (docs/benchmarks.md). Only for sinks whose output does not grow with Spark's partitions
-    (SinkWriter.splits_reads), and classic sessions (a Spark Connect client does not see the server's cores).
-
-    A sink that pays per Spark partition (SinkWriter.joins_reads: a producer and a transaction each) reads the
-    batch in as many tasks as cores: a batch of at least twice as many ranges as cores whole ranges to a task (the
-    same rounds of the cores, fewer producers and transactions, larger batches to the broker); a large one of
-    fewer ranges split as above and the parts joined again, a core's share to a task (3 ranges on 2 cores: 6
-    parts in 2 tasks, one round where a task per range takes two).
-    """
-    if _is_connect(spark):
-        return None
-    cores = spark.sparkContext.defaultParallelism
-    ranges = sum(1 for r in batch.ranges if r.size > 0)
-    if ranges >= 2 * cores:
-        return ReadLayout(tasks=cores) if writer.joins_reads else None
-    if cores < 2 or not (writer.splits_reads or writer.joins_reads):
-        return None
-    parts = cores * -(-2 * ranges // cores)
-    if batch.offset_span < parts * SPLIT_PART_RECORDS:
-        return None
-    return ReadLayout(parts=parts, tasks=cores if writer.joins_reads else None)
 
 
 def apply_transform(transform, frame):
@@ -193,7 +72,7 @@ def apply_transform(transform, frame):
 
 def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform=None,
               on_claimed: Callable[[Batch], None] | None = None, writer: SinkWriter | None = None) -> WriteReport:
-    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.launch.launcher).
+    """Claim, read, decode, transform, pre-commit, mark PREPARED. Returns the write's report (spark.write_report).
 
     `writer` stages (default: the pipeline's sink writer, bound to the coordinator's committer, which takes
     away what a failed stage left). `on_claimed` sees the claimed batch (its epoch) before any data is read.
@@ -213,14 +92,14 @@ def run_write(spark, coordinator: BatchCoordinator, batch_id: BatchId, transform
     try:
         staged = _stage(spark, coordinator, writer, batch, transform)
     except Exception as exc:
-        raise_explained(_explain_spark_failure(exc, config), exc)
+        raise_explained(explain_spark_failure(exc, config), exc)
     prepared = coordinator.prepare(batch, staged.committable, staged.input_records, staged.output_records,
                                    details=staged.details)
     report: WriteReport = {"batch": str(batch_id), "action": "prepared", "state": prepared.state.value,
                            "input_records": staged.input_records, "output_records": staged.output_records,
                            "attempt": f"e{batch.epoch}"}
-    if staged.details:
-        report["bad_records"] = staged.details["bad_records"]["count"]
+    if prepared.bad_records:
+        report["bad_records"] = prepared.bad_records.count
     return report
 
 
@@ -244,14 +123,14 @@ def _stage(spark, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batc
     batch_input = read_batch(spark, batch, config, read_layout(spark, batch, writer))
     source = batch_input.frame
     checks_decoding = records.checks_decoding(config)
-    if _is_connect(spark):
-        _observe_on_connect(spark)
+    if is_connect(spark):
+        observe_on_connect(spark)
     # Else _count counts the input; the dead letters of undecodable and of marked records are a union of two
     # branches of this plan, which Spark Connect refuses when both carry the same observation ("multiple values
     # for keyword argument 'input'"). A small batch read here needs no count: its rows were counted as read.
     observes_input = not checks_decoding and batch_input.records is None
     if observes_input:
-        source = _counted(source, seen_in)
+        source = counted(source, seen_in)
     if checks_decoding:  # one pass when the batch turns out to have no bad record
         staged = _stage_if_all_good(source, coordinator, writer, batch, transform, run_writers)
         if staged is not None:
@@ -266,10 +145,10 @@ def _stage(spark, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batc
     marks = records.BAD_RECORD in output.columns
     try:
         if not (checks_decoding or marks):  # the fast path: no bad records possible, nothing counted first
-            staged = _counted(records.without_internal(output), seen_out)
+            staged = counted(records.without_internal(output), seen_out)
             committable = writer.stage(staged, batch, run_writers)
-            output_records = _observed_records(seen_out)
-            input_records = batch_input.records if batch_input.records is not None else _observed_records(seen_in)
+            output_records = observed_records(seen_out)
+            input_records = batch_input.records if batch_input.records is not None else observed_records(seen_in)
             # A count Spark did not report: the staged output may know its own, and without a transform the input
             # is the output record for record; else the input is counted again, a second read of the range.
             if output_records is None:
@@ -298,30 +177,13 @@ def _stage(spark, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batc
             bad = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         good_output = output.filter(F.col(records.BAD_RECORD).isNull()) if marks else output
         committable = writer.stage_batch(records.without_internal(good_output), bad, batch, run_writers)
-        details = {"bad_records": counts.details(config.bad_record_policy)} if counts.bad else None
+        details = counts.details(config.bad_record_policy) if counts.bad else None
         return _Staged(committable, counts.input_records, good, details)
     finally:
         if marks:
             output.unpersist()
         if checks_decoding:
             decoded.unpersist()
-
-
-def _observe_on_connect(spark) -> None:
-    """Make Spark Connect report the write's observations. Its plan cache (Spark 4.0) registers an observation
-    with the Analyze request that cached the plan, not with the write that runs it (SPARK-53908, fixed after
-    4.0): the write's input and output counts never came back, and every batch with a transform read its range
-    a second time to count it. A server that refuses the setting costs that second read only."""
-    try:
-        spark.conf.set("spark.connect.session.planCache.enabled", "false")
-    except Exception as exc:
-        log.info("Spark Connect kept its plan cache (%s): counts it does not report are taken again",
-                 (str(exc).splitlines() or [""])[0])
-
-
-def _is_connect(spark) -> bool:
-    """A Spark Connect session (pyspark.sql.connect), not a classic one with a driver in this process."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _stage_if_all_good(source, coordinator: BatchCoordinator, writer: SinkWriter, batch: Batch, transform,
@@ -339,7 +201,7 @@ def _stage_if_all_good(source, coordinator: BatchCoordinator, writer: SinkWriter
     config, committer = coordinator.config, coordinator.sink
     seen_in, seen_out = Observation("input"), Observation("good")
     # Kafka's own rows: the source is not pruned (it always reads every column), so observing them copies nothing
-    observed = _counted(source, seen_in)
+    observed = counted(source, seen_in)
     decoded = records.decode(observed, config, _registry_schemas(config))
     try:
         output = apply_transform(transform, records.with_source(records.failing_at_bad_record(decoded)))
@@ -349,10 +211,10 @@ def _stage_if_all_good(source, coordinator: BatchCoordinator, writer: SinkWriter
         raise
     if records.BAD_RECORD in output.columns:  # marked records: counted before anything is staged
         return None
-    if _observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
+    if observed_already(seen_in):  # the transform ran an action of its own, maybe on part of the batch:
         return None  # the counts must come from the whole batch, so the policy path counts them
     try:
-        committable = writer.stage_batch(_counted(records.without_internal(output), seen_out), None, batch,
+        committable = writer.stage_batch(counted(records.without_internal(output), seen_out), None, batch,
                                          run_writers)
     except Exception as exc:
         if not records.found_bad_record(exc):
@@ -360,43 +222,13 @@ def _stage_if_all_good(source, coordinator: BatchCoordinator, writer: SinkWriter
         log.info("batch %s has bad records: the write that met the first is aborted (%s), the bad-record policy "
                  "decides", batch.id, committer.abort(batch, None))
         return None
-    input_records, good = _observed_records(seen_in), _observed_records(seen_out)
+    input_records, good = observed_records(seen_in), observed_records(seen_out)
     if input_records is not None and good is not None:
         return _Staged(committable, input_records, good)
     log.info("Spark reported no count for batch %s: its staged output is aborted, the policy path counts",
              batch.id)
     committer.abort(batch, committable)
     return None
-
-
-def _counted(frame, observation):
-    """`frame` observed by `observation`, which then holds its number of records (_observed_records reads it)."""
-    from pyspark.sql import functions as F
-
-    return frame.observe(observation, F.count(F.lit(1)).alias(_COUNT))
-
-
-def _observed_records(observation) -> int | None:
-    """The count an Observation of `records` holds after its action; None when Spark reported none.
-
-    Classic PySpark's `Observation.get` copies the metrics' Java map with a Java iterator that ends by
-    throwing, and converting that exception costs a noticeable share of the driver's own time in every
-    write (docs/benchmarks.md, benchmarks/bench_registry_avro.py). The map's own
-    `get` is one call."""
-    java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
-    if java is not None:
-        value = java.getAsJava().get(_COUNT)
-    else:  # Spark Connect's: a Python dict already
-        value = observation.get.get(_COUNT)
-    return None if value is None else int(value)
-
-
-def _observed_already(observation) -> bool:
-    """Whether an action already filled `observation` (Spark keeps the metrics of the first action only)."""
-    java = getattr(observation, "_jo", None)  # classic PySpark's org.apache.spark.sql.Observation
-    if java is not None:
-        return bool(java.future().isCompleted())
-    return bool(getattr(observation, "_result", None))  # Spark Connect's: filled by each action that ran it
 
 
 def _decoded_once(source, config: PipelineConfig):
@@ -449,40 +281,6 @@ def _count(decoded, output, checks_decoding: bool, marks: bool) -> tuple[BadReco
         return counts, row["n"] - row["bad"]
     return counts, output.count()
 
-
-def lacks_kafka_connector(text: str) -> bool:
-    """Whether a Spark error says that Spark's Kafka data source is not on its classpath."""
-    return "data source: kafka" in text or ("DATA_SOURCE_NOT_FOUND" in text and "kafka" in text)
-
-
-def _explain_spark_failure(exc: Exception, config: PipelineConfig) -> Exception:
-    text = str(exc)
-    if isinstance(exc, ExactlyOnceError):  # already says what went wrong (e.g. a sink's SinkError)
-        return exc
-    # Spark's Java client names its problem (SaslAuthenticationException, PKIX path building failed,
-    # TopicAuthorizationException): the settings say which of them to change.
-    settings = KafkaSettings.of(config)
-    explained = settings.explain(text, topics=config.topics, topic_operations="READ and DESCRIBE",
-                                 topic_pattern=config.topic_pattern)
-    if explained is not None:
-        return explained
-    if "OffsetOutOfRange" in text or "Cannot fetch offset" in text or "data loss" in text.lower():
-        return DataLossError(f"Spark could not read the planned offsets (deleted by retention or topic "
-                             f"recreated since planning): {text[:500]}. Nothing was committed; the next run "
-                             "re-plans and applies data_loss_policy.")
-    if lacks_kafka_connector(text):
-        return ConfigurationError(f"Spark cannot load its Kafka connector (data source 'kafka' not found): give "
-                                  f"Spark the connector, e.g. spark.jars.packages={kafka_package()}, or on a Spark "
-                                  "Connect server --packages with that package")
-    if "TimeoutException" in text or "Timed out" in text:
-        diagnosis = diagnose(settings)  # e.g. security.protocol does not match the listener: the client only waits
-        if diagnosis.error is not None:
-            return diagnosis.error
-        return SourceUnavailableError(f"Spark could not reach Kafka at {config.bootstrap_servers} (now: "
-                                      f"{diagnosis.detail}): {text[:500]}")
-    if "AnalysisException" in type(exc).__name__ or "AnalysisException" in text[:200]:
-        return TransformError(f"the transformed DataFrame could not be written: {text[:800]}")
-    return exc
 
 
 def secrets_environment(ledger_url: str, config: PipelineConfig | None) -> dict[str, str]:

@@ -14,7 +14,7 @@ import pytest
 from kafka import KafkaAdminClient
 
 from airflow_exactly_once.sinks.kafka import librdkafka
-from airflow_exactly_once.sinks.kafka.transactions import commit_transaction
+from airflow_exactly_once.sinks.kafka.end_txn import commit_transaction
 from tests.helpers import create_topic
 from tests.kafka_helpers import read_all, settled_transaction_state, transaction_state
 

@@ -31,11 +31,8 @@ from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks import create_committer, create_writer
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable
-from airflow_exactly_once.sinks.kafka.transactions import (
-    abort_transaction,
-    commit_transaction,
-    open_transaction,
-)
+from airflow_exactly_once.sinks.kafka.end_txn import abort_transaction, commit_transaction
+from airflow_exactly_once.sinks.kafka.kafka_python_producer import open_transaction
 from airflow_exactly_once.sinks.kafka.writer import KafkaPartitionWriter
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.harness import Pipe, open_ledger
@@ -399,7 +396,8 @@ def planned(kafka, name: str, source: str, output: str, tmp_path) -> tuple[Pipe,
 
 
 def test_zombie_write_attempt_is_fenced_and_cannot_commit(kafka, topics, spark, tmp_path):
-    from airflow_exactly_once.spark.write_job import read_batch, run_write
+    from airflow_exactly_once.spark.batch_read import read_batch
+    from airflow_exactly_once.spark.write_job import run_write
 
     name, source, output = topics
     sent = produce(kafka.bootstrap_servers, source, 60)
@@ -453,11 +451,12 @@ def test_output_without_a_value_column_fails_clearly_and_writes_nothing(kafka, t
 
 def test_many_partitions_are_written_a_transaction_per_core_and_a_crashed_attempt_is_fenced(kafka, spark, tmp_path,
                                                                                          faults, monkeypatch):
-    """Six input partitions on local[2] are read and written by two tasks (spark.write_job.read_layout). An attempt
+    """Six input partitions on local[2] are read and written by two tasks (spark.batch_read.read_layout). An attempt
     that dies after staging leaves its two transactions open; the retry has the same two transactional ids, so
     initialising them fences and aborts the dead attempt's, and each record is visible once."""
     from airflow_exactly_once.core.faults import ENV, InjectedFault, arm
-    from airflow_exactly_once.spark.write_job import ReadLayout, read_layout, run_write
+    from airflow_exactly_once.spark.batch_read import ReadLayout, read_layout
+    from airflow_exactly_once.spark.write_job import run_write
 
     name = f"ks-{uuid.uuid4().hex[:8]}"
     source, output = f"{name}-in", f"{name}-out"

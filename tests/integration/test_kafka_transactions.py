@@ -26,20 +26,12 @@ from kafka.admin import NewTopic
 
 from devtools.kafka_broker import LocalKafkaBroker
 from airflow_exactly_once.core.errors import TransactionLostError
-from airflow_exactly_once.sinks.kafka import transactions
-from airflow_exactly_once.sinks.kafka.transactions import (
-    END_TXN_TRANSACTIONS_V2,
-    KafkaTransactionError,
-    TransactionCoordinatorUnavailable,
-    TransactionHandle,
-    abort_transaction,
-    check_transaction_protocol,
-    commit_transaction,
-    coordinator_client,
-    end_transactions,
-    open_transaction,
-    pre_commit,
-)
+from airflow_exactly_once.sinks.kafka import end_txn
+from airflow_exactly_once.sinks.kafka.end_txn import abort_transaction, commit_transaction, coordinator_client, end_transactions
+from airflow_exactly_once.sinks.kafka.kafka_python_producer import open_transaction, pre_commit
+from airflow_exactly_once.sinks.kafka.transaction_errors import KafkaTransactionError, TransactionCoordinatorUnavailable
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
+from airflow_exactly_once.sinks.kafka.transaction_protocol import END_TXN_TRANSACTIONS_V2, check_transaction_protocol
 from tests.kafka_helpers import settled_transaction_state
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +148,7 @@ def transaction_state(admin: KafkaAdminClient, transactional_id: str) -> str:
 
 CHILD = textwrap.dedent("""
     import json, sys, time
-    from airflow_exactly_once.sinks.kafka.transactions import open_transaction, pre_commit
+    from airflow_exactly_once.sinks.kafka.kafka_python_producer import open_transaction, pre_commit
     bootstrap, transactional_id, topic, mode = sys.argv[1:5]
     producer = open_transaction(bootstrap, transactional_id, int(sys.argv[5]))
     for i in range(3):
@@ -406,7 +398,7 @@ def test_a_batch_of_transactions_ends_in_one_call_and_a_fenced_one_is_reported_a
     open_transaction(bootstrap, fenced.transactional_id, TXN_TIMEOUT_MS).close()  # aborts it, bumps the epoch
 
     with coordinator_client(bootstrap, max_in_flight_requests_per_connection=2) as client:
-        with caplog.at_level(logging.INFO, logger=transactions.__name__):
+        with caplog.at_level(logging.INFO, logger=end_txn.__name__):
             results = end_transactions(client, handles, commit=True)
         assert "Retrying" not in caplog.text  # every EndTxn was sent once: none refused by a full connection
         again = end_transactions(client, handles, commit=True)  # at once, while markers may still be written

@@ -19,22 +19,17 @@ import pytest
 from devtools.ports import reserve_port
 from devtools.postgres import LocalPostgres
 from airflow_exactly_once.core.errors import TransactionLostError
-from airflow_exactly_once.sinks.postgres.transactions import (
-    MARKER_TABLE,
-    PostgresTransactionError,
-    PrepareFailed,
-    TwoPhaseNotSupported,
-    check_two_phase_supported,
+from airflow_exactly_once.sinks.postgres.commit import (
     commit_prepared,
-    ensure_marker_table,
-    gid_prefix,
-    list_markers,
     list_prepared,
-    make_gid,
-    prepare_rows,
     rollback_prepared_matching,
     rollback_prepared,
 )
+from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError, PrepareFailed, TwoPhaseNotSupported
+from airflow_exactly_once.sinks.postgres.gids import gid_prefix, make_gid
+from airflow_exactly_once.sinks.postgres.markers import MARKER_TABLE, ensure_marker_table, list_markers
+from airflow_exactly_once.sinks.postgres.prepare import prepare_rows
+from airflow_exactly_once.sinks.postgres.server import check_two_phase_supported
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,13 +91,13 @@ def child_env() -> dict[str, str]:
 
 PREPARE_IN_CHILD = r"""
 import json, sys, time
-from airflow_exactly_once.sinks.postgres import transactions as pt
+from airflow_exactly_once.sinks.postgres import prepare as pt
 args = json.loads(sys.argv[1])
 if args.pop("hang_after_prepare"):
     def hang(conn):  # runs right after PREPARE TRANSACTION, the session still open
         print(json.dumps({"prepared": True}), flush=True)
         time.sleep(120)
-    pt._close_quietly = hang
+    pt.close_quietly = hang
 handle = pt.prepare_rows(**args)
 print(json.dumps(handle), flush=True)
 """

@@ -35,8 +35,9 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_committer, sink_types, spec_type
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka.probe import matching_transactions
-from airflow_exactly_once.sinks.kafka.transactions import abort_transaction
-from airflow_exactly_once.sinks.postgres.transactions import gid_prefix, list_prepared, rollback_prepared
+from airflow_exactly_once.sinks.kafka.end_txn import abort_transaction
+from airflow_exactly_once.sinks.postgres.commit import list_prepared, rollback_prepared
+from airflow_exactly_once.sinks.postgres.gids import gid_prefix
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config

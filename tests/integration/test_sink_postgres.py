@@ -21,14 +21,13 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_committer
 from airflow_exactly_once.sinks.postgres.attempts import parse_gid
 from airflow_exactly_once.sinks.postgres.table import with_lock_timeout
-from airflow_exactly_once.sinks.postgres.transactions import (
+from airflow_exactly_once.sinks.postgres.commit import (
     commit_prepared,
-    gid_prefix,
     list_prepared,
-    make_gid,
     rollback_prepared,
     rollback_prepared_matching,
 )
+from airflow_exactly_once.sinks.postgres.gids import gid_prefix, make_gid
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from devtools.postgres import LocalPostgres
 from tests.conftest import PG_DATABASE
@@ -265,14 +264,14 @@ def test_a_partition_rolled_back_while_notify_complete_commits_the_batch_is_half
     parts = [range(0, 10), range(10, 20), range(20, 30)]
     batch = pipe.write(pipe.plan_rows(30).id, by_partition(spark, parts), records=30)
     gids = sorted(batch.handles["gids"], key=lambda g: parse_gid(pipe.id, g)[1])
-    real_commit = postgres_sink.pgx.commit_prepared
+    real_commit = postgres_sink.commit_prepared
 
     def operator_strikes_first(dsn_: str, gid: str, **kwargs):
         if gid == gids[1]:
             sql(dsn, "ROLLBACK PREPARED %s", (gid,))  # the real server's race, made certain
         return real_commit(dsn_, gid, **kwargs)
 
-    monkeypatch.setattr(postgres_sink.pgx, "commit_prepared", operator_strikes_first)
+    monkeypatch.setattr(postgres_sink, "commit_prepared", operator_strikes_first)
     with pytest.raises(SinkError) as half:
         pipe.commit(batch.id)
     assert not isinstance(half.value, TransactionLostError), repr(half.value)

@@ -30,7 +30,7 @@ from airflow_exactly_once.sinks.kafka import probe
 from airflow_exactly_once.spark.connect_server.session import TAG_DETAIL, close_session, open_session, session_url
 from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts
 from airflow_exactly_once.spark.launch.connect import SESSION_DETAIL, ConnectWrite, SparkConnectUnavailable
-from airflow_exactly_once.spark.write_job import read_batch
+from airflow_exactly_once.spark.batch_read import read_batch
 from devtools.ports import reserve_port
 from devtools.spark_connect import LocalSparkConnectServer
 from tests.dags.eo_cluster_transforms import HOLD, started_attempt
@@ -109,7 +109,7 @@ def test_a_transform_that_filters_gets_both_counts_from_the_writes_observations(
     reads it (no Observation of the input), and is not read a second time either."""
     from airflow_exactly_once.spark import write_job
 
-    reads = []
+    reads = []  # the write's reads: spark.batch_read.read_batch, under the name the write calls it by
     monkeypatch.setattr(write_job, "read_batch", lambda *args, **kwargs: reads.append(1) or read_batch(*args, **kwargs))
     name = f"connect-filter-{uuid.uuid4().hex[:6]}"
     create_topic(kafka.bootstrap_servers, name)

@@ -1,4 +1,4 @@
-"""A large batch read split into more Spark partitions than Kafka's (spark.write_job.read_layout), on real Kafka
+"""A large batch read split into more Spark partitions than Kafka's (spark.batch_read.read_layout), on real Kafka
 and Spark: split points fall inside transactions, committed and aborted, and next to a bad record; the output
 (Parquet, or Kafka with the parts joined into a task per core) still holds every committed record once and
 nothing aborted, and the bad record goes by its policy."""
@@ -14,7 +14,7 @@ import pytest
 
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.spark import write_job
+from airflow_exactly_once.spark import batch_read, write_job
 from airflow_exactly_once.spark.partition_writers import run_partition_writers
 from tests.harness import Pipe, open_ledger, pipeline_config
 from tests.helpers import create_topic, read_parquet
@@ -53,7 +53,7 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
     topic = f"split-{uuid.uuid4().hex[:8]}"
     create_topic(kafka.bootstrap_servers, topic, partitions=2)
     committed = produce_transactions(kafka.bootstrap_servers, topic)
-    monkeypatch.setattr(write_job, "SPLIT_PART_RECORDS", 10)  # this batch counts as large
+    monkeypatch.setattr(batch_read, "SPLIT_PART_RECORDS", 10)  # this batch counts as large
     out = tmp_path / "out"
     if sink == "kafka":
         create_topic(kafka.bootstrap_servers, f"{topic}-out", partitions=2)
@@ -68,8 +68,8 @@ def test_a_split_read_writes_each_committed_record_once(kafka, spark, tmp_path: 
              run_writers=run_partition_writers)
     batch = p.plan("run-1").batch
     # 2 ranges on local[2]: 2 parts each
-    assert write_job.read_layout(spark, batch, p.writer) == \
-        write_job.ReadLayout(parts=4, tasks=2 if sink == "kafka" else None)
+    assert batch_read.read_layout(spark, batch, p.writer) == \
+        batch_read.ReadLayout(parts=4, tasks=2 if sink == "kafka" else None)
     summary = write_job.run_write(spark, p.coordinator, batch.id, transform=transform)
     assert (summary["input_records"], summary["bad_records"]) == (len(committed) + 1, 1)
     p.commit(batch.id)

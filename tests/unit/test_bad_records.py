@@ -80,8 +80,8 @@ def test_max_bad_records_trips_whatever_the_policy(tmp_path, policy):
 
 def test_ledger_details_keep_counts_and_where_not_values():
     details = counts(bad=2, marked=1).details("skip")
-    assert details["count"] == 3 and details["policy"] == "skip"
-    assert details["first"] == [{"topic": "t", "partition": 0, "offset": 7, "error": "not JSON"}]
+    assert details == {"bad_records": {"count": 3, "undecodable": 2, "marked_by_transform": 1, "policy": "skip",
+                                       "first": [{"topic": "t", "partition": 0, "offset": 7, "error": "not JSON"}]}}
 
 
 def test_dead_letter_destination_defaults_beside_the_output(tmp_path):
@@ -238,3 +238,19 @@ def test_a_bad_record_stop_is_found_anywhere_in_the_exception_chain():
     looped.__context__ = other
     other.__context__ = looped
     assert not found_bad_record(looped)
+
+
+def test_the_batch_reads_back_what_the_write_kept_of_its_bad_records():
+    """The write keeps BadRecordCounts.details in the ledger (JSON); Batch.bad_records reads it back typed, and a
+    batch without bad records, skips or a replaced batch says so."""
+    from airflow_exactly_once.core.model import Batch, BadRecordsNote
+
+    first = [{"topic": "t", "partition": 1, "offset": 7, "error": "not JSON", "value": b"{"}]
+    details = BadRecordCounts(10, undecodable=2, marked_by_transform=1, first=first).details("skip")
+    batch = Batch("p", 3, "run", BatchState.PREPARED, 1, (), details={**details, "skipped": ["t[0] 0..5"],
+                                                                        "replaces": 2})
+    assert batch.bad_records == BadRecordsNote(3, "skip", 2, 1, ({"topic": "t", "partition": 1, "offset": 7,
+                                                                 "error": "not JSON"},))
+    assert (batch.bad_record_count, batch.skipped, batch.replaces) == (3, ("t[0] 0..5",), 2)
+    plain = Batch("p", 4, "run", BatchState.PLANNED, 1, ())
+    assert (plain.bad_records, plain.bad_record_count, plain.skipped, plain.replaces) == (None, 0, (), None)

@@ -233,7 +233,7 @@ def test_dead_letter_destinations_of_every_sink():
 
 def test_secret_keys_of_the_kafka_settings_and_the_registry():
     from airflow_exactly_once.core.config import REGISTRY_SECRET_KEYS
-    from airflow_exactly_once.kafka.settings import SECRETS
+    from airflow_exactly_once.kafka.setting_names import SECRETS
 
     rows = {row[0]: row[1] for row in doc_table("docs/secrets.md", "where")}
     (kafka,) = [what for where, what in rows.items() if where.startswith("`kafka_config`")]
@@ -276,6 +276,7 @@ def test_what_each_kafka_client_gets_is_what_the_settings_give_it(tmp_path):
     from kafka import KafkaConsumer
 
     from airflow_exactly_once.kafka import settings as kafka_settings
+    from airflow_exactly_once.kafka.setting_names import KAFKA_PYTHON_NAMES
 
     extra = kafka_extra(tmp_path)
     settings = kafka_settings.KafkaSettings.from_mapping(extra)
@@ -284,8 +285,8 @@ def test_what_each_kafka_client_gets_is_what_the_settings_give_it(tmp_path):
     rows = doc_table("docs/connections.md", "connection extra")
     keys = [key for row in rows for key in setting_names(row[0])]
     assert set(keys) <= set(extra), f"give {sorted(set(keys) - set(extra))} a value in kafka_extra()"
-    # Each setting kafka.settings renames for kafka-python has its row.
-    assert set(kafka_settings._KAFKA_PYTHON_NAMES) <= set(keys), "docs/connections.md: a renamed setting has no row"
+    # Each setting kafka.setting_names renames for kafka-python has its row.
+    assert set(KAFKA_PYTHON_NAMES) <= set(keys), "docs/connections.md: a renamed setting has no row"
     for row in rows:
         for client, cell in zip(clients, row[1:], strict=True):
             for name, value in setting_names(cell).items():

@@ -21,7 +21,7 @@ from airflow_exactly_once.sinks.dead_letters import DEAD_LETTER_HANDLES, PairedC
 from airflow_exactly_once.sinks.delta.committable import StagedFiles
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
 from airflow_exactly_once.sinks.kafka.committable import KafkaCommittable, PartitionReport
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
 from airflow_exactly_once.sinks.parquet.committable import StagedFolder
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable

@@ -13,8 +13,10 @@ from kafka import KafkaAdminClient, KafkaConsumer
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.kafka.oauth import ClientCredentials, access_token
-from airflow_exactly_once.kafka.settings import OAUTH_ALLOWED_URLS_PROPERTY, KafkaSettings
+from airflow_exactly_once.kafka.access import OAUTH_ALLOWED_URLS_PROPERTY, explain_refusal
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.pipeline_check import checked
+from airflow_exactly_once.spark.batch_read import reader_group
 from airflow_exactly_once.spark.packages import JOSE4J_PACKAGE, pipeline_packages
 from devtools.oauth_provider import LocalOAuthProvider
 
@@ -112,18 +114,18 @@ def test_a_changed_secret_is_not_served_the_old_secrets_token(provider):
 
 def test_what_clients_say_about_tokens_is_explained_with_the_fix():
     settings = KafkaSettings.from_mapping(OIDC, origin=ORIGIN)
-    fetch = settings.explain("KafkaError{code=_AUTHENTICATION,val=-169,str=\"Failed to acquire SASL OAUTHBEARER "
-                             "token: HTTP 401\"}")
+    fetch = explain_refusal(settings, "KafkaError{code=_AUTHENTICATION,val=-169,str=\"Failed to acquire SASL "
+                            "OAUTHBEARER token: HTTP 401\"}")
     assert fetch is not None and "could not get an OAuth token for client 'app' from the token endpoint " \
         "https://idp/token" in str(fetch)
     assert "fix sasl.oauthbearer.client.id and sasl.oauthbearer.client.secret" in str(fetch)
-    allowed = settings.explain("ConfigException: The URL https://idp/token is not allowed; set the system property "
-                               f"{OAUTH_ALLOWED_URLS_PROPERTY} to allow it")
+    allowed = explain_refusal(settings, "ConfigException: The URL https://idp/token is not allowed; set the system "
+                              f"property {OAUTH_ALLOWED_URLS_PROPERTY} to allow it")
     assert allowed is not None
     assert f"-D{OAUTH_ALLOWED_URLS_PROPERTY}=https://idp/token to spark.driver.extraJavaOptions" in str(allowed)
-    refused = settings.explain("SaslAuthenticationException: {\"status\":\"invalid_token\"}")
+    refused = explain_refusal(settings, "SaslAuthenticationException: {\"status\":\"invalid_token\"}")
     assert refused is not None and "refused the OAuth token of OAuth client 'app'" in str(refused)
-    denied = settings.explain("TopicAuthorizationFailedError", topics=["t"])
+    denied = explain_refusal(settings, "TopicAuthorizationFailedError", topics=["t"])
     assert denied is not None and "--allow-principal User:app" in str(denied)
 
 
@@ -134,10 +136,10 @@ def test_the_client_secret_is_never_stored_nor_in_the_reader_group():
     stored = config.to_stored_dict()["kafka_config"]
     assert stored["sasl.oauthbearer.client.secret"] == "***" and stored["sasl.oauthbearer.client.id"] == "app"
     settings = KafkaSettings.of(config)
-    group = settings.reader_group("p")
-    other = KafkaSettings.from_mapping({**OIDC, "sasl.oauthbearer.client.id": "other"}).reader_group("p")
-    assert group != other and group == KafkaSettings.from_mapping({**OIDC, "sasl.oauthbearer.client.secret": "x"}
-                                                                  ).reader_group("p")
+    group = reader_group(settings, "p")
+    other = reader_group(KafkaSettings.from_mapping({**OIDC, "sasl.oauthbearer.client.id": "other"}), "p")
+    assert group != other and group == reader_group(
+        KafkaSettings.from_mapping({**OIDC, "sasl.oauthbearer.client.secret": "x"}), "p")
     assert JOSE4J_PACKAGE in pipeline_packages(config)
     plain = PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "parquet", "path": "/tmp/x"},
                            bootstrap_servers="b1:9094")

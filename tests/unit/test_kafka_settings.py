@@ -6,7 +6,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
+from airflow_exactly_once.kafka.access import explain_refusal
+from airflow_exactly_once.kafka.setting_names import canonical_name
+from airflow_exactly_once.kafka.settings import KafkaSettings
 
 SCRAM = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "app", "sasl.password": 'pa"ss\\word', "ssl.ca.location": "/etc/kafka/ca.pem",
@@ -113,7 +115,7 @@ UNTRUSTED = [
 
 @pytest.mark.parametrize("said", REFUSED_LOGIN)
 def test_a_refused_login_names_the_credentials_and_where_they_came_from(said):
-    error = KafkaSettings.from_mapping(SCRAM, origin="connection 'kafka_secured'").explain(said)
+    error = explain_refusal(KafkaSettings.from_mapping(SCRAM, origin="connection 'kafka_secured'"), said)
     assert isinstance(error, ConfigurationError) and error.retriable is False
     assert "refused the SASL login of user 'app' (sasl.mechanism=SCRAM-SHA-512)" in str(error)
     assert "fix sasl.username and sasl.password (or sasl.jaas.config) in connection 'kafka_secured'" in str(error)
@@ -121,39 +123,40 @@ def test_a_refused_login_names_the_credentials_and_where_they_came_from(said):
 
 @pytest.mark.parametrize("said", UNTRUSTED)
 def test_an_untrusted_certificate_names_the_ca_setting(said):
-    error = KafkaSettings.from_mapping(SCRAM, origin="connection 'k'").explain(f"first line\n{said}\n\tat x.y(Z)")
+    error = explain_refusal(KafkaSettings.from_mapping(SCRAM, origin="connection 'k'"),
+                            f"first line\n{said}\n\tat x.y(Z)")
     assert "ssl.ca.location=/etc/kafka/ca.pem in connection 'k'" in str(error)
     assert str(error).endswith(said.strip())  # the client's own line, not its stack
 
 
 def test_a_certificate_for_another_host_is_told_apart_from_an_untrusted_one():
     said = "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address mismatch, certificate is not valid"
-    error = KafkaSettings.from_mapping(SCRAM).explain(said)
+    error = explain_refusal(KafkaSettings.from_mapping(SCRAM), said)
     assert "not issued for the host names in bootstrap.servers" in str(error)
     assert "ssl.endpoint.identification.algorithm" in str(error)
 
 
 def test_denied_operations_name_the_grant():
     settings = KafkaSettings.from_mapping(SCRAM, origin="connection 'k'")
-    txn = settings.explain("TransactionalIdAuthorizationFailedError", transactional_id_prefix="orders")
+    txn = explain_refusal(settings, "TransactionalIdAuthorizationFailedError", transactional_id_prefix="orders")
     assert "do not let user 'app' of connection 'k' use its transactional ids" in str(txn)
     assert "--allow-principal User:app --operation Write --operation Describe --transactional-id orders" in str(txn)
-    topic = settings.explain("org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access "
-                             "topics: [in]", topics=["in"])
+    topic = explain_refusal(settings, "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized "
+                            "to access topics: [in]", topics=["in"])
     assert "READ and DESCRIBE topic(s) in" in str(topic) and "--operation Read --operation Describe --topic in" \
         in str(topic)
-    assert "DescribeConfigs" in str(settings.explain("ClusterAuthorizationFailedError"))
+    assert "DescribeConfigs" in str(explain_refusal(settings, "ClusterAuthorizationFailedError"))
 
 
 def test_a_denied_read_of_a_topic_pattern_pipelines_write_names_the_pattern():
     """The write knows the pipeline's topic_pattern, not its topics: the hint names the pattern, not `<topic>`."""
-    from airflow_exactly_once.spark.write_job import _explain_spark_failure
+    from airflow_exactly_once.spark.write_failures import explain_spark_failure
     from tests.harness import pipeline_config
 
     config = pipeline_config("p", [], {"type": "parquet", "path": "/tmp/unused"}, topic_pattern=r"orders\..*",
                              kafka_config=SCRAM)
     said = "org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access topics: [orders.eu]"
-    error = str(_explain_spark_failure(RuntimeError(said), config))
+    error = str(explain_spark_failure(RuntimeError(said), config))
     assert "READ and DESCRIBE the topics matching topic_pattern 'orders\\\\..*'" in error
     assert "--operation Read --operation Describe --topic <each matching topic>" in error
     assert "<topic>" not in error
@@ -161,15 +164,15 @@ def test_a_denied_read_of_a_topic_pattern_pipelines_write_names_the_pattern():
 
 def test_failures_that_are_no_settings_problem_are_left_to_the_caller():
     settings = KafkaSettings.from_mapping(SCRAM)
-    assert settings.explain("KafkaTimeoutError: Unable to bootstrap from b1:9093") is None
-    assert settings.explain(ValueError("a transform bug")) is None
+    assert explain_refusal(settings, "KafkaTimeoutError: Unable to bootstrap from b1:9093") is None
+    assert explain_refusal(settings, ValueError("a transform bug")) is None
 
 
 def test_spark_reads_a_range_without_the_brokers_fetch_wait_unless_kafka_config_sets_one():
     """Spark's Kafka reader waited fetch.max.wait.ms (500 ms) per partition of every batch; kafka_config still wins."""
     from airflow_exactly_once.core.model import Batch, OffsetRange
     from airflow_exactly_once.core.states import BatchState
-    from airflow_exactly_once.spark.write_job import kafka_read_options
+    from airflow_exactly_once.spark.batch_read import kafka_read_options
     from tests.harness import pipeline_config
 
     batch = Batch("p", 1, "run", BatchState.PLANNED, 1, (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 3, 3)))
@@ -183,10 +186,10 @@ def test_spark_reads_a_range_without_the_brokers_fetch_wait_unless_kafka_config_
 
 
 def test_a_pipelines_reads_share_one_group_id_that_changes_with_the_connection_but_never_shows_a_secret():
-    """Spark pools its executors' consumers by group id and partition (KafkaSettings.reader_group)."""
+    """Spark pools its executors' consumers by group id and partition (spark.batch_read.reader_group)."""
     from airflow_exactly_once.core.model import Batch, OffsetRange
     from airflow_exactly_once.core.states import BatchState
-    from airflow_exactly_once.spark.write_job import kafka_read_options
+    from airflow_exactly_once.spark.batch_read import kafka_read_options, reader_group
     from tests.harness import pipeline_config
 
     sink = {"type": "parquet", "path": "/tmp/unused"}
@@ -202,5 +205,5 @@ def test_a_pipelines_reads_share_one_group_id_that_changes_with_the_connection_b
     scram = KafkaSettings.from_mapping(SCRAM)
     other_user = KafkaSettings.from_mapping({**SCRAM, "sasl.username": "app2"})
     other_password = KafkaSettings.from_mapping({**SCRAM, "sasl.password": "rotated"})
-    assert scram.reader_group("p") != other_user.reader_group("p")
-    assert scram.reader_group("p") == other_password.reader_group("p")  # the digest never covers a secret
+    assert reader_group(scram, "p") != reader_group(other_user, "p")
+    assert reader_group(scram, "p") == reader_group(other_password, "p")  # the digest never covers a secret

@@ -15,14 +15,13 @@ from kafka import KafkaProducer
 from kafka.producer import transaction_manager
 from kafka.protocol.broker_version_data import BrokerVersionData
 
-from airflow_exactly_once.sinks.kafka import transactions
-from airflow_exactly_once.sinks.kafka.transactions import (
+from airflow_exactly_once.sinks.kafka import kafka_python_internals, transaction_protocol
+from airflow_exactly_once.sinks.kafka.kafka_python_internals import check_kafka_python_internals
+from airflow_exactly_once.sinks.kafka.kafka_python_producer import _new_producer
+from airflow_exactly_once.sinks.kafka.transaction_errors import KafkaInternalsChanged, TransactionProtocolUnsupported
+from airflow_exactly_once.sinks.kafka.transaction_protocol import (
     END_TXN_TRANSACTIONS_V2,
     END_TXN_VERSION_CAP,
-    KafkaInternalsChanged,
-    TransactionProtocolUnsupported,
-    _new_producer,
-    check_kafka_python_internals,
     check_transaction_protocol,
     end_txn_version,
 )
@@ -97,7 +96,7 @@ def test_the_adapters_own_end_txn_keeps_the_classic_protocol_against_both_broker
 
 
 def test_a_cap_at_transactions_v2_is_refused_against_kafka_4(monkeypatch):
-    monkeypatch.setattr(transactions, "END_TXN_VERSION_CAP", 5)
+    monkeypatch.setattr(transaction_protocol, "END_TXN_VERSION_CAP", 5)
     with pytest.raises(TransactionProtocolUnsupported) as refused:
         end_txn_version(BrokerVersionData(KAFKA_4_0), "b:9092")
     assert "EndTxn v5" in str(refused.value) and "b:9092" in str(refused.value) and not refused.value.retriable
@@ -110,7 +109,7 @@ def test_brokers_without_transactions_are_named():
 
 
 def test_missing_protocol_fields_and_admin_internals_are_named(monkeypatch):
-    monkeypatch.setitem(transactions._PROTOCOL_FIELDS,
+    monkeypatch.setitem(kafka_python_internals._PROTOCOL_FIELDS,
                         ("kafka.protocol.producer.transaction", "EndTxnRequest"), ("transactional_id", "no_such"))
 
     class NotAnAdminClient:
@@ -123,6 +122,6 @@ def test_missing_protocol_fields_and_admin_internals_are_named(monkeypatch):
     assert "KafkaAdminClient._manager.run()" in text and "KafkaAdminClient._manager.send()" in text
     assert "KafkaAdminClient.config['max_in_flight_requests_per_connection']" in text
     assert "Install kafka-python==3.0.12" in text
-    assert text.startswith(f"{transactions.__name__} drives kafka-python internals")  # the module that exists
+    assert text.startswith(f"{kafka_python_internals.__name__} drives kafka-python internals")  # the module that exists
     monkeypatch.undo()
     check_kafka_python_internals()  # the installed kafka-python has everything

@@ -14,9 +14,10 @@ import pytest
 
 from airflow_exactly_once.core.errors import SinkError, TransactionLostError, error_from_dict, error_to_dict
 from airflow_exactly_once.core.states import BatchState
-from airflow_exactly_once.sinks.kafka import transactions as kafka_transactions
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, transaction_lost
-from airflow_exactly_once.sinks.postgres import transactions as postgres_transactions
+from airflow_exactly_once.sinks.kafka import transaction_errors as kafka_transaction_errors
+from airflow_exactly_once.sinks.kafka.transaction_errors import transaction_lost
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
+from airflow_exactly_once.sinks.postgres import errors as postgres_errors
 from tests.harness import FakeSource, MarkerWriter, Pipe, open_ledger, pipeline_config
 
 
@@ -43,7 +44,7 @@ def test_a_kafka_transaction_the_broker_refuses_is_the_core_error():
     assert "'orders-7-0' (producer_id=4001, epoch=2) can no longer be committed: ProducerFencedError" in str(lost)
 
 
-@pytest.mark.parametrize("module", [kafka_transactions, postgres_transactions])
+@pytest.mark.parametrize("module", [kafka_transaction_errors, postgres_errors])
 def test_the_transaction_modules_have_no_lost_error_of_their_own(module):
     own = [name for name, value in vars(module).items()
            if isinstance(value, type) and issubclass(value, Exception) and "Lost" in name

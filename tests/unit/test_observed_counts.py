@@ -1,4 +1,4 @@
-"""How the write reads its Observations' counts (spark.write_job._observed_records): through the Java map's own get on
+"""How the write reads its Observations' counts (spark.observed_counts.observed_records): through the Java map's own get on
 classic PySpark (its Observation.get iterates the map into an exception at every read), as a dict on Spark
 Connect, and None when Spark reported no count."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_exactly_once.spark.write_job import _observed_records
+from airflow_exactly_once.spark.observed_counts import observed_records
 
 
 class JavaMap:
@@ -35,4 +35,4 @@ def classic(values: dict) -> SimpleNamespace:
     (SimpleNamespace(get={}), None),
 ])
 def test_the_count_of_an_observation(observation, expected):
-    assert _observed_records(observation) == expected
+    assert observed_records(observation) == expected

@@ -115,9 +115,12 @@ def test_without_the_spark_provider_the_package_imports_and_spark_conn_id_names_
 
 
 def test_without_psycopg2_postgres_sink_and_ledger_name_the_extra(monkeypatch):
-    _hide(monkeypatch, "psycopg2", "airflow_exactly_once.sinks.postgres.transactions")
-    with pytest.raises(MissingExtraError, match=r"\[postgres\] extra"):
-        importlib.import_module("airflow_exactly_once.sinks.postgres.transactions")
+    modules = [f"airflow_exactly_once.sinks.postgres.{name}" for name in
+               ("errors", "server", "markers", "diagnosis", "commit", "prepare")]
+    _hide(monkeypatch, "psycopg2", *modules)
+    for module in modules:
+        with pytest.raises(MissingExtraError, match=r"\[postgres\] extra"):
+            importlib.import_module(module)
     with pytest.raises(MissingExtraError, match=r"pip install 'airflow-exactly-once\[postgres\]'"):
         Ledger("postgresql+psycopg2://u@127.0.0.1:1/db")
 

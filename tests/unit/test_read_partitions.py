@@ -1,5 +1,5 @@
 """Which batches the write reads split into more Spark partitions than Kafka's, or joined into fewer
-(spark.write_job.read_layout)."""
+(spark.batch_read.read_layout)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from airflow_exactly_once.core.model import Batch, OffsetRange
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_writer
 from airflow_exactly_once.sinks.dead_letters import PairedWriter
-from airflow_exactly_once.spark.write_job import SPLIT_PART_RECORDS, ReadLayout, read_layout
+from airflow_exactly_once.spark.batch_read import SPLIT_PART_RECORDS, ReadLayout, read_layout
 
 SPARK = SimpleNamespace(sparkContext=SimpleNamespace(defaultParallelism=3))  # a classic session's parallelism
 

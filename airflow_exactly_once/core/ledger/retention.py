@@ -30,6 +30,7 @@ from airflow_exactly_once.core.ledger.schema import (
     position_resets,
     prune_floors,
 )
+from airflow_exactly_once.core.model import REPLACES
 from airflow_exactly_once.core.states import BatchState
 
 IN_FLIGHT = (BatchState.PLANNED.value, BatchState.PREPARED.value)
@@ -143,7 +144,7 @@ class RetentionLedger(LedgerBase):
             lowest(batches.c.state == BatchState.ABORTED.value, details.contains(f'"{RELEASE_PENDING}":true')),
         ) if seq is not None]
         for (details,) in conn.execute(sa.select(batches.c.details).where(key, batches.c.state.in_(IN_FLIGHT))):
-            replaces = json.loads(details or "{}").get("replaces")
+            replaces = json.loads(details or "{}").get(REPLACES)
             if replaces is not None:  # an interval re-run commits by withdrawing that batch's output
                 bounds.append(int(replaces))
         if keep.batches is not None:

@@ -18,9 +18,10 @@ from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import hanging, probe
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
+from airflow_exactly_once.sinks.kafka.end_txn import end_transactions
 from airflow_exactly_once.sinks.kafka.live_cluster import LiveCluster
 from airflow_exactly_once.sinks.kafka.output import KafkaOutput
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle, end_transactions
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
 
 log = logging.getLogger(__name__)
 

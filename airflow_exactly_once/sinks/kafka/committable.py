@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_exactly_once.core.errors import SinkError
 from airflow_exactly_once.core.sink import Committable, Handles
-from airflow_exactly_once.sinks.kafka.transactions import TransactionHandle
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
 
 FirstOffset = tuple[str, int, int]  # output topic, partition, offset
 

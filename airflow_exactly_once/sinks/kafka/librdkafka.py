@@ -3,7 +3,7 @@
 kafka-python's send path is pure Python; librdkafka sends an order of magnitude more records a
 second per process (docs/benchmarks.md). So the writers produce with confluent-kafka, and the
 transaction they leave open is committed later, from another process, by the kafka-python
-adapter (transactions.py), which ends it with EndTxn from its producer id and epoch.
+adapter (end_txn.py), which ends it with EndTxn from its producer id and epoch.
 
 librdkafka does not hand out its producer id and epoch, and confluent-kafka's `close()`
 aborts an open transaction. So after flushing, the writer asks the coordinator for the
@@ -22,11 +22,8 @@ from typing import Any, Callable
 import confluent_kafka
 from kafka import KafkaAdminClient
 
-from airflow_exactly_once.sinks.kafka.transactions import (
-    KafkaTransactionError,
-    TransactionCoordinatorUnavailable,
-    TransactionHandle,
-)
+from airflow_exactly_once.sinks.kafka.transaction_errors import KafkaTransactionError, TransactionCoordinatorUnavailable
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
 
 CONFLUENT_KAFKA_VERSION_READ = "2.16.1"
 # Java's partitioner for keyed records (murmur2): the same key lands where Java producers put it.

@@ -14,12 +14,13 @@ from kafka import KafkaProducer
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, SinkError
-from airflow_exactly_once.kafka.access import diagnose, explain_failure, is_connection_failure
-from airflow_exactly_once.kafka.settings import KafkaSettings, canonical_name
+from airflow_exactly_once.kafka.access import diagnose, explain_failure, explain_refusal, is_connection_failure
+from airflow_exactly_once.kafka.setting_names import canonical_name
+from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import librdkafka
+from airflow_exactly_once.sinks.kafka.end_txn import END_TIMEOUT_MS
 from airflow_exactly_once.sinks.kafka.spec import DEFAULT_TRANSACTION_TIMEOUT_MS
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, naming_of
-from airflow_exactly_once.sinks.kafka.transactions import END_TIMEOUT_MS
 from airflow_exactly_once.sinks.kafka.wire_format import part_writers
 
 
@@ -90,8 +91,8 @@ class KafkaOutput:
 
     def explained(self, settings: KafkaSettings, exc: BaseException) -> ConfigurationError | None:
         """The settings or ACL problem behind a writer's failure, if that is what it was."""
-        explained = settings.explain(exc, topics=(self.topic,), topic_operations="WRITE and DESCRIBE",
-                                     transactional_id_prefix=self.id_prefix)
+        explained = explain_refusal(settings, exc, topics=(self.topic,), topic_operations="WRITE and DESCRIBE",
+                                    transactional_id_prefix=self.id_prefix)
         if explained is None and is_connection_failure(exc):
             explained = diagnose(settings).error
         return explained

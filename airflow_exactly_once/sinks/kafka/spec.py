@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from airflow_exactly_once.core.declaration import SinkSpec, argument
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.kafka.settings import secret_keys
+from airflow_exactly_once.kafka.setting_names import secret_keys
 from airflow_exactly_once.records.bad_records import DEAD_LETTER_SUFFIX
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 600_000

@@ -27,7 +27,8 @@ from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks.kafka import librdkafka, probe, producer_pool
 from airflow_exactly_once.sinks.kafka.committable import PartitionReport
 from airflow_exactly_once.sinks.kafka.transactional_ids import IdNaming, per_batch_id
-from airflow_exactly_once.sinks.kafka.transactions import KafkaTransactionError, TransactionHandle
+from airflow_exactly_once.sinks.kafka.transaction_errors import KafkaTransactionError
+from airflow_exactly_once.sinks.kafka.transaction_handle import TransactionHandle
 
 Columns = tuple[list[Any], list[Any], list[Any] | None]  # keys (or Nones), values, headers (or None) of some records
 

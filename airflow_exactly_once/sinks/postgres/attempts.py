@@ -13,7 +13,9 @@ import re
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.model import Batch
-from airflow_exactly_once.sinks.postgres import transactions as pgx
+from airflow_exactly_once.sinks.postgres.commit import rollback_prepared_matching
+from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError
+from airflow_exactly_once.sinks.postgres.gids import gid_prefix
 from airflow_exactly_once.sinks.postgres.table import PostgresTable
 
 log = logging.getLogger(__name__)
@@ -23,7 +25,7 @@ _GID_TAIL = re.compile(r"^b(\d+)\.p(\d+)\.a(\d+)$")
 
 def parse_gid(pipeline_id: str, gid: str) -> tuple[int, int, int] | None:
     """(batch_seq, partition, attempt) of one of this pipeline's gids, else None."""
-    prefix = pgx.gid_prefix(pipeline_id)
+    prefix = gid_prefix(pipeline_id)
     match = _GID_TAIL.match(gid[len(prefix):]) if gid.startswith(prefix) else None
     return None if match is None else tuple(int(g) for g in match.groups())  # type: ignore[return-value]
 
@@ -59,7 +61,7 @@ class PreparedAttempts:
             return (older_are_done and seq < batch.seq) or (seq == batch.seq and gid not in keep
                                                              and epoch != keep_epoch)
 
-        rolled_back = pgx.rollback_prepared_matching(self.table.dsn, pgx.gid_prefix(self.owner(batch)), dead)
+        rolled_back = rollback_prepared_matching(self.table.dsn, gid_prefix(self.owner(batch)), dead)
         if rolled_back:
             log.info("rolled back %d prepared transaction(s) of dead attempts: %s", len(rolled_back), rolled_back)
         return rolled_back
@@ -71,8 +73,7 @@ class PreparedAttempts:
             return parsed is not None and parsed[2] == epoch
 
         try:
-            pgx.rollback_prepared_matching(self.table.dsn, pgx.gid_prefix(self.owner(batch), batch.seq),
-                                           of_this_attempt)
-        except pgx.PostgresTransactionError as exc:
+            rollback_prepared_matching(self.table.dsn, gid_prefix(self.owner(batch), batch.seq), of_this_attempt)
+        except PostgresTransactionError as exc:
             log.warning("could not roll back this attempt's prepared transactions (%s); the next write, commit "
                         "or abort of the pipeline does", exc)

@@ -13,9 +13,13 @@ from airflow_exactly_once.core.errors import ConfigurationError, SinkError, Tran
 from airflow_exactly_once.core.lineage_names import DatasetName, postgres_dataset
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink_committer import SinkCommitter
-from airflow_exactly_once.sinks.postgres import transactions as pgx
 from airflow_exactly_once.sinks.postgres.attempts import PreparedAttempts
+from airflow_exactly_once.sinks.postgres.commit import commit_prepared, list_prepared, rollback_prepared
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
+from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError, TwoPhaseNotSupported
+from airflow_exactly_once.sinks.postgres.gids import gid_prefix
+from airflow_exactly_once.sinks.postgres.markers import ensure_marker_table, list_markers
+from airflow_exactly_once.sinks.postgres.server import check_two_phase_supported
 from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 from airflow_exactly_once.sinks.postgres.table import PostgresTable
 
@@ -39,20 +43,20 @@ class PostgresSinkCommitter(SinkCommitter[PostgresCommittable]):
         """Two-phase commit enabled, the table there, an upsert key unique; marker table created."""
         table = self.table
         try:
-            pgx.check_two_phase_supported(table.dsn)
+            check_two_phase_supported(table.dsn)
             table.create_if_missing()
             table.columns()
             table.upsert_key()
-            pgx.ensure_marker_table(table.dsn, table.marker_schema)
-        except pgx.TwoPhaseNotSupported as exc:
+            ensure_marker_table(table.dsn, table.marker_schema)
+        except TwoPhaseNotSupported as exc:
             raise ConfigurationError(str(exc)) from exc
-        except pgx.PostgresTransactionError as exc:
+        except PostgresTransactionError as exc:
             raise SinkError(f"postgres sink check failed: {exc}", retriable=exc.retriable) from exc
 
     def verify_staged(self, batch: Batch, committable: PostgresCommittable) -> None:
         try:
             self._prepared_gids(batch, list(committable.gids))
-        except pgx.PostgresTransactionError as exc:
+        except PostgresTransactionError as exc:
             raise SinkError(f"postgres sink check of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
 
     def commit(self, batch: Batch, committable: PostgresCommittable) -> str:
@@ -60,12 +64,12 @@ class PostgresSinkCommitter(SinkCommitter[PostgresCommittable]):
         gids, dsn, marker_schema = list(committable.gids), self.table.dsn, self.table.marker_schema
         try:
             prepared = self._prepared_gids(batch, gids)
-            outcomes = [pgx.commit_prepared(dsn, g, marker_schema=marker_schema) for g in gids if g in prepared]
+            outcomes = [commit_prepared(dsn, g, marker_schema=marker_schema) for g in gids if g in prepared]
             orphans = self.attempts.rollback_dead(batch, keep=gids)
         except TransactionLostError as exc:  # found lost, or rolled back between our look and our commit
             self._prepared_gids(batch, gids)  # one committed already: "half committed", never replayed as lost
             raise exc.restated(str(exc), batch=batch.seq) from exc
-        except pgx.PostgresTransactionError as exc:
+        except PostgresTransactionError as exc:
             raise SinkError(f"postgres sink commit of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
         now = outcomes.count("committed")
         return (f"committed {len(gids)} prepared transaction(s) into {self.table.table} ({now} now, "
@@ -75,19 +79,19 @@ class PostgresSinkCommitter(SinkCommitter[PostgresCommittable]):
         """Roll back `committable` (a fenced attempt's), or every attempt of the batch when None."""
         try:
             if committable is not None:
-                results = [pgx.rollback_prepared(self.table.dsn, g, marker_schema=self.table.marker_schema)
+                results = [rollback_prepared(self.table.dsn, g, marker_schema=self.table.marker_schema)
                            for g in committable.gids]
                 return f"rolled back {results.count('rolled-back')} prepared transaction(s) of this attempt"
             orphans = self.attempts.rollback_dead(batch, keep=())
-        except pgx.PostgresTransactionError as exc:
+        except PostgresTransactionError as exc:
             raise SinkError(f"postgres sink abort of batch {batch.seq}: {exc}", retriable=exc.retriable) from exc
         return f"rolled back {len(orphans)} prepared transaction(s) of batch {batch.seq}"
 
     def _prepared_gids(self, batch: Batch, gids: list[str]) -> set[str]:
         """Which of `gids` are still prepared; raises when one is neither prepared nor committed."""
         owner, dsn = self.attempts.owner(batch), self.table.dsn
-        prepared = set(pgx.list_prepared(dsn, pgx.gid_prefix(owner, batch.seq)))
-        committed = {m["gid"] for m in pgx.list_markers(dsn, owner, batch.seq, marker_schema=self.table.marker_schema)}
+        prepared = set(list_prepared(dsn, gid_prefix(owner, batch.seq)))
+        committed = {m["gid"] for m in list_markers(dsn, owner, batch.seq, marker_schema=self.table.marker_schema)}
         lost = [g for g in gids if g not in prepared and g not in committed]
         if lost:
             self._on_lost(batch, gids, lost, committed)

@@ -13,9 +13,10 @@ from airflow_exactly_once.core.errors import SinkError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
-from airflow_exactly_once.sinks.postgres import transactions as pgx
 from airflow_exactly_once.sinks.postgres.attempts import PreparedAttempts
 from airflow_exactly_once.sinks.postgres.committable import PostgresCommittable
+from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError
+from airflow_exactly_once.sinks.postgres.markers import ensure_marker_table
 from airflow_exactly_once.sinks.postgres.spec import PostgresSpec
 from airflow_exactly_once.sinks.postgres.table import PostgresTable, with_lock_timeout
 from airflow_exactly_once.sinks.postgres.writer import PostgresPartitionWriter
@@ -34,12 +35,12 @@ class PostgresSinkWriter(SinkWriter):
         epoch = batch.epoch  # the write attempt: its gids carry it
         try:
             attempts.rollback_dead(batch, keep_epoch=epoch)
-            pgx.ensure_marker_table(table.dsn, table.marker_schema)
+            ensure_marker_table(table.dsn, table.marker_schema)
             table.create_if_missing()
             columns = table.writable_columns(list(frame.columns))
             keys = table.upsert_key()
             slots = table.free_slots()
-        except pgx.PostgresTransactionError as exc:
+        except PostgresTransactionError as exc:
             raise SinkError(f"postgres sink: {exc}", retriable=exc.retriable) from exc
         if table.mode == "upsert":
             # Rows of one key must meet in one transaction: across two prepared transactions the

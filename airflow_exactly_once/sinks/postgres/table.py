@@ -17,7 +17,8 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.sink import column_names
-from airflow_exactly_once.sinks.postgres import transactions as pgx
+from airflow_exactly_once.sinks.postgres import server
+from airflow_exactly_once.sinks.postgres.errors import two_phase_error
 
 _URL_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg2", "postgresql+psycopg")
 
@@ -77,10 +78,10 @@ class PostgresTable:
     def create_if_missing(self) -> None:
         """A dead-letter table is the pipeline's to create; an output table never is."""
         if self.create_columns:
-            pgx.create_table_if_missing(self.dsn, self.table, self.create_columns)
+            server.create_table_if_missing(self.dsn, self.table, self.create_columns)
 
     def query(self, statement: str, params: tuple = ()) -> list[tuple]:
-        return pgx.query(self.dsn, statement, params)
+        return server.query(self.dsn, statement, params)
 
     def columns(self) -> list[str]:
         rows = self.query(
@@ -90,7 +91,7 @@ class PostgresTable:
             exists = self.query("SELECT to_regclass(%s) IS NOT NULL", (self.regclass(),))[0][0]
             if not exists:
                 raise ConfigurationError(
-                    f"table {self.table} does not exist in {pgx.describe_dsn(self.dsn)}; create it first (the sink "
+                    f"table {self.table} does not exist in {server.describe_dsn(self.dsn)}; create it first (the sink "
                     "never creates tables: their column types and keys are yours to choose), or correct 'table'")
         return [r[0] for r in rows]
 
@@ -135,9 +136,9 @@ class PostgresTable:
         limit, used = self.query("SELECT current_setting('max_prepared_transactions')::int, "
                                  "(SELECT count(*) FROM pg_prepared_xacts)")[0]
         if limit <= 0:
-            raise ConfigurationError(str(pgx.two_phase_error(pgx.describe_dsn(self.dsn), limit)))
+            raise ConfigurationError(str(two_phase_error(server.describe_dsn(self.dsn), limit)))
         if limit - used < 1:
-            raise SinkError(f"all {limit} prepared-transaction slots of {pgx.describe_dsn(self.dsn)} are in use; "
+            raise SinkError(f"all {limit} prepared-transaction slots of {server.describe_dsn(self.dsn)} are in use; "
                             "commit or roll back the ones left behind (SELECT * FROM pg_prepared_xacts) or raise "
                             "max_prepared_transactions", retriable=True)
         return limit - used

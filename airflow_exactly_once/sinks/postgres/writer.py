@@ -12,7 +12,9 @@ from typing import Any, Iterator
 from airflow_exactly_once.core.claim import ClaimCheck
 from airflow_exactly_once.core.sink import PartitionWriter
 from airflow_exactly_once.sinks.postgres.committable import PreparedPartition
-from airflow_exactly_once.sinks.postgres.transactions import PostgresTransactionError, make_gid, prepare_rows
+from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError
+from airflow_exactly_once.sinks.postgres.gids import make_gid
+from airflow_exactly_once.sinks.postgres.prepare import prepare_rows
 
 
 def _copyable(arrow_type) -> bool:

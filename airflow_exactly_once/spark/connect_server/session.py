@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError, raise_explained
 from airflow_exactly_once.spark.packages import kafka_package
-from airflow_exactly_once.spark.write_job import lacks_kafka_connector
+from airflow_exactly_once.spark.write_failures import lacks_kafka_connector
 
 log = logging.getLogger(__name__)
 

@@ -49,9 +49,10 @@ from airflow_exactly_once.spark.connect_server.session import (
 )
 from airflow_exactly_once.spark.connect_server.stop import stop_session_operations
 from airflow_exactly_once.spark.fence_watch import FenceWatch
-from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher, WriteReport
+from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher
 from airflow_exactly_once.spark.shipping import build_bundle
 from airflow_exactly_once.spark.write_job import run_write
+from airflow_exactly_once.spark.write_report import WriteReport
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,10 @@ from typing import Any, Callable
 from airflow_exactly_once.core.model import BatchId
 from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.spark.in_process_session import build_spark_session, stop_spark
-from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher, WriteReport
+from airflow_exactly_once.spark.launch.launcher import Stopwatch, WriteLauncher
 from airflow_exactly_once.spark.packages import pipeline_packages
 from airflow_exactly_once.spark.write_job import run_write
+from airflow_exactly_once.spark.write_report import WriteReport
 
 
 class InTaskWrite(WriteLauncher):

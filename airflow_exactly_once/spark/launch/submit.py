@@ -19,8 +19,9 @@ from airflow_exactly_once.core.protocol import BatchCoordinator
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.core.task_log import TaskLog
 from airflow_exactly_once.core.write_report import clear_failure, recorded_failure
-from airflow_exactly_once.spark.launch.launcher import WriteLauncher, WriteReport, skipped
+from airflow_exactly_once.spark.launch.launcher import WriteLauncher
 from airflow_exactly_once.spark.packages import pipeline_packages
+from airflow_exactly_once.spark.write_report import WriteReport, skipped
 
 
 class SparkSubmitWrite(WriteLauncher):
