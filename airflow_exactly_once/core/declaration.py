@@ -160,6 +160,9 @@ class SinkSpec:
     # sink's "s3" for an object-storage path). `variant` says which one a spec picks; the sink contract suite runs
     # each of them.
     variant_classes: ClassVar[dict[str, tuple[str, str]]] = {}
+    # The sink's own commands of the `airflow-exactly-once` CLI, as "module:function": the function adds them to the
+    # CLI's subcommands (sinks.commands.CommandTools says what the CLI hands it); "": none. Imported by the CLI only.
+    commands: ClassVar[str] = ""
 
     guarantee: str | None = argument(None, "The delivery guarantee; only the Kafka sink has more than "
                                            "EXACTLY_ONCE (see its page)", shown_default="`EXACTLY_ONCE`")

@@ -16,7 +16,7 @@ The package's own sinks are `SPECS`; other distributions add theirs through the 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.declaration import SinkSpec, is_template
@@ -70,6 +70,16 @@ def _imported(declaration: type[SinkSpec], side: str, spec: dict[str, Any]) -> t
         raise ConfigurationError(f"the {declaration.type_name} sink's declaration ({declaration.__name__}) names no "
                                  f"{side} as 'module:Class'; set it to its sink's class")
     return getattr(importlib.import_module(module), name)
+
+
+def sink_commands() -> list[Callable[..., None]]:
+    """The functions that add each built-in sink's own CLI commands (a declaration's `commands`), imported now."""
+    found = []
+    for declaration in SPECS.values():
+        module, _, name = declaration.commands.partition(":")
+        if module:
+            found.append(getattr(importlib.import_module(module), name))
+    return found
 
 
 def create_writer(spec: dict[str, Any]) -> SinkWriter:

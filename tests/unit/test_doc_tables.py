@@ -69,9 +69,9 @@ def test_backlog_trigger_arguments():
 
 
 def test_cli_commands_and_their_options():
-    from airflow_exactly_once.cli.main import _parser
+    from airflow_exactly_once.cli.main import parser as cli_parser
 
-    parser = _parser()
+    parser = cli_parser()
     # The options every command takes (--ledger-url, --ledger-conn-id, --json) are told above the table.
     common = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
     declared = {command: options - common for command, options in cli_commands(parser).items()}
@@ -96,7 +96,7 @@ def test_the_cli_help_and_the_docs_list_every_command():
     from airflow_exactly_once.cli import main
     from airflow_exactly_once.cli.definition import get_cli_commands
 
-    commands = cli_commands(main._parser())
+    commands = cli_commands(main.parser())
     top = {command.split()[0] for command in commands}
     (airflow_command,) = get_cli_commands()
     assert_same(listed_commands(airflow_command.description, "console script:"), top,

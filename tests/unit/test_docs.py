@@ -98,9 +98,9 @@ def missing_tests(text: str, source: Path) -> list[str]:
 
 def missing_cli_commands(text: str) -> list[str]:
     """Ledger CLI command lines in `text` whose command or --options the CLI does not have."""
-    from airflow_exactly_once.cli.main import _parser
+    from airflow_exactly_once.cli.main import parser as cli_parser
 
-    parser = _parser()
+    parser = cli_parser()
     commands = docs.cli_commands(parser)
     common = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
     valued = {o for a in parser._actions if a.nargs != 0 for o in a.option_strings}  # --ledger-url URL

@@ -210,7 +210,7 @@ def test_the_cli_takes_stored_secrets_from_the_pipelines_kafka_connection(monkey
     pipeline's tasks used (recorded with it), as the ledger page does, instead of asking for --kafka-conn-id."""
     import argparse
 
-    from airflow_exactly_once.cli.main import _kafka_settings
+    from airflow_exactly_once.cli.connections import kafka_settings as _kafka_settings
     from airflow_exactly_once.core.config import PipelineConfig
     from airflow_exactly_once.core.errors import ConfigurationError
 

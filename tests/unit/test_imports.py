@@ -189,3 +189,12 @@ def test_the_read_models_import_only_the_protocol_core():
     outside = {name: sorted(t for t in targets if unit_of(t) not in ("core", "observe"))
                for name, targets in internal_graph().items() if unit_of(name) == "observe"}
     assert {k: v for k, v in outside.items() if v} == {}
+
+
+def test_the_cli_knows_no_sink():
+    """Each sink adds its own commands (its declaration's `commands`, sinks.commands.CommandTools): the CLI imports
+    the sink registry and that contract, never a sink's package."""
+    inside = {name: sorted(t for t in targets if t.startswith("airflow_exactly_once.sinks.")
+                           and t != "airflow_exactly_once.sinks.commands")
+              for name, targets in internal_graph().items() if unit_of(name) == "cli"}
+    assert {k: v for k, v in inside.items() if v} == {}

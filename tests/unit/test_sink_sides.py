@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import inspect
@@ -9,6 +10,7 @@ import inspect
 import pytest
 
 from airflow_exactly_once.core.declaration import SinkSpec
+from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.sink_committer import SinkCommitter
 from airflow_exactly_once.core.sink_writer import SinkWriter
@@ -85,3 +87,29 @@ def test_a_declaration_without_its_classes_is_refused_naming_what_to_set(monkeyp
     with pytest.raises(ConfigurationError, match="HalfSpec.*names no writer_class as 'module:Class'"):
         create_writer({"type": "half", "path": "/tmp/half"})
     assert create_committer({"type": "half", "path": "/tmp/half"}).layout.root.name == "half"  # the side it names
+
+
+def test_a_sinks_cli_commands_come_from_its_declaration(monkeypatch, capsys, tmp_path):
+    """The CLI adds what each declaration's `commands` names (the Kafka sink's `transactions`); a sink without
+    commands adds none, and one whose declaration names a function gets its commands on the CLI."""
+    from airflow_exactly_once.cli.main import main, parser
+    from airflow_exactly_once.sinks.kafka.spec import KafkaSpec
+
+    def listed() -> set[str]:
+        action = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+        return set(action.choices)
+
+    assert "transactions" in listed() and KafkaSpec.commands.endswith(":add_commands")
+    monkeypatch.setattr(KafkaSpec, "commands", "")
+    assert "transactions" not in listed()
+
+    def add_hello(commands, tools):
+        tools.command(commands, "hello", lambda ledger, args: print(f"hello {args.pipeline}") or 0, "say hello")
+
+    monkeypatch.setattr(ParquetSpec, "commands", f"{__name__}:{add_hello.__name__}")
+    monkeypatch.setitem(globals(), "add_hello", add_hello)
+    assert "hello" in listed()
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    Ledger(url).create_schema()
+    assert main(["hello", "orders", "--ledger-url", url]) == 0
+    assert capsys.readouterr().out == "hello orders\n"

@@ -18,6 +18,7 @@ class KafkaSpec(SinkSpec):
     type_name = "kafka"
     writer_class = "airflow_exactly_once.sinks.kafka.sink_writer:KafkaSinkWriter"
     committer_class = "airflow_exactly_once.sinks.kafka.sink_committer:KafkaSinkCommitter"
+    commands = "airflow_exactly_once.sinks.kafka.commands:add_commands"
     guarantees = ("NONE", "AT_LEAST_ONCE", "EXACTLY_ONCE")
 
     topic: str = argument(doc="Output topic (must exist)")
