@@ -102,7 +102,8 @@ def _hide(monkeypatch, distribution_module: str, *reimport: str) -> None:
 
 def test_without_the_spark_provider_the_package_imports_and_spark_conn_id_names_the_extra(monkeypatch):
     _hide(monkeypatch, "airflow.providers.apache.spark", "airflow_exactly_once.hooks.spark_submit",
-          "airflow_exactly_once.operators.write_launch", "airflow_exactly_once.operators.batch",
+          "airflow_exactly_once.operators.write_launch", "airflow_exactly_once.operators.base",
+          "airflow_exactly_once.operators.batch",
           "airflow_exactly_once.task_group")
     importlib.import_module("airflow_exactly_once.task_group")
     from airflow_exactly_once.operators.write_launch import _submit_hook_class
@@ -116,7 +117,7 @@ def test_without_the_spark_provider_the_package_imports_and_spark_conn_id_names_
 
 def test_without_psycopg2_postgres_sink_and_ledger_name_the_extra(monkeypatch):
     modules = [f"airflow_exactly_once.sinks.postgres.{name}" for name in
-               ("errors", "server", "markers", "diagnosis", "commit", "prepare")]
+               ("driver", "errors", "server", "markers", "diagnosis", "commit", "prepare")]
     _hide(monkeypatch, "psycopg2", *modules)
     for module in modules:
         with pytest.raises(MissingExtraError, match=r"\[postgres\] extra"):

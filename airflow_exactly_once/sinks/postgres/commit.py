@@ -14,20 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from airflow_exactly_once.core.errors import MissingExtraError, TransactionLostError
+from airflow_exactly_once.core.errors import TransactionLostError
 from airflow_exactly_once.sinks.postgres.diagnosis import finish_error
+from airflow_exactly_once.sinks.postgres.driver import psycopg2
 from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError, is_retriable, server_message
 from airflow_exactly_once.sinks.postgres.gids import check_gid
 from airflow_exactly_once.sinks.postgres.markers import MARKER_TABLE, marker_exists
 from airflow_exactly_once.sinks.postgres.server import close_quietly, connect, describe_dsn, with_cursor
 
-try:
-    import psycopg2
-    import psycopg2.errors
-except ModuleNotFoundError as exc:
-    if exc.name != "psycopg2":
-        raise
-    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "commit_prepared",

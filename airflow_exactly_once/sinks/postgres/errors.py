@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import re
 
-from airflow_exactly_once.core.errors import MissingExtraError, SinkError
+from airflow_exactly_once.core.errors import SinkError
+from airflow_exactly_once.sinks.postgres.driver import psycopg2
 
-try:
-    import psycopg2
-except ModuleNotFoundError as exc:
-    if exc.name != "psycopg2":
-        raise
-    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "PostgresTransactionError",

@@ -10,15 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_exactly_once.core.errors import MissingExtraError
+from airflow_exactly_once.sinks.postgres.driver import sql
 from airflow_exactly_once.sinks.postgres.server import create_if_missing, with_cursor
 
-try:
-    from psycopg2 import sql
-except ModuleNotFoundError as exc:
-    if exc.name != "psycopg2":
-        raise
-    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "MARKER_TABLE",

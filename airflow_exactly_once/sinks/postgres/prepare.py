@@ -17,22 +17,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from airflow_exactly_once.core.errors import MissingExtraError
 from airflow_exactly_once.sinks.postgres.commit import rollback_prepared, rollback_prepared_if_present
 from airflow_exactly_once.sinks.postgres.diagnosis import prepare_failure
+from airflow_exactly_once.sinks.postgres.driver import psycopg2, sql
 from airflow_exactly_once.sinks.postgres.errors import PostgresTransactionError, PrepareFailed, two_phase_error
 from airflow_exactly_once.sinks.postgres.gids import check_gid
 from airflow_exactly_once.sinks.postgres.markers import marker_table
 from airflow_exactly_once.sinks.postgres.server import close_quietly, connect, describe_dsn, table_identifier
 
-try:
-    import psycopg2
-    import psycopg2.extras
-    from psycopg2 import sql
-except ModuleNotFoundError as exc:
-    if exc.name != "psycopg2":
-        raise
-    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "prepare_rows",

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_exactly_once.core.errors import MissingExtraError
+from airflow_exactly_once.sinks.postgres.driver import psycopg2, sql
 from airflow_exactly_once.sinks.postgres.errors import (
     PostgresTransactionError,
     is_retriable,
@@ -20,15 +20,6 @@ from airflow_exactly_once.sinks.postgres.errors import (
     two_phase_error,
 )
 
-try:
-    import psycopg2
-    import psycopg2.errors
-    import psycopg2.extensions
-    from psycopg2 import sql
-except ModuleNotFoundError as exc:
-    if exc.name != "psycopg2":
-        raise
-    raise MissingExtraError("the PostgreSQL sink", "postgres", exc.name) from exc
 
 __all__ = [
     "check_two_phase_supported",
