@@ -17,7 +17,7 @@ import pytest
 from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.sinks import create_committer
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.iceberg.table_committer import TableCommitter
 from airflow_exactly_once.sinks.iceberg.outcomes import CommitOutcomeUnknown
 from tests.conftest import REST_CREDENTIAL, REST_TOKEN, REST_WAREHOUSE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config

@@ -18,7 +18,7 @@ from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
 from airflow_exactly_once.sinks import create_committer
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.iceberg.table_committer import TableCommitter
 from airflow_exactly_once.spark.write_job import run_write
 from tests.conftest import PG_DATABASE
 from tests.harness import FakeSource, Pipe, open_ledger, pipeline_config

@@ -25,7 +25,7 @@ from airflow_exactly_once.core.faults import ENV as FAULTS_ENV
 from airflow_exactly_once.core.states import BatchState
 from airflow_exactly_once.kafka.offsets import KafkaOffsetSource
 from airflow_exactly_once.kafka.settings import KafkaSettings
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter
+from airflow_exactly_once.sinks.iceberg.table_committer import TableCommitter
 from airflow_exactly_once.sinks.kafka import probe
 from airflow_exactly_once.spark.connect_server.session import TAG_DETAIL, close_session, open_session, session_url
 from airflow_exactly_once.spark.connect_server.stop import stop_batch_attempts

@@ -16,7 +16,8 @@ from airflow_exactly_once.sinks import create_committer, create_writer, spec_typ
 from airflow_exactly_once.sinks.delta import commits, runtime
 from airflow_exactly_once.sinks.delta.commits import TableFeatures
 from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
-from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder, delta_storage_options, honours_conditional_put
+from airflow_exactly_once.sinks.delta.conditional_put import honours_conditional_put
+from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder, delta_storage_options
 from airflow_exactly_once.sinks.delta.partition_writer import value_runs
 from airflow_exactly_once.sinks.delta.s3_sink_writer import S3DeltaSinkWriter
 from airflow_exactly_once.sinks.delta.sink_committer import DeltaSinkCommitter

@@ -1,31 +1,18 @@
-"""A Delta table on object storage (s3://bucket/prefix/table): its folder through an S3 client, delta-rs's storage
-options from the same `aws` connection, and whether the store makes delta-rs's commits safe.
+"""A Delta table on object storage (s3://bucket/prefix/table): its folder through an S3 client, and delta-rs's
+storage options from the same `aws` connection.
 
-delta-rs (1.x) commits version n by writing `_delta_log/<n>.json` with a conditional PUT (`If-None-Match: *`):
-of two writers racing for version n, the store refuses the second, which then reads the table again. That is
-safe exactly on a store that honours the header (AWS S3 since 2024, MinIO, Cloudflare R2); a store that ignores
-it lets the second writer overwrite the first one's commit, silently. delta-rs 1.x has no other mechanism (its
-DynamoDB lock, `AWS_S3_LOCKING_PROVIDER`, is gone; `AWS_S3_ALLOW_UNSAFE_RENAME` only waives the safety). So the
-sink asks the store once, at plan time (`check_commits`): a store that does not honour a conditional PUT is
-refused unless the spec says `single_writer: True`, the user's knowing declaration that only one commit at a
-time ever reaches the table.
+Whether the store makes delta-rs's commits safe (it honours a conditional PUT) is asked once, at plan time, by
+sinks.delta.conditional_put; `single_writer` is the spec's declaration that waives that check.
 """
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.storage.object_location import ObjectLocation
-from airflow_exactly_once.sinks.delta.commits import STAGING
 from airflow_exactly_once.sinks.storage_bucket import SinkBucket
 from airflow_exactly_once.storage import multipart
 from airflow_exactly_once.storage.s3_client import S3Access, error_code
-
-# What a store answers to a conditional PUT whose condition fails: it honours the header.
-REFUSED_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409"})
-PROBE_FOLDER = f"{STAGING}/_conditional_put_probe"
 
 
 def delta_storage_options(access: S3Access, single_writer: bool) -> dict[str, str]:
@@ -46,12 +33,6 @@ def delta_storage_options(access: S3Access, single_writer: bool) -> dict[str, st
     if single_writer:
         options["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
     return options
-
-
-def honours_conditional_put(answer_code: str | None) -> bool:
-    """Whether a store honours `If-None-Match: *`, from its answer to a conditional PUT over an existing object
-    (None: it accepted the PUT, overwriting the object)."""
-    return answer_code in REFUSED_CODES
 
 
 class ObjectFolder:
@@ -144,36 +125,3 @@ class ObjectFolder:
         key = self._key(path)  # one PUT: an object appears whole
         self.bucket.call(f"writing {self.where}/{path}", lambda c: c.put_object(
             Bucket=self.bucket.name, Key=key, Body=text.encode(), ContentType="application/json"))
-
-    # -- the commit's safety -------------------------------------------------------
-
-    def check_commits(self) -> None:
-        """ConfigurationError when the store does not honour a conditional PUT and the spec did not declare a single
-        writer: delta-rs's commits could then overwrite each other."""
-        if self.single_writer:
-            return
-        key = self._key(f"{PROBE_FOLDER}/{uuid.uuid4().hex}")
-        name = self.bucket.name
-
-        def probe(client: Any) -> str | None:
-            client.put_object(Bucket=name, Key=key, Body=b"1")
-            try:
-                client.put_object(Bucket=name, Key=key, Body=b"2", IfNoneMatch="*")
-                return None
-            except Exception as exc:
-                code = error_code(exc)
-                if code is None:
-                    raise
-                return code
-            finally:
-                client.delete_object(Bucket=name, Key=key)
-
-        answer = self.bucket.call(f"probing conditional writes in bucket {name!r}", probe)
-        if not honours_conditional_put(answer):
-            raise ConfigurationError(
-                f"the object store of {self.where} ({self.bucket.access.where}) does not honour conditional writes "
-                f"(a PUT with If-None-Match: * over an existing object was {'accepted' if answer is None else answer}"
-                "), which delta-rs's commits rely on: two commits racing for one table version would overwrite each "
-                "other. Use a store that honours them (AWS S3, MinIO, Cloudflare R2), or, if only one commit at a "
-                "time ever reaches this table (this pipeline without parallel interval batches, and no other writer), "
-                "declare it with 'single_writer': True")

@@ -27,11 +27,12 @@ from airflow_exactly_once.core.errors import ConfigurationError, TransactionLost
 from airflow_exactly_once.core.lineage_names import DatasetName
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.core.sink_committer import SinkCommitter
-from airflow_exactly_once.sinks.delta import commits
+from airflow_exactly_once.sinks.delta import batch_state, commits
 from airflow_exactly_once.sinks.delta.committable import StagedFiles
-from airflow_exactly_once.sinks.delta.committer import TableCommits
+from airflow_exactly_once.sinks.delta.conditional_put import check_conditional_put
 from airflow_exactly_once.sinks.delta.object_folder import ObjectFolder
 from airflow_exactly_once.sinks.delta.spec import DeltaSpec
+from airflow_exactly_once.sinks.delta.table_commits import TableCommits
 from airflow_exactly_once.sinks.delta.target import DeltaTarget, TableMissing
 
 
@@ -53,7 +54,7 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
         target = self.target
         if isinstance(target.folder, ObjectFolder):
             target.folder.make()  # the bucket exists and the credentials work: a named error otherwise
-            target.folder.check_commits()
+            check_conditional_put(target.folder)
         if target.exists():
             target.check_writable(target.load())
             return
@@ -73,11 +74,11 @@ class DeltaSinkCommitter(SinkCommitter[StagedFiles]):
 
     def verify_staged(self, batch: Batch, committable: StagedFiles) -> None:
         try:
-            if self.commits.published_attempt(self.target.load(), batch) is not None:
+            if batch_state.published_attempt(self.target.load(), batch) is not None:
                 return
         except TableMissing:
             pass
-        missing = self.commits.missing_files(committable)
+        missing = batch_state.missing_files(self.target.folder, committable)
         if missing:
             raise TransactionLostError(f"{len(missing)} staged file(s) of batch {batch.seq} are gone from "
                                        f"{self.target.root} (e.g. {missing[0]}) and were never published",

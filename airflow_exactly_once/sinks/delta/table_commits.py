@@ -1,4 +1,5 @@
-"""The committer of the Delta sink: publish, drop and withdraw batches with delta-rs, no Spark.
+"""The commits behind the Delta sink's committer (sinks.delta.sink_committer): publish, drop and withdraw batches
+with delta-rs, no Spark. What the table holds of a batch, which these decide from, is read by sinks.delta.batch_state.
 
 Every change is one Delta commit (one new table version). A publish carries the batch's
 application transaction (sinks.delta.commits.app_id): Delta's optimistic concurrency refuses a
@@ -15,14 +16,11 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any, Callable, TypeVar
-from urllib.parse import unquote
-
-import pyarrow as pa
 
 from airflow_exactly_once.core.errors import ExactlyOnceError, SinkError, TransactionLostError
 from airflow_exactly_once.core.model import Batch
 from airflow_exactly_once.sinks.optimistic_commit import commit_with_retries
-from airflow_exactly_once.sinks.delta import commits
+from airflow_exactly_once.sinks.delta import batch_state, commits
 from airflow_exactly_once.sinks.delta.committable import StagedFile, StagedFiles
 from airflow_exactly_once.sinks.delta.folder import LocalFolder
 from airflow_exactly_once.sinks.delta.stats import local_staged_file
@@ -39,23 +37,6 @@ class TableCommits:
 
     def __init__(self, target: DeltaTarget) -> None:
         self.target = target
-
-    # -- what the table holds ------------------------------------------------------
-
-    @staticmethod
-    def published_attempt(table: Any, batch: Batch) -> int | None:
-        """The epoch of the attempt whose files published `batch`, None when the table holds no commit of it."""
-        return table.transaction_version(commits.app_id(batch.pipeline_id, batch.seq))
-
-    def live_files(self, table: Any, batch: Batch) -> dict[str, dict[str, Any]]:
-        """The files of `batch` the table reads now, by their path relative to the table's folder (as staged)."""
-        prefix = commits.batch_prefix(batch.pipeline_id, batch.seq)
-        rows = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-        return {unquote(row["path"]): row for row in rows if unquote(row["path"]).startswith(prefix)}
-
-    def missing_files(self, staged: StagedFiles) -> list[str]:
-        present = set(self.target.folder.files(staged.folder)) if staged.files else set()
-        return [f for f in staged.files if f not in present]
 
     # -- the retry frame -----------------------------------------------------------
 
@@ -98,7 +79,7 @@ class TableCommits:
         key = commits.batch_key(batch.pipeline_id, batch.seq)
 
         def step(table: Any) -> str:
-            done = self.published_attempt(table, batch)
+            done = batch_state.published_attempt(table, batch)
             if done is not None:
                 if replaced is not None:  # replaced by that commit: its marker may not have been written yet
                     self._mark_withdrawn(table, replaced)
@@ -106,7 +87,7 @@ class TableCommits:
             withdrawn = self._removals(table, replaced, replaced_files) if replaced is not None else []
             if not staged.files and not withdrawn:
                 return f"batch {key} wrote no rows; nothing to publish"
-            missing = self.missing_files(staged)
+            missing = batch_state.missing_files(self.target.folder, staged)
             if missing:
                 raise TransactionLostError(
                     f"{len(missing)} staged file(s) of batch {key} are gone from {self.target.root} (e.g. "
@@ -142,7 +123,7 @@ class TableCommits:
     def _removals(self, table: Any, batch: Batch, files: tuple[str, ...]) -> list[Any]:
         """Remove actions of the files `batch` published that the table still reads (`files`: the batch's
         committable's, when known); SinkError when only some of them are live."""
-        live = self.live_files(table, batch)
+        live = batch_state.live_files(table, batch)
         chosen = commits.withdrawable(set(files) or set(live), set(live))
         if chosen is None:
             raise SinkError(f"batch {batch.seq}'s files in {self.target.root} were rewritten since it was published "
@@ -183,8 +164,8 @@ class TableCommits:
 
     def _mark_withdrawn(self, table: Any, batch: Batch) -> None:
         """Mark the folder that published `batch` when the table reads none of its files any more."""
-        epoch = self.published_attempt(table, batch)
-        if epoch is not None and not self.live_files(table, batch):
+        epoch = batch_state.published_attempt(table, batch)
+        if epoch is not None and not batch_state.live_files(table, batch):
             self._withdrawn(batch).mark([commits.attempt_folder(batch.pipeline_id, batch.seq, epoch)])
 
     def delete_withdrawn(self, pipeline_id: str) -> str:
@@ -201,20 +182,15 @@ class TableCommits:
 
     # -- staged folders ------------------------------------------------------------
 
-    def attempt_folders(self, batch: Batch) -> list[str]:
-        """The folders of `batch`'s write attempts, relative to the table's folder."""
-        parent, _, name = commits.batch_prefix(batch.pipeline_id, batch.seq).rpartition("/")
-        return [f"{parent}/{f}" for f in self.target.folder.subfolders(parent) if f.startswith(name)]
-
     def drop_attempts(self, batch: Batch, only: str | None = None) -> int:
         """Remove staged folders of `batch`'s attempts (`only`: that one), never the folder a commit published."""
         try:
-            published = self.published_attempt(self.target.load(), batch)
+            published = batch_state.published_attempt(self.target.load(), batch)
         except TableMissing:
             published = None
         live = None if published is None else commits.attempt_folder(batch.pipeline_id, batch.seq, published)
         dropped = 0
-        for folder in self.attempt_folders(batch):
+        for folder in batch_state.attempt_folders(self.target.folder, batch):
             if folder == live or (only is not None and folder != only):
                 continue
             self.target.folder.delete_tree(folder)

@@ -5,7 +5,7 @@ catalog that accepts a connection and never answers would hold notify_complete f
 request is bounded by Iceberg's own REST client properties (`rest.client.connection-timeout-ms`,
 `rest.client.socket-timeout-ms`), the same ones Spark's Java client reads. A commit is never sent
 twice by the transport (no transport retries): an answer that does not come is an unknown outcome,
-resolved by the next attempt reading the table (committer.py).
+resolved by the next attempt reading the table (table_committer.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from airflow_exactly_once.core.sink import RunWriters
 from airflow_exactly_once.core.sink_writer import SinkWriter
 from airflow_exactly_once.sinks.iceberg import snapshots as snaps
 from airflow_exactly_once.sinks.iceberg.committable import StagedSnapshot
-from airflow_exactly_once.sinks.iceberg.committer import TableGone, view
+from airflow_exactly_once.sinks.iceberg.table_committer import TableGone, view
 from airflow_exactly_once.sinks.iceberg.runtime import ICEBERG_SPARK_RUNTIME
 from airflow_exactly_once.sinks.iceberg.spec import IcebergSpec
 from airflow_exactly_once.sinks.iceberg.target import WAP_ENABLED, IcebergTarget, quoted

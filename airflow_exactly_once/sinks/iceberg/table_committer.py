@@ -1,4 +1,5 @@
-"""The committer of the Iceberg sink: publish, drop and withdraw batches with pyiceberg, no Spark.
+"""One table's committer behind the Iceberg sink's (sinks.iceberg.sink_committer): publish, drop and withdraw
+batches with pyiceberg, no Spark.
 
 Every change is one Iceberg commit guarded by a compare-and-set on main's head (pyiceberg's
 AssertRefSnapshotId requirement, checked by the catalog in the same SQL transaction that

@@ -1,5 +1,5 @@
 """The Iceberg table a sink spec names, as the sink's writer and committer both need it: its name in the catalog
-and in Spark, its catalog, where its files go, and pyiceberg's access to it (sinks.iceberg.committer)."""
+and in Spark, its catalog, where its files go, and pyiceberg's access to it (sinks.iceberg.table_committer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from airflow_exactly_once.core.errors import ConfigurationError, SinkError
 from airflow_exactly_once.core.lineage_names import DatasetName, file_dataset
 from airflow_exactly_once.core.sink import column_names
 from airflow_exactly_once.sinks.iceberg.catalog import CatalogSpec
-from airflow_exactly_once.sinks.iceberg.committer import TableCommitter, TableGone
+from airflow_exactly_once.sinks.iceberg.table_committer import TableCommitter, TableGone
 
 # The table property that makes Spark stage an append (spark.wap.id) instead of committing it to main.
 WAP_ENABLED = "write.wap.enabled"
