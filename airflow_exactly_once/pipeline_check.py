@@ -1,9 +1,9 @@
 """A pipeline's whole check: the protocol's rules, the Kafka client settings, the value format, the sinks'.
 
-core.config declares every setting and checks what the protocol needs; what Kafka's clients, a
-value schema and each sink accept is known in their own packages, and put together here. This
-is also where the secrets of a config are found (`PipelineConfig.secret_paths`), so the ledger
-never stores one.
+core.config declares every setting and core.config_checks checks what the protocol needs; what
+Kafka's clients, a value schema and each sink accept is known in their own packages, and put
+together here. This is also where the secrets of a config are found (`PipelineConfig.secret_paths`),
+so the ledger never stores one.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from airflow_exactly_once.core.config import REGISTRY_SECRET_KEYS, PipelineConfig
+from airflow_exactly_once.core.config_checks import validate_config
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.secrets import url_paths
 from airflow_exactly_once.kafka.setting_names import secret_keys
@@ -21,7 +22,7 @@ from airflow_exactly_once.sinks import spec_secret_paths
 
 def checked(config: PipelineConfig) -> PipelineConfig:
     """`config` validated by every rule, with its secrets located; raises ConfigurationError naming what to fix."""
-    config.validate()
+    validate_config(config)
     KafkaSettings.of(config).require_servers().check()
     if config.value_format == "avro" and not config.uses_registry("value"):
         record_fields(config.value_schema)

@@ -64,6 +64,7 @@ HOOK_MODULES = [
 ]
 OPERATOR_MODULES = [
     "airflow_exactly_once.operators.arguments",
+    "airflow_exactly_once.operators.base",
     "airflow_exactly_once.operators.batch",
     "airflow_exactly_once.operators.write_launch",
     "airflow_exactly_once.operators.txn_guardrail",

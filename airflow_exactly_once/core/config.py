@@ -1,24 +1,22 @@
 """What a pipeline is: a source range policy, a transform and a sink, all JSON-serialisable.
 
 The spec travels as JSON to a spark-submit job, so a transform given as a callable only
-works in-process; as a "module:function" string it works everywhere.
+works in-process; as a "module:function" string it works everywhere. What values each setting
+may take is checked in core.config_checks (`validate_config`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-import json
-import re
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from airflow_exactly_once.core.declaration import argument
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.core.model import dumps
 from airflow_exactly_once.core.secrets import is_redacted, redacted_value, secret_values
-from airflow_exactly_once.core.timestamps import to_epoch_ms
-from airflow_exactly_once.core.topics import compile_topic_pattern, matching_topics
+from airflow_exactly_once.core.topics import matching_topics
 
 # Where a partition starts when the ledger knows nothing about it (FlinkKafkaConsumer's
 # setStartFrom*). The ledger always wins: these only place partitions seen for the first time.
@@ -39,7 +37,6 @@ KEY_FORMATS = ("string", "bytes", *REGISTRY_FORMATS)
 # The registry client settings (confluent-kafka's SchemaRegistryClient names) that hold secrets.
 REGISTRY_SECRET_KEYS = ("basic.auth.user.info", "bearer.auth.token", "ssl.key.password")
 BAD_RECORD_POLICIES = ("fail", "dead_letter", "skip")
-_PIPELINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
 @dataclass(kw_only=True)
@@ -143,60 +140,6 @@ class PipelineConfig:
     # None until then, and a config whose secrets are not known is never stored.
     secret_paths: list[list[str]] | None = field(default=None, metadata={"argument": False})
 
-    def validate(self) -> "PipelineConfig":
-        if not _PIPELINE_ID.match(self.pipeline_id or ""):
-            raise ConfigurationError(
-                f"pipeline_id {self.pipeline_id!r} is not valid: use letters, digits, '_', '.', '-' "
-                "(it names transactions, folders and ledger rows)")
-        self._validate_topics()
-        for name, value, allowed in (("startup_mode", self.startup_mode, STARTUP_MODES),
-                                     ("new_partition_start", self.new_partition_start, NEW_PARTITION_STARTS),
-                                     ("startup_fallback", self.startup_fallback, NEW_PARTITION_STARTS),
-                                     ("data_loss_policy", self.data_loss_policy, DATA_LOSS_POLICIES),
-                                     ("range_mode", self.range_mode, RANGE_MODES),
-                                     ("bad_record_policy", self.bad_record_policy, BAD_RECORD_POLICIES),
-                                     ("interval_rerun", self.interval_rerun, INTERVAL_RERUNS)):
-            if value not in allowed:
-                raise ConfigurationError(f"{name}={value!r} is not supported; choose one of {', '.join(allowed)}")
-        self._validate_startup()
-        if self.max_records_per_partition is not None and int(self.max_records_per_partition) <= 0:
-            raise ConfigurationError("max_records_per_partition must be a positive number (or None for no bound)")
-        self._validate_local_read()
-        self._validate_retention()
-        if not isinstance(self.sink, dict) or "type" not in self.sink:
-            raise ConfigurationError("sink must be a dict with a 'type', e.g. {'type': 'parquet', 'path': '/data/out'}")
-        self._fold_guarantee()
-        self._validate_decoding()
-        if self.mirror_consumer_group is not None and not (isinstance(self.mirror_consumer_group, str)
-                                                           and self.mirror_consumer_group.strip()):
-            raise ConfigurationError("mirror_consumer_group must be a consumer group id (a non-empty string), "
-                                     "or None to leave consumer groups alone")
-        if self.transform is not None and not isinstance(self.transform, str):
-            raise ConfigurationError("transform in a PipelineConfig must be a 'module:function' string")
-        return self
-
-    def _validate_topics(self) -> None:
-        """Exactly one of `topics` (names) and `topic_pattern` (a regular expression over names)."""
-        if isinstance(self.topics, str):
-            self.topics = [self.topics]
-        self.topics = list(self.topics or [])
-        if self.topic_pattern in ("", None):
-            self.topic_pattern = None
-            if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
-                raise ConfigurationError("give the Kafka topics to read: topics='orders' (a name or a list of names), "
-                                         "or topic_pattern='orders\\\\..*' (every topic whose whole name matches)")
-            return
-        if self.topics:
-            raise ConfigurationError(f"give either topics or topic_pattern, not both (topics={self.topics}, "
-                                     f"topic_pattern={self.topic_pattern!r}): a pattern already names every topic "
-                                     "the pipeline reads; put the listed names into the pattern, or drop it")
-        compile_topic_pattern(self.topic_pattern)
-        if self.range_mode == "interval":
-            raise ConfigurationError("topic_pattern does not apply to range_mode='interval' yet: an interval's "
-                                     "boundaries are fixed per partition the first time it runs, so a topic found "
-                                     "later would be missing from intervals already fixed; list the topics "
-                                     "(topics=[...]) or use range_mode='continuation'")
-
     def reads_topic(self, topic: str) -> bool:
         """Whether the pipeline reads `topic`: listed, or matched by topic_pattern (now or when it is created)."""
         if self.topic_pattern is not None:
@@ -209,132 +152,11 @@ class PipelineConfig:
             return f"the topics matching {self.topic_pattern!r}"
         return ", ".join(self.topics)
 
-    def _validate_local_read(self) -> None:
-        value = self.local_read_max_records
-        number = _number(value, int)
-        if number is None or number < 0:
-            raise ConfigurationError(f"local_read_max_records={value!r}: give a whole number of offsets, e.g. 50000 "
-                                     "(0 reads every batch with Spark's Kafka source)")
-        self.local_read_max_records = number
-
-    def _validate_retention(self) -> None:
-        """Whole numbers of batches (at least 1: the newest committed batch always stays), days above 0."""
-        for name, kind in (("retention_batches", int), ("retention_days", float)):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            number = _number(value, kind)
-            if number is None or number <= 0:
-                example = "1000" if kind is int else "7 (or 0.5 for twelve hours)"
-                raise ConfigurationError(f"{name}={value!r}: give a number above 0, e.g. {example}, or None to "
-                                         "not bound retention by it (None for both keeps every batch)")
-            setattr(self, name, number if kind is int or number != int(number) else int(number))
-
     def uses_registry(self, part: str = "value") -> bool:
         """Whether the value (or the key) is read in the wire format through the Schema Registry."""
         fmt = self.value_format if part == "value" else self.key_format
         return fmt in REGISTRY_FORMATS and (fmt != "avro" or part == "key" or bool(
             self.schema_registry or self.schema_registry_conn_id))
-
-    def _validate_registry(self) -> None:
-        """Registry formats need the registry; their reader schema is a version, a schema, or the latest."""
-        if self.key_format is not None and self.key_format not in KEY_FORMATS:
-            raise ConfigurationError(f"key_format={self.key_format!r} is not supported; choose one of "
-                                     f"{', '.join(KEY_FORMATS)}, or None to leave the key bytes")
-        for part in ("value", "key"):
-            fmt, schema = getattr(self, f"{part}_format"), getattr(self, f"{part}_schema")
-            if not self.uses_registry(part):
-                if part == "key" and schema is not None:
-                    raise ConfigurationError("key_schema is only used with key_format avro, protobuf or json_schema")
-                if getattr(self, f"{part}_subject") is not None:
-                    raise ConfigurationError(f"{part}_subject is only used with {part}_format avro, protobuf or "
-                                             "json_schema read through a Schema Registry (schema_registry_conn_id)")
-                continue
-            if not (self.schema_registry or self.schema_registry_conn_id):
-                raise ConfigurationError(f"{part}_format={fmt!r} reads the Schema Registry wire format: give "
-                                         "schema_registry_conn_id='<a schema_registry connection>' (its URL and "
-                                         "credentials)")
-            if self.topic_pattern is not None and not getattr(self, f"{part}_subject"):
-                raise ConfigurationError(f"{part}_format={fmt!r} with topic_pattern needs {part}_subject='<subject>': "
-                                         f"the default subject is '<topic>-{part}' per topic, and the topics a "
-                                         "pattern will match are not known when the batch's reader schema is fixed")
-            if isinstance(schema, bool) or (isinstance(schema, (int, float)) and int(schema) != schema):
-                raise ConfigurationError(f"{part}_schema={schema!r}: give a version number, the schema, or None for "
-                                         "the subject's latest version")
-            if isinstance(schema, dict):
-                setattr(self, f"{part}_schema", json.dumps(schema))
-
-    def _validate_decoding(self) -> None:
-        """value_format needs its schema; bad-record settings must make sense together."""
-        if self.value_format is not None and self.value_format not in VALUE_FORMATS:
-            raise ConfigurationError(f"value_format={self.value_format!r} is not supported; choose one of "
-                                     f"{', '.join(VALUE_FORMATS)}, or None for Kafka's raw columns")
-        self._validate_registry()
-        if self.value_format in ("protobuf", "json_schema") or self.uses_registry("value"):
-            pass  # the registry's schemas, checked by _validate_registry
-        elif self.value_format in ("json", "avro") and not self.value_schema:
-            example = "'id BIGINT, name STRING'" if self.value_format == "json" else "an Avro record schema (JSON)"
-            raise ConfigurationError(f"value_format={self.value_format!r} needs value_schema, e.g. {example}: a value "
-                                     "that does not decode under it is a bad record")
-        if self.value_schema is not None and self.value_format not in ("json", *REGISTRY_FORMATS):
-            raise ConfigurationError("value_schema is only used with value_format json, avro, protobuf or "
-                                     "json_schema")
-        if self.value_format == "avro" and isinstance(self.value_schema, dict):
-            self.value_schema = json.dumps(self.value_schema)  # stored as the JSON Spark's from_avro takes
-        if self.value_schema is not None and not isinstance(self.value_schema, (str, int)):
-            self.value_schema = self.value_schema.simpleString() if hasattr(self.value_schema, "simpleString") \
-                else str(self.value_schema)  # a StructType is stored as its DDL
-        if self.dead_letter is not None and self.bad_record_policy != "dead_letter":
-            raise ConfigurationError("dead_letter is only used with bad_record_policy='dead_letter'")
-        if self.dead_letter is not None and (not isinstance(self.dead_letter, dict) or "type" not in self.dead_letter):
-            raise ConfigurationError("dead_letter must be a sink spec with a 'type', e.g. {'type': 'kafka', "
-                                     "'topic': 'orders_dlq'}")
-        limit = self.max_bad_records
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit < 0
-                                  or (isinstance(limit, float) and limit >= 1)):
-            raise ConfigurationError(f"max_bad_records={limit!r}: give a count (an int >= 0) or a fraction "
-                                     "(a float below 1, e.g. 0.01 for 1%)")
-
-    def _fold_guarantee(self) -> None:
-        """`guarantee=` is the old spelling of the sink's own setting: move it into the sink spec.
-
-        Only the Kafka sink has more than one guarantee, so it belongs to the sink; the default
-        (EXACTLY_ONCE) is not written into the spec, so existing pipelines keep their fingerprint.
-        """
-        if self.guarantee is None:
-            return
-        if self.guarantee not in GUARANTEES:
-            raise ConfigurationError(f"guarantee={self.guarantee!r} is not supported; choose one of "
-                                     f"{', '.join(GUARANTEES)}")
-        given = self.sink.get("guarantee")
-        if given is not None and given != self.guarantee:
-            raise ConfigurationError(f"guarantee={self.guarantee!r} contradicts the sink's guarantee={given!r}; "
-                                     "give it once, in the sink spec")
-        if given is None and self.guarantee != "EXACTLY_ONCE":
-            self.sink = {**self.sink, "guarantee": self.guarantee}
-        self.guarantee = None
-
-    def _validate_startup(self) -> None:
-        """Check the startup mode's own argument and bring it into its stored form."""
-        if self.startup_mode == "timestamp":
-            self.startup_timestamp = to_epoch_ms(self.startup_timestamp, "startup_timestamp (startup_mode='timestamp')")
-        elif self.startup_timestamp not in (None, ""):
-            raise ConfigurationError("startup_timestamp is only used with startup_mode='timestamp'; remove it or "
-                                     "set startup_mode='timestamp'")
-        if self.startup_mode == "specific_offsets":
-            self.startup_offsets = normalize_offsets(self.startup_offsets, self.topics, self.topic_pattern)
-        elif self.startup_offsets:
-            raise ConfigurationError("startup_offsets is only used with startup_mode='specific_offsets'")
-        if self.startup_mode == "group_offsets" and not self.startup_group_id:
-            raise ConfigurationError("startup_mode='group_offsets' needs startup_group_id='<consumer group>' (the "
-                                     "group whose committed offsets say where to start)")
-        if self.range_mode == "interval":
-            if self.max_records_per_partition is not None:
-                raise ConfigurationError("max_records_per_partition does not apply to range_mode='interval': each "
-                                         "run reads exactly its data interval; remove it or use a shorter schedule")
-            if self.startup_mode != "earliest":
-                raise ConfigurationError(f"startup_mode={self.startup_mode!r} does not apply to range_mode='interval':"
-                                         " each run starts at the first record of its data interval; remove it")
 
     def startup_offset_map(self) -> dict[tuple[str, int], int]:
         """startup_offsets as {(topic, partition): offset}."""
@@ -407,21 +229,6 @@ class PipelineConfig:
         return hashlib.sha256(dumps(relevant).encode()).hexdigest()[:16]
 
 
-# A whole number or a real one, as a setting asks for (`_number`).
-Number = TypeVar("Number", int, float)
-
-
-def _number(value: Any, kind: type[Number]) -> Number | None:
-    """`value` (a number, or a rendered template's text) as `kind`; None when it is not one (a whole one for int)."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = kind(value)
-        return None if kind is int and float(value) != number else number
-    except (TypeError, ValueError):
-        return None
-
-
 def _get(data: Any, path: list[str]) -> Any:
     for key in path:
         if not isinstance(data, dict) or key not in data:
@@ -436,35 +243,6 @@ def _set(data: dict[str, Any], path: list[str], value: Any) -> None:
             return
         data = data[key]
     data[path[-1]] = value
-
-
-def normalize_offsets(offsets: Any, topics: list[str], pattern: str | None = None) -> dict[str, int]:
-    """{"topic:partition": offset} from {"topic": {partition: offset}} or {"topic:partition": offset}; each topic
-    one of `topics`, or one `pattern` matches."""
-    example = "{'orders': {0: 42, 1: 17}} or {'orders:0': 42}"
-    if not isinstance(offsets, dict) or not offsets:
-        raise ConfigurationError(f"startup_mode='specific_offsets' needs startup_offsets, e.g. {example}")
-    flat: dict[str, Any] = {}
-    for key, value in offsets.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}:{partition}": offset for partition, offset in value.items()})
-        else:
-            flat[str(key)] = value
-    result = {}
-    for key, value in flat.items():
-        topic, sep, partition = key.rpartition(":")
-        known = topic in topics or (pattern is not None and bool(matching_topics(pattern, [topic])))
-        if not sep or not partition.strip().isdigit() or not known:
-            what = topics if pattern is None else f"a topic matching {pattern!r}"
-            raise ConfigurationError(f"startup_offsets key {key!r} must name a partition of {what}, e.g. {example}")
-        try:
-            offset = int(value)
-        except (TypeError, ValueError):
-            offset = -1
-        if offset < 0:
-            raise ConfigurationError(f"startup_offsets[{key!r}] = {value!r} is not an offset (a number >= 0)")
-        result[f"{topic}:{int(partition)}"] = offset
-    return result
 
 
 Transform = Callable[[Any], Any]

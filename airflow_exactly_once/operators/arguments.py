@@ -5,7 +5,7 @@ sentence of documentation; the few settings that only say where things run (conn
 Spark) are `TASK_ARGUMENTS` below. The operators' `template_fields` and `:param` lines are made
 from these two lists, and so is the source of `ExactlyOnceBaseOperator.__init__`'s typed signature
 and of its attribute assignments (`init_source`): `python -m devtools.docs` writes them into
-operators/batch.py, where readers, IDEs, type checkers and Airflow's `default_args` see them as
+operators/base.py, where readers, IDEs, type checkers and Airflow's `default_args` see them as
 written; tests/unit/test_docs.py fails until the file and the declaration agree.
 """
 
@@ -105,7 +105,7 @@ def check_task_choices(values: Mapping[str, Any]) -> None:
 
 
 def init_source(part: str) -> str:
-    """The generated source of `ExactlyOnceBaseOperator.__init__` (operators/batch.py): its `signature` (every
+    """The generated source of `ExactlyOnceBaseOperator.__init__` (operators/base.py): its `signature` (every
     argument keyword-only, typed, with its default; required ones without) or its `attributes` (each argument
     stored under its own name, with its type; an empty list or dict made anew)."""
     if part == "signature":

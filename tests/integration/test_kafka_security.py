@@ -83,7 +83,7 @@ def use_connection(monkeypatch, broker, user: str = PIPELINE_USER, **extra) -> N
 
 
 def pipeline_config(name: str, source: str, sink: dict, **overrides) -> PipelineConfig:
-    """What the operators make of kafka_conn_id='kafka_secured' (operators.batch.pipeline_config)."""
+    """What the operators make of kafka_conn_id='kafka_secured' (operators.base.pipeline_config)."""
     settings = source_kafka_settings(SECURED_CONN_ID, None, None)
     return checked(PipelineConfig(pipeline_id=name, topics=[source], sink=sink, bootstrap_servers=settings.bootstrap_servers,
                           kafka_config=dict(settings.properties), kafka_origin=settings.origin,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_exactly_once.core.config import PipelineConfig, resolve_transform
+from airflow_exactly_once.core.config_checks import validate_config
 from airflow_exactly_once.core.errors import ConfigurationError
 from airflow_exactly_once.pipeline_check import checked
 from airflow_exactly_once.sinks.parquet.sink_committer import ParquetSinkCommitter
@@ -77,9 +78,10 @@ def test_a_kafka_dead_letter_destinations_secrets_stay_out_of_the_ledger_too():
 
 
 def test_a_config_whose_secrets_were_not_looked_for_is_never_stored():
-    unchecked = PipelineConfig(pipeline_id="p", topics=["t"], sink={"type": "kafka", "topic": "out",
-                                                                    "kafka_config": {"sasl.password": "s3cr3t"}},
-                               bootstrap_servers="127.0.0.1:9092").validate()
+    unchecked = validate_config(PipelineConfig(pipeline_id="p", topics=["t"],
+                                               sink={"type": "kafka", "topic": "out",
+                                                     "kafka_config": {"sasl.password": "s3cr3t"}},
+                                               bootstrap_servers="127.0.0.1:9092"))
     with pytest.raises(RuntimeError, match="secrets are not known"):
         unchecked.to_stored_dict()
 
