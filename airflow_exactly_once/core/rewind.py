@@ -135,7 +135,7 @@ def finish_retractions(ledger: Ledger, sink: SinkCommitter, pipeline_id: str, pe
     `pending`: those batches as the caller just read them (Ledger.open_work); None reads them here.
     """
     done = []
-    for batch in ledger.pending_retractions(pipeline_id) if pending is None else pending:
+    for batch in ledger.open_work(pipeline_id).retractions if pending is None else pending:
         message = sink.retract(batch, sink.committable(batch.handles))
         ledger.update_details(batch.id, output_retracted=True)
         done.append(f"batch {batch.seq}: {message}")

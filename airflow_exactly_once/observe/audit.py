@@ -37,7 +37,7 @@ def audit_pipeline(ledger: Ledger, pipeline_id: str) -> AuditReport:
     report = AuditReport(pipeline_id)
     committed = ledger.list_batches(pipeline_id, [BatchState.COMMITTED], newest_first=False)
     report.committed_batches = len(committed)
-    for batch in ledger.pending_retractions(pipeline_id):
+    for batch in ledger.open_work(pipeline_id).retractions:
         report.problems.append(f"batch {batch.seq} is RETRACTED but its output was not withdrawn yet (the next "
                                "run's recovery does it)")
     if ledger.count_batches(pipeline_id, with_interval=True):

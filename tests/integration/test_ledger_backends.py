@@ -157,7 +157,7 @@ def test_positions_of_many_partitions_read_the_newest_batch_only(ledger, pid):
     ledger.ensure_pipeline(pid, "fp", {})
     ledger.register_partitions(pid, {("t", p): (0, "startup mode earliest") for p in range(wide)})
     epoch = 0
-    for n in range(40):  # more than one page of committed batches (base._NEWEST_PAGE)
+    for n in range(40):  # more than one page of committed batches (rows._NEWEST_PAGE)
         epoch = commit(ledger, pid, [OffsetRange("t", p, n * 10, n * 10 + 10) for p in range(wide)], epoch)
     sent = statements_on(ledger)
     assert ledger.committed_positions(pid) == {("t", p): 400 for p in range(wide)}

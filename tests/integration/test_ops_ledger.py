@@ -118,7 +118,7 @@ def test_rewind_retract_rounds_to_batch_boundaries_and_withdraws_output(ledger, 
     assert ledger.committed_positions("p") == {TP: 10, ("t", 1): 10}
     assert sorted(p.name for p in (tmp_path / "out").glob("batch_seq=*")) == ["batch_seq=1"]
     assert sorted(p.name for p in (tmp_path / "out" / "_manifest").iterdir()) == ["batch-000000001.json"]
-    assert ledger.pending_retractions("p") == []
+    assert ledger.open_work("p").retractions == []
     # Reprocessing continues from the reset. Retracted batches no longer count, so the committed
     # ranges tile without any discontinuity; the rewind is on record.
     commit(ledger, two(10, 30, 10, 25))
@@ -134,7 +134,7 @@ def test_an_interrupted_rewind_is_finished_by_recovery(ledger, tmp_path):
     plan = plan_rewind(ledger, "p", {TP: 0})
     # The ledger step of apply_rewind, and then the process dies before the sink step.
     ledger.rewind("p", expected_epoch=plan.epoch, retract=[1], resets={TP: (0, "x")}, reason="crash")
-    assert [b.seq for b in ledger.pending_retractions("p")] == [1]
+    assert [b.seq for b in ledger.open_work("p").retractions] == [1]
     assert not audit_pipeline(ledger, "p").ok  # the audit tells
     assert finish_retractions(ledger, sink, "p") == ["batch 1: withdrew batch_seq=1"]
     assert not sink.layout.final_dir(batch).exists()

@@ -5,14 +5,15 @@ PostgreSQL. Every state change is one SQL transaction guarded by the state it ex
 (and, for a writer, the epoch it holds), so a stale writer is fenced by the database
 rather than by timing.
 
-One module per concern: `schema` (the tables), `engine` (connections), `base` (the engine and the
-helpers shared inside a transaction, the compare-and-set among them), then `pipeline`, `position`,
-`batch`, `interval`, `event` and `retention`, each a subclass of `base.LedgerBase`; `Ledger` combines them.
+One module per concern: `schema` (the tables), `engine` (connections), `rows` (the SQL every concern
+shares inside its transactions, as functions of a connection: loading a batch, the positions, the epoch
+fence), `base` (the engine and the helpers that need the ledger object, the compare-and-set among them),
+then `pipeline`, `position`, `batch`, `interval`, `event` and `retention`, each a subclass of
+`base.LedgerBase`; `Ledger` combines them.
 """
 
 from __future__ import annotations
 
-from airflow_exactly_once.core.ledger.base import Floor
 from airflow_exactly_once.core.ledger.batch import RELEASE_PENDING, BatchLedger, OpenWork
 from airflow_exactly_once.core.ledger.engine import create_ledger_engine, missing_sqlite_file, redacted_url
 from airflow_exactly_once.core.ledger.event import EventLedger
@@ -20,6 +21,7 @@ from airflow_exactly_once.core.ledger.interval import IntervalLedger
 from airflow_exactly_once.core.ledger.pipeline import PipelineLedger
 from airflow_exactly_once.core.ledger.position import PositionLedger
 from airflow_exactly_once.core.ledger.retention import Keep, Pruned, RetentionLedger
+from airflow_exactly_once.core.ledger.rows import Floor
 from airflow_exactly_once.core.ledger.schema import (
     Boundary,
     Reset,

@@ -8,7 +8,9 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError
-from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger import rows
+from airflow_exactly_once.core.ledger.base import LedgerBase
+from airflow_exactly_once.core.ledger.rows import utc_now
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
@@ -31,7 +33,7 @@ OUTPUT_RETRACTED = "output_retracted"
 class OpenWork:
     """What a plan's recovery finishes and what is in flight, as one read found them (BatchLedger.open_work)."""
 
-    retractions: list[Batch]  # RETRACTED, output not yet withdrawn (pending_retractions), oldest first
+    retractions: list[Batch]  # RETRACTED, output not yet withdrawn, oldest first
     releases: list[Batch]  # ABORTED, staged output not yet taken away (pending_releases), oldest first
     prepared: list[Batch]  # PREPARED, oldest first
     in_flight: list[Batch]  # PLANNED and PREPARED, newest first (list_batches' order)
@@ -42,12 +44,12 @@ class BatchLedger(LedgerBase):
 
     def get_batch(self, batch_id: BatchId) -> Batch:
         with self._reading() as conn:
-            return self._require(conn, batch_id)
+            return rows.require(conn, batch_id)
 
     def find_batch(self, batch_id: BatchId) -> Batch | None:
         """The batch, or None when the ledger has no such batch (never had it, or retention pruned it)."""
         with self._reading() as conn:
-            return self._load(conn, batch_id)
+            return rows.load(conn, batch_id)
 
     def list_batches(self, pipeline_id: str, states: Iterable[BatchState] | None = None,
                      limit: int | None = None, newest_first: bool = True) -> list[Batch]:
@@ -61,14 +63,14 @@ class BatchLedger(LedgerBase):
             # Without a limit, sorted here: an ORDER BY over several states would make the database walk
             # every batch in order rather than read each state's index range.
             seqs = sorted((r[0] for r in conn.execute(query)), reverse=newest_first)
-            return self._load_many(conn, pipeline_id, seqs)
+            return rows.load_many(conn, pipeline_id, seqs)
 
     def latest_batch_for_run(self, pipeline_id: str, run_id: str) -> Batch | None:
         query = (sa.select(sa.func.max(batches.c.batch_seq))
                  .where(batches.c.pipeline_id == pipeline_id, batches.c.run_id == run_id))
         with self._reading() as conn:
             seq = conn.execute(query).scalar()
-            return None if seq is None else self._load(conn, BatchId(pipeline_id, seq))
+            return None if seq is None else rows.load(conn, BatchId(pipeline_id, seq))
 
     def create_batch(self, pipeline_id: str, run_id: str, ranges: Iterable[OffsetRange], *,
                      expected_epoch: int, supersede: Iterable[int] = (),
@@ -84,9 +86,9 @@ class BatchLedger(LedgerBase):
         """
         check_initial(state)
         with self.engine.begin() as conn:
-            epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
+            epoch = rows.bump_epoch(conn, pipeline_id, expected_epoch)
             for seq in supersede:
-                old = self._require(conn, BatchId(pipeline_id, seq))
+                old = rows.require(conn, BatchId(pipeline_id, seq))
                 try:  # a superseded attempt may have staged output (or still run): recovery releases it
                     self._set_state(conn, old.id, BatchState.PLANNED, BatchState.ABORTED,
                                     error=f"superseded by run {run_id}",
@@ -104,42 +106,42 @@ class BatchLedger(LedgerBase):
                 # in between either way, as this transaction holds the pipeline row it updated (the epoch).
                 next_seq = (sa.select(sa.func.coalesce(sa.func.max(batches.c.batch_seq), 0) + 1)
                             .where(batches.c.pipeline_id == pipeline_id).scalar_subquery())
-                _, created = self._write_row(conn, batches.insert().values(batch_seq=next_seq, **values))
+                _, created = rows.write_row(conn, batches.insert().values(batch_seq=next_seq, **values))
                 seq = created.batch_seq
             else:
-                seq, created = self._last_seq(conn, pipeline_id) + 1, None
+                seq, created = rows.last_seq(conn, pipeline_id) + 1, None
                 conn.execute(batches.insert().values(batch_seq=seq, **values))
             if interval is not None:
                 conn.execute(batch_intervals.insert().values(pipeline_id=pipeline_id, batch_seq=seq,
                                                              interval_start=interval[0], interval_end=interval[1]))
             self._insert_resets(conn, pipeline_id, resets or {}, seq - 1, "data-loss-skip")
             ranges = sorted(ranges)
-            rows = [dict(pipeline_id=pipeline_id, batch_seq=seq, topic=r.topic, partition=r.partition,
-                         start_offset=r.start, end_offset=r.end) for r in ranges]
-            if rows:
-                conn.execute(batch_offsets.insert(), rows)
+            offset_rows = [dict(pipeline_id=pipeline_id, batch_seq=seq, topic=r.topic, partition=r.partition,
+                                start_offset=r.start, end_offset=r.end) for r in ranges]
+            if offset_rows:
+                conn.execute(batch_offsets.insert(), offset_rows)
             if created is not None:
-                return self._batch_of(created, ranges)
-            return self._require(conn, BatchId(pipeline_id, seq))
+                return rows.batch_of(created, ranges)
+            return rows.require(conn, BatchId(pipeline_id, seq))
 
     def claim(self, batch_id: BatchId) -> Batch:
         """A write attempt takes the batch over: a new epoch fences any older attempt."""
         with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
+            current = rows.require(conn, batch_id)
             if current.state is not BatchState.PLANNED:
                 raise FencedError(f"batch {batch_id} is {current.state.value}, not PLANNED; "
                                   "another run or attempt has taken it over")
             pipeline_epoch = conn.execute(sa.select(pipelines.c.epoch)
                                           .where(pipelines.c.pipeline_id == batch_id.pipeline_id)).scalar_one()
-            epoch = self._bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
-            count, row = self._write_row(conn, (
+            epoch = rows.bump_epoch(conn, batch_id.pipeline_id, pipeline_epoch)
+            count, row = rows.write_row(conn, (
                 batches.update()
                 .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq,
                        batches.c.state == BatchState.PLANNED.value, batches.c.epoch == current.epoch)
                 .values(epoch=epoch, updated_at=utc_now())))
             if count != 1:
                 raise FencedError(f"batch {batch_id} changed while being claimed", retriable=True)
-            return self._batch_of(row, current.ranges) if row is not None else self._require(conn, batch_id)
+            return rows.batch_of(row, current.ranges) if row is not None else rows.require(conn, batch_id)
 
     def mark_prepared(self, batch_id: BatchId, epoch: int, handles: dict[str, Any],
                       input_records: int | None, output_records: int | None,
@@ -150,13 +152,13 @@ class BatchLedger(LedgerBase):
                                       "output_records": output_records}
             ranges = None
             if details:
-                current = self._require(conn, batch_id)
+                current = rows.require(conn, batch_id)
                 values["details"] = dumps({**current.details, **details})
                 ranges = current.ranges
             row = self._set_state(conn, batch_id, BatchState.PLANNED, BatchState.PREPARED, epoch=epoch, **values)
             if row is None:
-                return self._require(conn, batch_id)
-            return self._batch_of(row, self._ranges_of(conn, batch_id) if ranges is None else ranges)
+                return rows.require(conn, batch_id)
+            return rows.batch_of(row, rows.ranges_of(conn, batch_id) if ranges is None else ranges)
 
     def mark_committed(self, batch_id: BatchId, retracts: Iterable[int] = ()) -> bool:
         """PREPARED -> COMMITTED; False (no change) when it already is COMMITTED.
@@ -169,11 +171,11 @@ class BatchLedger(LedgerBase):
             try:
                 self._set_state(conn, batch_id, BatchState.PREPARED, BatchState.COMMITTED)
             except FencedError:
-                if self._require(conn, batch_id).state is BatchState.COMMITTED:
+                if rows.require(conn, batch_id).state is BatchState.COMMITTED:
                     return False
                 raise
             for seq in retracts:
-                old = self._require(conn, BatchId(batch_id.pipeline_id, seq))
+                old = rows.require(conn, BatchId(batch_id.pipeline_id, seq))
                 if old.state is BatchState.COMMITTED:
                     self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED,
                                     error=f"replaced by batch {batch_id.seq}",
@@ -190,7 +192,7 @@ class BatchLedger(LedgerBase):
         a process that dies before it did leaves the work to the next run's recovery.
         """
         with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
+            current = rows.require(conn, batch_id)
             if current.state is BatchState.ABORTED:
                 return False
             values: dict[str, Any] = {"error": reason[:4000]}
@@ -201,8 +203,8 @@ class BatchLedger(LedgerBase):
             return True
 
     def open_work(self, pipeline_id: str) -> OpenWork:
-        """pending_retractions, pending_releases and the batches in flight in one query (and one more to load
-        them when there are any): what a plan reads before it decides, three reads before."""
+        """The retractions still to finish, pending_releases and the batches in flight in one query (and one more
+        to load them when there are any): what a plan reads before it decides, three reads before."""
         details = batches.c.details
         query = (sa.select(batches.c.batch_seq)
                  .where(batches.c.pipeline_id == pipeline_id,
@@ -215,7 +217,7 @@ class BatchLedger(LedgerBase):
                                        details.contains(f'"{RELEASE_PENDING}"')))))
         with self._reading() as conn:
             seqs = sorted(r[0] for r in conn.execute(query))
-            found = self._load_many(conn, pipeline_id, seqs)
+            found = rows.load_many(conn, pipeline_id, seqs)
 
         def having(state: BatchState) -> list[Batch]:
             return [b for b in found if b.state is state]
@@ -230,13 +232,9 @@ class BatchLedger(LedgerBase):
         """ABORTED batches whose staged output (transactions, folders, snapshots) was not yet taken away."""
         return self.open_work(pipeline_id).releases
 
-    def pending_retractions(self, pipeline_id: str) -> list[Batch]:
-        """RETRACTED batches whose output the sink has not confirmed removed yet."""
-        return self.open_work(pipeline_id).retractions
-
     def update_details(self, batch_id: BatchId, **details: Any) -> None:
         with self.engine.begin() as conn:
-            current = self._require(conn, batch_id)
+            current = rows.require(conn, batch_id)
             merged = {**current.details, **details}
             conn.execute(batches.update()
                          .where(batches.c.pipeline_id == batch_id.pipeline_id, batches.c.batch_seq == batch_id.seq)
@@ -258,4 +256,4 @@ class BatchLedger(LedgerBase):
     def last_batch_seq(self, pipeline_id: str) -> int:
         """The newest batch number of the pipeline (0 before its first batch)."""
         with self._reading() as conn:
-            return self._last_seq(conn, pipeline_id)
+            return rows.last_seq(conn, pipeline_id)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError
-from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger import rows
+from airflow_exactly_once.core.ledger.base import LedgerBase
+from airflow_exactly_once.core.ledger.rows import utc_now
 from airflow_exactly_once.core.ledger.schema import Boundary, batch_intervals, batches, boundaries
 from airflow_exactly_once.core.model import Batch, BatchId
 
@@ -25,11 +27,11 @@ class IntervalLedger(LedgerBase):
         if not seqs:
             return {}
         with self._reading() as conn:
-            rows = conn.execute(sa.select(batch_intervals.c.batch_seq, batch_intervals.c.interval_start,
+            found = conn.execute(sa.select(batch_intervals.c.batch_seq, batch_intervals.c.interval_start,
                                           batch_intervals.c.interval_end)
                                 .where(batch_intervals.c.pipeline_id == pipeline_id,
                                        batch_intervals.c.batch_seq.in_(seqs)))
-            return {r[0]: (r[1], r[2]) for r in rows}
+            return {r[0]: (r[1], r[2]) for r in found}
 
     def interval_batches(self, pipeline_id: str, interval: tuple[int, int] | None = None) -> list[Batch]:
         """Batches tied to `interval` (or to any interval), newest first."""
@@ -39,7 +41,7 @@ class IntervalLedger(LedgerBase):
                                 batch_intervals.c.interval_end == interval[1])
         with self._reading() as conn:
             seqs = sorted((r[0] for r in conn.execute(query)), reverse=True)
-            return self._load_many(conn, pipeline_id, seqs)
+            return rows.load_many(conn, pipeline_id, seqs)
 
     def count_batches(self, pipeline_id: str, *, with_interval: bool) -> int:
         """How many batches were planned by interval (True) or by continuation (False)."""
@@ -103,5 +105,5 @@ class IntervalLedger(LedgerBase):
 
     def list_boundaries(self, pipeline_id: str) -> dict[Boundary, int]:
         with self._reading() as conn:
-            rows = conn.execute(sa.select(boundaries).where(boundaries.c.pipeline_id == pipeline_id))
-            return {((r.topic, r.partition), r.at_ms): r.boundary_offset for r in rows}
+            found = conn.execute(sa.select(boundaries).where(boundaries.c.pipeline_id == pipeline_id))
+            return {((r.topic, r.partition), r.at_ms): r.boundary_offset for r in found}

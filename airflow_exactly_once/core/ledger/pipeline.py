@@ -8,7 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import ConfigurationError
-from airflow_exactly_once.core.ledger.base import LedgerBase, utc_now
+from airflow_exactly_once.core.ledger.base import LedgerBase
+from airflow_exactly_once.core.ledger.rows import utc_now
 from airflow_exactly_once.core.ledger.schema import pipeline_dags, pipelines
 from airflow_exactly_once.core.model import dumps
 

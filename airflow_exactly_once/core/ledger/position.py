@@ -7,7 +7,9 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 
 from airflow_exactly_once.core.errors import FencedError
-from airflow_exactly_once.core.ledger.base import Floor, LedgerBase, utc_now
+from airflow_exactly_once.core.ledger import rows
+from airflow_exactly_once.core.ledger.base import LedgerBase
+from airflow_exactly_once.core.ledger.rows import Floor, utc_now
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
@@ -25,14 +27,14 @@ class PositionLedger(LedgerBase):
 
     def initial_offsets(self, pipeline_id: str) -> dict[TopicPartition, int]:
         with self._reading() as conn:
-            rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
-            return {(r.topic, r.partition): r.initial_offset for r in rows}
+            found = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
+            return {(r.topic, r.partition): r.initial_offset for r in found}
 
     def partition_starts(self, pipeline_id: str) -> dict[TopicPartition, tuple[int, str]]:
         """Where each partition started and why (a startup mode, a new partition, a topic a topic_pattern found)."""
         with self._reading() as conn:
-            rows = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
-            return {(r.topic, r.partition): (r.initial_offset, r.origin) for r in rows}
+            found = conn.execute(sa.select(partitions).where(partitions.c.pipeline_id == pipeline_id))
+            return {(r.topic, r.partition): (r.initial_offset, r.origin) for r in found}
 
     def register_partitions(self, pipeline_id: str, starts: dict[TopicPartition, tuple[int, str]]) -> None:
         """Record where newly seen partitions start; partitions already known keep theirs."""
@@ -56,14 +58,14 @@ class PositionLedger(LedgerBase):
                           for (topic, partition), (offset, origin) in new])
 
     def committed_positions(self, pipeline_id: str) -> dict[TopicPartition, int]:
-        """Per partition: where the next batch starts (see LedgerBase._positions)."""
+        """Per partition: where the next batch starts (see rows.positions)."""
         with self._reading() as conn:
-            return self._positions(conn, pipeline_id)
+            return rows.positions(conn, pipeline_id)
 
     def retention_floor(self, pipeline_id: str) -> Floor:
         """What retention has pruned of the pipeline (core.retention); batch 0 when nothing."""
         with self._reading() as conn:
-            return self._floor(conn, pipeline_id)
+            return rows.floor(conn, pipeline_id)
 
     def position_resets(self, pipeline_id: str) -> list[dict[str, Any]]:
         """Recorded position resets, oldest first."""
@@ -72,7 +74,7 @@ class PositionLedger(LedgerBase):
         with self._reading() as conn:
             return [dict(r._mapping) for r in conn.execute(query)]
 
-    # -- rewinds (the retractions they leave are BatchLedger.pending_retractions) -----
+    # -- rewinds (the retractions they leave are BatchLedger.open_work's) --------------
 
     def rewind(self, pipeline_id: str, *, expected_epoch: int, retract: Iterable[int],
                resets: dict[TopicPartition, Reset], reason: str) -> int:
@@ -92,10 +94,10 @@ class PositionLedger(LedgerBase):
                 raise FencedError(f"batch {busy.batch_seq} of run {busy.run_id} is {busy.state}: a rewind must not "
                                   "move offsets under a batch in flight; let that run finish (or fail and abort) "
                                   "and rewind again")
-            epoch = self._bump_epoch(conn, pipeline_id, expected_epoch)
-            last = self._last_seq(conn, pipeline_id)
+            epoch = rows.bump_epoch(conn, pipeline_id, expected_epoch)
+            last = rows.last_seq(conn, pipeline_id)
             for seq in retract:
-                old = self._require(conn, BatchId(pipeline_id, seq))
+                old = rows.require(conn, BatchId(pipeline_id, seq))
                 self._set_state(conn, old.id, BatchState.COMMITTED, BatchState.RETRACTED, error=f"rewound: {reason}",
                                 details=dumps({**old.details, "output_retracted": False}))
             self._insert_resets(conn, pipeline_id, resets, last, "rewind")

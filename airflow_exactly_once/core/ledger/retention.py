@@ -1,7 +1,7 @@
 """Retention in the ledger: how far a pipeline's history may be pruned, and pruning it one small transaction at a time.
 
 What is pruned is always a prefix of the pipeline's batches (numbers 1..n), so one number says what
-is gone, and the floor (base.Floor) keeps per partition the committed position right after it. Each
+is gone, and the floor (rows.Floor) keeps per partition the committed position right after it. Each
 transaction moves the floor and deletes the batches below it with their offset ranges, data
 intervals, events and folded position resets together: a process killed between two transactions
 leaves a smaller but whole ledger. The limit is checked again inside each transaction, so a batch
@@ -18,7 +18,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from airflow_exactly_once.core.ledger.base import Floor, LedgerBase, utc_now
+from airflow_exactly_once.core.ledger import rows
+from airflow_exactly_once.core.ledger.base import LedgerBase
+from airflow_exactly_once.core.ledger.rows import Floor, utc_now
 from airflow_exactly_once.core.ledger.batch import RELEASE_PENDING
 from airflow_exactly_once.core.ledger.schema import (
     batch_intervals,
@@ -80,9 +82,9 @@ class RetentionLedger(LedgerBase):
         queries are not asked.
         """
         with self._reading() as conn:
-            floor = self._floor(conn, pipeline_id)
+            floor = rows.floor(conn, pipeline_id)
             if keep.batches is not None:
-                highest = self._last_seq(conn, pipeline_id) - keep.batches
+                highest = rows.last_seq(conn, pipeline_id) - keep.batches
                 if highest - floor.batch_seq < min_batches:
                     return floor.batch_seq, floor.batch_seq
             return floor.batch_seq, self._limit(conn, pipeline_id, keep, floor)
@@ -97,7 +99,7 @@ class RetentionLedger(LedgerBase):
                 # is seen by the limit below, and one that comes later waits and fails its compare-and-set.
                 conn.execute(pipelines.update().where(pipelines.c.pipeline_id == pipeline_id)
                              .values(epoch=pipelines.c.epoch + 1, updated_at=utc_now()))
-            floor = self._floor(conn, pipeline_id)
+            floor = rows.floor(conn, pipeline_id)
             through = min(self._limit(conn, pipeline_id, keep, floor), floor.batch_seq + max_batches)
             if through <= floor.batch_seq:
                 return Pruned(through=floor.batch_seq)
@@ -106,7 +108,7 @@ class RetentionLedger(LedgerBase):
     def prune_counts(self, pipeline_id: str, through: int) -> Pruned:
         """What pruning up to batch `through` would remove (a dry run); changes nothing."""
         with self._reading() as conn:
-            floor = self._floor(conn, pipeline_id)
+            floor = rows.floor(conn, pipeline_id)
             if through <= floor.batch_seq:
                 return Pruned(through=floor.batch_seq)
             gone = self._range(batches, pipeline_id, floor, through)
@@ -148,7 +150,7 @@ class RetentionLedger(LedgerBase):
             if replaces is not None:  # an interval re-run commits by withdrawing that batch's output
                 bounds.append(int(replaces))
         if keep.batches is not None:
-            bounds.append(cls._last_seq(conn, pipeline_id) - keep.batches + 1)
+            bounds.append(rows.last_seq(conn, pipeline_id) - keep.batches + 1)
         if keep.since is not None:
             # The oldest batch planned since then, found from the floor up (a short walk in steady state).
             recent = conn.execute(
@@ -160,7 +162,7 @@ class RetentionLedger(LedgerBase):
         return max(floor.batch_seq, min(bounds) - 1)
 
     def _prune(self, conn: Connection, pipeline_id: str, floor: Floor, through: int) -> Pruned:
-        positions = self._positions(conn, pipeline_id, through=through)
+        positions = rows.positions(conn, pipeline_id, through=through)
         interval_end = conn.execute(sa.select(sa.func.max(batch_intervals.c.interval_end))
                                     .where(*self._range(batch_intervals, pipeline_id, floor, through))).scalar()
         if floor.interval_end is not None:
