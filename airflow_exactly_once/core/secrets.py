@@ -51,6 +51,12 @@ def redacted_value(value: Any) -> Any:
     return REDACTED
 
 
+def shown_url(url: str) -> str:
+    """A URL as messages may show it: its password (or token) hidden, the rest kept (redacted_value hides a URL
+    without one whole, as it does any secret)."""
+    return redacted_value(url) if url_password(url) is not None else url
+
+
 def is_redacted(value: Any) -> bool:
     """Whether `value` is already a stored form (nothing left to hide)."""
     return value == REDACTED or (isinstance(value, str) and "://" in value and redacted_value(value) == value)

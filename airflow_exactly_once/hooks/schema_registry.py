@@ -15,7 +15,7 @@ from typing import Any
 from airflow_exactly_once.airflow_integration.compat import BaseHook
 from airflow_exactly_once.airflow_integration.provider_info import REGISTRY_CONN_TYPE, REGISTRY_UI_FIELD_BEHAVIOUR
 from airflow_exactly_once.core.errors import ConfigurationError, ExactlyOnceError
-from airflow_exactly_once.core.secrets import redacted_value
+from airflow_exactly_once.core.secrets import shown_url
 from airflow_exactly_once.records.registry import Registry
 
 __all__ = ["SchemaRegistryHook"]
@@ -57,7 +57,7 @@ class SchemaRegistryHook(BaseHook):
             subjects = registry.call("list its subjects", lambda: registry.client().get_subjects())
         except ExactlyOnceError as exc:
             return False, str(exc)
-        return True, f"reached the Schema Registry at {redacted_value(registry.url)}: {len(subjects)} subject(s)"
+        return True, f"reached the Schema Registry at {shown_url(registry.url)}: {len(subjects)} subject(s)"
 
 
 def registry_settings(host: str | None, port: int | None, login: str | None, password: str | None,

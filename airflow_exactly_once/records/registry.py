@@ -22,7 +22,7 @@ from typing import Any
 
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.errors import ConfigurationError, MissingExtraError
-from airflow_exactly_once.core.secrets import redacted_value
+from airflow_exactly_once.core.secrets import shown_url
 from airflow_exactly_once.records.avro_resolution import resolution_problem
 from airflow_exactly_once.records.protobuf_rows import ProtobufMessage
 from airflow_exactly_once.records.protobuf_schema import compile_proto, reader_message
@@ -100,17 +100,17 @@ class Registry:
         except Exception as exc:  # the transport: refused, reset, timed out, a TLS failure
             if _tls_failure(exc):
                 raise ConfigurationError(
-                    f"the Schema Registry at {redacted_value(self.url)} ({self.origin}) refused the TLS handshake to "
+                    f"the Schema Registry at {shown_url(self.url)} ({self.origin}) refused the TLS handshake to "
                     f"{what}: {exc}. Check the connection's ssl.ca.location (the registry's CA) and, when the registry "
                     "asks for a client certificate, ssl.certificate.location and ssl.key.location") from exc
             raise ConfigurationError(
-                f"the Schema Registry at {redacted_value(self.url)} ({self.origin}) cannot be reached to {what}: "
+                f"the Schema Registry at {shown_url(self.url)} ({self.origin}) cannot be reached to {what}: "
                 f"{type(exc).__name__}: {exc}. Check that it runs and that the connection's URL and TLS files are "
                 "right; the batch is retried and reads the same records", retriable=True) from exc
 
     def _explained(self, what: str, exc: Any) -> Exception:
         status = getattr(exc, "http_status_code", None)
-        where = f"the Schema Registry at {redacted_value(self.url)} ({self.origin})"
+        where = f"the Schema Registry at {shown_url(self.url)} ({self.origin})"
         if status in (401, 403):
             return ConfigurationError(f"{where} refused the credentials (HTTP {status}) to {what}: {exc.error_message}. "
                                       "Fix the connection's Login/Password (basic auth) or its bearer token")

@@ -9,8 +9,8 @@ from airflow.sdk._shared.secrets_masker import redact
 from airflow_exactly_once.core.config import PipelineConfig
 from airflow_exactly_once.core.ledger import Ledger
 from airflow_exactly_once.core.model import OffsetRange
-from airflow_exactly_once.core.secrets import (REDACTED, SECRET_KEY_PATTERN, redacted_value, scrub, url_password,
-                                              widened_options_redaction)
+from airflow_exactly_once.core.secrets import (REDACTED, SECRET_KEY_PATTERN, redacted_value, scrub, shown_url,
+                                              url_password, widened_options_redaction)
 from airflow_exactly_once.operators import arguments
 from airflow_exactly_once.operators.batch import PlanBatchOperator
 from airflow_exactly_once.pipeline_check import checked
@@ -76,6 +76,9 @@ def test_urls_keep_all_but_their_password_or_token():
     assert redacted_value("postgresql+psycopg2://u:p%40ss@h:5432/d") == "postgresql+psycopg2://u:***@h:5432/d"
     assert redacted_value("sc://h:15002/;user_id=a;token=tk1") == "sc://h:15002/;user_id=a;token=***"
     assert redacted_value("plain-secret") == REDACTED
+    # What messages show of a URL: a registry's address stays readable, a password in it does not.
+    assert shown_url("https://registry:8081") == "https://registry:8081"
+    assert shown_url("https://u:pw@registry:8081") == "https://u:***@registry:8081"
     assert url_password("postgresql://u@h/d") is None and url_password("http://h:8080/x") is None
     text = 'connect to postgresql://u:pw1@h/d failed; sc://h/;token=tk2; "sasl.password": "given"'
     assert scrub(text, ["given"]) == 'connect to postgresql://u:***@h/d failed; sc://h/;token=***; ' \
