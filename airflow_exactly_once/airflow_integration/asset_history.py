@@ -8,7 +8,6 @@ which may not reach it on Airflow 3, never call this.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from airflow.models.asset import AssetEvent, AssetModel
 from airflow.utils.session import create_session

@@ -21,7 +21,6 @@ Metrics never fail a task: an error while emitting (or while working out what to
 from __future__ import annotations
 
 import logging
-import re
 import string
 from contextlib import contextmanager
 from dataclasses import dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from typing import Any, Iterable, Mapping
-from urllib.parse import urlsplit
 
 # What the ledger (and every message) holds instead of a secret.
 REDACTED = "***"

@@ -13,7 +13,6 @@ from airflow_exactly_once.core.ledger.rows import Floor, utc_now
 from airflow_exactly_once.core.ledger.schema import (
     Reset,
     TopicPartition,
-    batch_offsets,
     batches,
     partitions,
     position_resets,

@@ -39,7 +39,6 @@ class HangingSweep:
         returns what it ended, for the task's log. Without the ledger's history it does nothing; without READ
         on the topic (DescribeProducers) it logs that it cannot look.
         """
-        topic = self.output.topic
         if self.history is None or self.output.guarantee != "EXACTLY_ONCE":
             return ""
         known = {} if committable is None else {r.held_transaction.producer_id: r.held_transaction.transactional_id
